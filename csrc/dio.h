@@ -1,0 +1,132 @@
+/*
+ * dio.h - the whole C API of the dlio-mpi I/O core.
+ *
+ * Python plans, C moves bytes: the planner hands the engine one epoch of read requests
+ * (file, offset, length) grouped into batches; worker threads execute them with pread
+ * (optionally O_DIRECT) into a ring of batch buffers, and the training loop waits for one
+ * batch at a time.  Nothing here knows about MPI, so the core builds anywhere.
+ *
+ * Conventions: functions return 0 (or a count) on success and -errno on failure, with
+ * *err (when not NULL) filled with a message naming the operation and the path.
+ * Buffers passed in are owned by the caller unless a comment says otherwise.
+ */
+#ifndef DIO_H
+#define DIO_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------ errors */
+
+typedef struct dio_error {
+    int  code;            /* errno value; 0 = no error */
+    char message[768];    /* one line: what failed, on which path, at which offset */
+    char path[4096];      /* the file concerned, "" if none */
+} dio_error;
+
+/* ------------------------------------------------------------------ time */
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+int64_t dio_now_ns(void);
+
+/* Sleep until the absolute CLOCK_MONOTONIC deadline (clock_nanosleep TIMER_ABSTIME, EINTR
+ * retried).  Returns dio_now_ns() after waking (>= deadline_ns). */
+int64_t dio_sleep_until_ns(int64_t deadline_ns);
+
+/* ------------------------------------------------------------------ checksums, payloads */
+
+/* zlib-compatible CRC-32 (zip, npz): crc = dio_crc32(0, buf, n) for a fresh sum. */
+uint32_t dio_crc32(uint32_t crc, const void *buf, size_t n);
+
+/* CRC-32C (Castagnoli, TFRecord framing): same chaining convention. */
+uint32_t dio_crc32c(uint32_t crc, const void *buf, size_t n);
+
+/* Fill buf with n pseudo-random bytes; the stream is a pure function of seed (xoshiro256**
+ * seeded through splitmix64), so the same seed always gives the same bytes. */
+void dio_fill_random(void *buf, size_t n, uint64_t seed);
+
+/* Write nbytes of the dio_fill_random(seed) stream to fd at offset with pwrite, in chunks
+ * of at most chunk bytes (0 = 8 MiB), reusing one buffer.  If crc is not NULL it receives
+ * the CRC-32 of everything written.  path is only used in messages. */
+int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
+                     uint32_t *crc, const char *path, dio_error *err);
+
+/* ------------------------------------------------------------------ direct I/O */
+
+/* Alignment O_DIRECT needs for path: statx STATX_DIOALIGN where the kernel reports it,
+ * else 4096 for both.  Either out pointer may be NULL. */
+int dio_odirect_alignment(const char *path, uint32_t *mem_align, uint32_t *offset_align,
+                          dio_error *err);
+
+/* Check that path can be opened and read with O_DIRECT (tmpfs refuses: EINVAL).
+ * The message names the path and the setting reader.odirect. */
+int dio_probe_odirect(const char *path, dio_error *err);
+
+/* ------------------------------------------------------------------ read engine */
+
+typedef struct dio_engine dio_engine;
+
+typedef struct dio_engine_config {
+    int      nthreads;    /* worker threads (read_threads); 0 = the caller reads inside dio_engine_next */
+    int      prefetch;    /* batches read ahead of the one being consumed (prefetch_size, >= 0) */
+    int      odirect;     /* open O_DIRECT; extents and buffers aligned to align */
+    int      fd_cache;    /* descriptors kept open per thread (>= 1); LRU/direct-mapped */
+    uint32_t align;       /* O_DIRECT alignment in bytes (power of two); 0 = 4096 */
+} dio_engine_config;
+
+/* Create an engine and start its threads (idle until an epoch starts). NULL on error. */
+dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err);
+
+/* Stop the threads (abandoning any epoch in flight), close descriptors, free buffers. */
+void dio_engine_destroy(dio_engine *e);
+
+/* Set the file table; requests name files by index into it.  Paths are copied.
+ * Only between epochs. Closes cached descriptors. */
+int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths, dio_error *err);
+
+/* Start an epoch of nbatches batches: batch b covers requests [batch_start[b], batch_start[b+1])
+ * of the arrays file_idx/offset/length (nreq = batch_start[nbatches]); these arrays are copied.
+ * Outputs (each NULL or nreq entries, owned by the caller, which must keep them alive until the
+ * epoch ends or a new one starts):
+ *   req_buf_off - filled before return: where request i's bytes begin in its batch buffer;
+ *   lat_ns      - filled as requests complete: pread latency of request i (all its calls);
+ *   nread       - filled as requests complete: bytes transferred for request i (with O_DIRECT
+ *                 the aligned extent, clipped at end of file).
+ * Any epoch still in flight is abandoned first. */
+int dio_engine_start_epoch(dio_engine *e, int64_t nbatches, const int64_t *batch_start,
+                           const int64_t *file_idx, const int64_t *offset, const int64_t *length,
+                           int64_t *req_buf_off, int64_t *lat_ns, int64_t *nread, dio_error *err);
+
+typedef struct dio_batch {
+    int64_t  index;           /* batch number within the epoch */
+    void    *data;            /* batch buffer; valid until the next dio_engine_next / start / destroy */
+    int64_t  data_len;        /* bytes of the buffer this batch uses */
+    int64_t  nreq;            /* requests in the batch */
+    int64_t  bytes_requested; /* sum of request lengths */
+    int64_t  bytes_read;      /* bytes transferred from storage */
+    int64_t  read_ops;        /* pread calls issued */
+    int64_t  ready_ns;        /* dio_now_ns() when its last request completed */
+} dio_batch;
+
+/* Release the previously returned batch and wait for the next one (blocks; call without the
+ * GIL).  Returns 1 with *out filled, 0 when the epoch has no more batches, -errno if a request
+ * of this batch failed (open, short read: the file is shorter than the request, EIO, ...). */
+int dio_engine_next(dio_engine *e, dio_batch *out, dio_error *err);
+
+typedef struct dio_engine_counters {
+    int64_t opens;            /* open() calls since create */
+    int64_t closes;           /* close() calls since create (cache evictions included) */
+    int64_t bytes_read;       /* bytes transferred since create */
+    int64_t read_ops;         /* pread calls since create */
+} dio_engine_counters;
+
+void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DIO_H */
