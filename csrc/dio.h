@@ -50,8 +50,10 @@ uint32_t dio_crc32c(uint32_t crc, const void *buf, size_t n);
 void dio_fill_random(void *buf, size_t n, uint64_t seed);
 
 /* Write nbytes of the dio_fill_random(seed) stream to fd at offset with pwrite, in chunks
- * of at most chunk bytes (0 = 8 MiB), reusing one buffer.  If crc is not NULL it receives
- * the CRC-32 of everything written.  path is only used in messages. */
+ * of at most chunk bytes (0 = 8 MiB), reusing one buffer.  If crc is not NULL it is in/out:
+ * its value on entry is the running CRC-32 to continue (0 for a fresh sum; lets a caller chain a
+ * header it wrote itself) and on return it holds that CRC continued over everything written.
+ * path is only used in messages. */
 int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                      uint32_t *crc, const char *path, dio_error *err);
 
