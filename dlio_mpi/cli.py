@@ -1,0 +1,103 @@
+"""The command line: dlio-mpi run | generate | validate | list-workloads.
+
+Every rank runs this. Errors the ranks agree on (bad configuration, missing data) are printed
+once by rank 0 and every rank exits with status 2; any other exception on any rank is printed
+by that rank and aborts the whole job (MPI_Abort), so no rank waits forever for a dead peer."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+DEFAULT_WORKLOAD = "demo"
+USAGE = """dlio-mpi COMMAND [CONFIG] [KEY=VALUE ...]
+
+CONFIG is a workload YAML path, a shipped workload name (see list-workloads) or workload=NAME;
+overrides are section.key=value or DLIO's ++workload.section.key=value."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dlio-mpi", usage=USAGE,
+                                     description="Replay the I/O of a deep-learning training "
+                                                 "job on MPI ranks and measure it.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("run", "generate (if configured) and train; write results"),
+                       ("generate", "generate the dataset only"),
+                       ("validate", "check the configuration and print the plan; no I/O")):
+        cmd = sub.add_parser(name, help=text, description=text)
+        cmd.add_argument("args", nargs="*", metavar="CONFIG|KEY=VALUE")
+        if name == "validate":
+            cmd.add_argument("--ranks", type=int, default=None,
+                             help="plan for this many ranks (default: the MPI job's size)")
+    sub.add_parser("list-workloads", help="list the shipped workload names")
+    return parser
+
+
+def split_args(args: list[str]) -> tuple[str, list[str]]:
+    """(config source, overrides): the first argument without '=' (or workload=NAME) is the
+    config; without one the shipped demo workload is used."""
+    source, overrides = None, []
+    for arg in args:
+        if source is None and ("=" not in arg or arg.startswith("workload=")):
+            source = arg
+        else:
+            overrides.append(arg)
+    return source or DEFAULT_WORKLOAD, overrides
+
+
+def _command(args, comm) -> int:
+    from .config import ConfigError, load_config
+    from .errors import UserError, check_all
+
+    source, overrides = split_args(args.args)
+    cfg = check_all(comm, lambda: load_config(source, overrides),
+                    expected=(ConfigError, UserError, OSError))
+    if args.command == "validate":
+        from .plan import derive_plan, describe_plan
+
+        ranks = args.ranks or comm.Get_size()
+        if ranks < 1:
+            raise UserError("--ranks must be at least 1")
+        plan = check_all(comm, lambda: derive_plan(cfg, ranks))
+        if comm.Get_rank() == 0:
+            print(describe_plan(plan, cfg))
+        return 0
+    from .run import prepare, run, run_generation
+
+    if args.command == "generate":
+        prepare(comm, cfg)
+        run_generation(comm, cfg)
+        return 0
+    run(comm, cfg)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command == "list-workloads":
+        from .config import list_workloads
+
+        print("\n".join(list_workloads()))
+        return 0
+    from mpi4py import MPI
+
+    from .errors import JobError
+
+    comm = MPI.COMM_WORLD
+    try:
+        return _command(args, comm)
+    except JobError as exc:
+        if comm.Get_rank() == 0:
+            print(f"dlio-mpi: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except BaseException as exc:  # noqa: B036 - any failure must abort the whole job
+        if os.environ.get("DLIO_MPI_DEBUG"):
+            traceback.print_exc()
+        what = str(exc) or type(exc).__name__
+        if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in what:
+            what += f" ({exc.filename})"
+        print(f"dlio-mpi: rank {comm.Get_rank()}: error: {what}", file=sys.stderr, flush=True)
+        comm.Abort(1)
+        return 1

@@ -1,0 +1,71 @@
+"""Errors, and the two patterns that keep a failure on one rank from hanging the others.
+
+- `check_all(comm, fn)`: every rank runs a check; the outcome is agreed with one allgather, so
+  either every rank goes on or every rank raises `JobError` with the same message.
+- `on_root(comm, fn)`: rank 0 computes something and broadcasts the result or its error.
+Anything else that fails on a rank is fatal: the entry point prints it once and aborts the
+communicator (see cli.main)."""
+
+from __future__ import annotations
+
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+class UserError(Exception):
+    """Bad input (configuration, dataset, environment) that the user must fix."""
+
+
+class JobError(UserError):
+    """A UserError that all ranks agreed on; rank 0 reports it, every rank exits non-zero."""
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in str(exc):
+        return f"{exc} ({exc.filename})"
+    return str(exc) or type(exc).__name__
+
+
+def check_all(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)) -> T:
+    """Run `fn` on every rank; if it raised `expected` on any rank, raise JobError everywhere
+    with the distinct messages (and which ranks saw them when not all did)."""
+    result, message = None, None
+    try:
+        result = fn()
+    except expected as exc:
+        message = _describe(exc)
+    messages = comm.allgather(message)
+    failed = [(rank, msg) for rank, msg in enumerate(messages) if msg is not None]
+    if failed:
+        raise JobError(_merge(failed, comm.Get_size()))
+    return result
+
+
+def on_root(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)) -> T:
+    """Run `fn` on rank 0 only and broadcast its result; if it raised `expected`, every rank
+    raises JobError with its message."""
+    payload = None
+    if comm.Get_rank() == 0:
+        try:
+            payload = (True, fn())
+        except expected as exc:
+            payload = (False, _describe(exc))
+    ok, value = comm.bcast(payload, root=0)
+    if not ok:
+        raise JobError(value)
+    return value
+
+
+def _merge(failed: list[tuple[int, str]], size: int) -> str:
+    by_message: dict[str, list[int]] = {}
+    for rank, msg in failed:
+        by_message.setdefault(msg, []).append(rank)
+    lines = []
+    for msg, ranks in by_message.items():
+        if len(ranks) == size:
+            lines.append(msg)
+        else:
+            lines.append(f"{msg} (on rank{'s' if len(ranks) > 1 else ''} "
+                         f"{', '.join(map(str, ranks))})")
+    return "\n".join(lines)

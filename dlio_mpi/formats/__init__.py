@@ -1,0 +1,30 @@
+"""Dataset file formats: one module per format, registered by the `dataset.format` name.
+
+A format knows two things: how to write one file of samples (header bytes from Python, payload
+streamed by the C core) and where each sample's bytes sit in such a file (a `FileLayout`), either
+computed from the generation parameters or probed from an existing file's header.
+"""
+
+from __future__ import annotations
+
+from .base import FileLayout, Format, SampleSpec
+from .indexed_binary import IndexedBinaryFormat
+from .npy import NpyFormat
+from .npz import NpzFormat
+
+_REGISTRY: dict[str, Format] = {
+    fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat())
+}
+
+
+def implemented_formats() -> list[str]:
+    """Names of the formats this version can generate and read."""
+    return sorted(_REGISTRY)
+
+
+def get_format(name: str) -> Format:
+    """The format registered under `name`; KeyError if it is not implemented."""
+    return _REGISTRY[name]
+
+
+__all__ = ["FileLayout", "Format", "SampleSpec", "get_format", "implemented_formats"]

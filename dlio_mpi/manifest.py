@@ -1,0 +1,65 @@
+"""The generation manifest: which parameters produced the files under a data folder.
+
+It is written before the first file (so an interrupted generation is still known to be ours:
+file names follow from the parameters) and marked complete at the end. Cleanup and overwrite
+decisions only ever touch files whose names follow from a manifest."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+MANIFEST_NAME = "dlio_mpi_manifest.json"
+
+
+def generation_params(cfg) -> dict:
+    """The configuration values that determine the generated files' names and bytes."""
+    ds = cfg.dataset
+    return {
+        "format": ds.format,
+        "num_files_train": ds.num_files_train,
+        "num_files_eval": ds.num_files_eval,
+        "num_subfolders_train": ds.num_subfolders_train,
+        "num_subfolders_eval": ds.num_subfolders_eval,
+        "num_samples_per_file": ds.num_samples_per_file,
+        "file_prefix": ds.file_prefix,
+        "record_length_bytes": ds.record_length_bytes,
+        "record_length_bytes_stdev": ds.record_length_bytes_stdev,
+        "record_dims": list(ds.record_dims),
+        "record_element_type": ds.record_element_type,
+        "sample_layout": ds.sample_layout,
+    }
+
+
+def manifest_path(root: str) -> str:
+    return os.path.join(root, MANIFEST_NAME)
+
+
+def read_manifest(root: str) -> dict | None:
+    """The manifest under `root`, or None if there is none."""
+    try:
+        with open(manifest_path(root)) as fp:
+            return json.load(fp)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {manifest_path(root)}: {exc}") from exc
+
+
+def write_manifest(root: str, params: dict, complete: bool, **extra) -> None:
+    """Write the manifest atomically (tmp + rename)."""
+    from . import __version__
+
+    body = {"tool": "dlio-mpi", "version": __version__, "complete": complete,
+            "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "params": params, **extra}
+    path = manifest_path(root)
+    with open(path + ".tmp", "w") as fp:
+        json.dump(body, fp, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def differing_params(manifest: dict, params: dict) -> list[str]:
+    """Names of the parameters whose values differ between a manifest and `params`."""
+    old = manifest.get("params", {})
+    return sorted(k for k in params.keys() | old.keys() if old.get(k) != params.get(k))

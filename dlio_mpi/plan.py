@@ -1,0 +1,142 @@
+"""The derived plan of a run: what will be read, by how many ranks, in how many steps, and how
+that compares with the nodes' memory. Computed from the configuration alone (no storage I/O),
+on every rank, before anything is touched; `dlio-mpi validate` prints it."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .dataset import DatasetSplit, describe_dataset
+from .errors import UserError
+from .formats import implemented_formats
+from .planner import READ_MODES
+from .sharding import steps_per_epoch
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    ranks: int
+    format: str
+    read_mode: str
+    train_files: int
+    train_samples: int
+    samples_per_rank: int          # per epoch, after drop_last
+    steps_per_epoch: int
+    epochs: int
+    dataset_bytes: int             # train + valid, as generated
+    bytes_per_epoch: int           # expected bytes read per epoch, all ranks
+    node_memory_bytes: int
+    ranks_per_node: int
+
+    @property
+    def bytes_per_node_epoch(self) -> int:
+        return self.bytes_per_epoch * self.ranks_per_node // self.ranks
+
+    @property
+    def fits_in_node_memory(self) -> bool:
+        """Could one node's page cache hold the whole training set? Then later epochs may
+        be served from memory and reflect the page cache, not the storage."""
+        return self.dataset_bytes <= self.node_memory_bytes
+
+
+def resolve_read_mode(cfg) -> str:
+    """reader.read_mode, with 'auto' following DLIO: extents for indexed formats, else the
+    whole file per sample (on_demand) or once per epoch (memory)."""
+    mode = cfg.reader.read_mode
+    if mode != "auto":
+        return mode
+    if cfg.dataset.format in ("indexed_binary", "mmap_indexed_binary", "hdf5"):
+        return "sample"
+    return "file_once" if cfg.reader.read_type == "memory" else "file"
+
+
+def node_memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def _epoch_bytes(split: DatasetSplit, mode: str, samples_read: int) -> int:
+    layouts = split.expected_layouts()
+    if split.num_samples == 0:
+        return 0
+    fraction = samples_read / split.num_samples
+    if mode == "sample":
+        per_file = layouts.sample_span * split.samples_per_file
+    elif mode == "file":
+        per_file = layouts.size * split.samples_per_file
+    else:
+        per_file = layouts.size
+    return int(np.sum(per_file) * fraction)
+
+
+def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
+    """Check what needs the rank count and derive the plan; raises UserError."""
+    fmt = cfg.dataset.format
+    if fmt not in implemented_formats():
+        raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
+                        f"implemented: {', '.join(implemented_formats())}")
+    mode = resolve_read_mode(cfg)
+    if mode not in READ_MODES:
+        raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
+    splits = describe_dataset(cfg)
+    train = splits["train"]
+    batch = cfg.reader.batch_size
+    steps = 0
+    if cfg.workflow.train:
+        share = train.num_samples // ranks
+        if batch > share:
+            raise UserError(
+                f"reader.batch_size={batch} is larger than a rank's share of the training "
+                f"samples ({train.num_samples} samples / {ranks} ranks = {share}); lower the "
+                "batch size or add files (dataset.num_files_train)")
+        steps = steps_per_epoch(train.num_samples, ranks, batch)
+        cap = cfg.train.total_training_steps
+        if cap is not None and cap > 0:
+            if cap > steps:
+                raise UserError(
+                    f"train.total_training_steps={cap} exceeds the {steps} steps an epoch "
+                    f"has ({train.num_samples} samples / {ranks} ranks / batch {batch})")
+            steps = cap
+    samples_per_rank = steps * batch
+    dataset_bytes = sum(int(s.expected_layouts().size.sum()) for s in splits.values())
+    return RunPlan(
+        ranks=ranks, format=fmt, read_mode=mode, train_files=train.num_files,
+        train_samples=train.num_samples, samples_per_rank=samples_per_rank,
+        steps_per_epoch=steps, epochs=cfg.train.epochs, dataset_bytes=dataset_bytes,
+        bytes_per_epoch=_epoch_bytes(train, mode, samples_per_rank * ranks),
+        node_memory_bytes=node_memory_bytes(),
+        ranks_per_node=ranks_per_node or ranks)
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n} B"
+
+
+def describe_plan(plan: RunPlan, cfg) -> str:
+    """The plan as a few lines of text."""
+    lines = [
+        f"workload        {cfg.model.name}: {plan.format}, read mode {plan.read_mode}, "
+        f"O_DIRECT {'on' if cfg.reader.odirect else 'off'}",
+        f"ranks           {plan.ranks} ({plan.ranks_per_node} per node)",
+        f"training data   {plan.train_files} files, {plan.train_samples} samples "
+        f"({cfg.dataset.num_samples_per_file} per file)",
+        f"per epoch       {plan.steps_per_epoch} steps of batch {cfg.reader.batch_size} per rank"
+        f" = {plan.samples_per_rank} samples per rank; {plan.epochs} epochs",
+        f"bytes per epoch {_size(plan.bytes_per_epoch)} read by all ranks "
+        f"({_size(plan.bytes_per_node_epoch)} per node)",
+        f"dataset size    {_size(plan.dataset_bytes)} vs node memory "
+        f"{_size(plan.node_memory_bytes)}",
+    ]
+    if plan.fits_in_node_memory:
+        lines.append("note            the dataset fits in one node's memory: after the first "
+                     "epoch reads may come from the page cache (reader.odirect: true avoids it)")
+    return "\n".join(lines)

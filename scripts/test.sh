@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite: installs dlio-mpi (and the test tools) into ./.venv, checks style, runs
+# the serial tests, then the MPI tests under mpiexec -n 2 (pytest-mpi).
+set -euo pipefail
+source "$(dirname "$0")/_env.sh" test
+cd "$ROOT"
+ruff check .
+# -P: import the installed dlio_mpi (with its compiled core), not the source folder.
+python -P -m pytest -q -m "not mpi" tests
+timeout 900 mpiexec -n 2 python -P -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests
