@@ -1,0 +1,33 @@
+"""Small workloads for tests: overrides on the shipped demo workload."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import mpiexec
+
+
+def workload_overrides(tmp: Path, **values) -> list[str]:
+    """Overrides making the demo workload tiny and local to `tmp`; `values` use '__' for '.'
+    (dataset__num_files_train=8)."""
+    base = {
+        "dataset.data_folder": str(tmp / "data"),
+        "output.folder": str(tmp / "out"),
+        "dataset.num_files_train": 8,
+        "dataset.record_length_bytes": 4096,
+        "dataset.record_length_bytes_stdev": 0,
+        "reader.batch_size": 2,
+        "train.computation_time": 0.0,
+        "train.epochs": 2,
+    }
+    base.update({k.replace("__", "."): v for k, v in values.items()})
+    return [f"{k}={v}" for k, v in base.items()]
+
+
+def run_cli(args: list[str], ranks: int = 2, timeout: float = 120,
+            cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run `dlio-mpi ARGS` on `ranks` MPI ranks; fails the test if it hangs."""
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)

@@ -1,0 +1,136 @@
+"""The dlio-mpi command on 2 MPI ranks, as a user runs it: results written, bad input reported
+once with a non-zero exit, a rank that fails never leaves the other hanging."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from helpers import run_cli, workload_overrides
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_run_writes_results(tmp_path):
+    res = run_cli(["run", "demo", *workload_overrides(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    metric = summary["metric"]
+    for key in ("train_au_mean_percentage", "train_au_meet_expectation",
+                "train_throughput_mean_samples_per_second", "train_io_mean_MB_per_second",
+                "train_bytes_read", "train_read_ops", "train_read_latency_p50_ms",
+                "train_read_latency_p99_ms", "train_wait_seconds_per_rank"):
+        assert key in metric, key
+    assert len(metric["train_au_percentage"]) == 2
+    # demo reads npz whole files (DLIO's on_demand): 8 files of 64x64 bytes + headers, 2 epochs
+    assert metric["train_bytes_read"] == 2 * 8 * os.path.getsize(
+        tmp_path / "data" / "train" / "img_0_of_8.npz")
+    assert set(json.loads((out / "per_epoch_stats.json").read_text())) == {"1", "2"}
+    assert (out / "config.yaml").exists()
+    assert "train AU" in res.stdout
+
+
+def test_unknown_key_is_reported_once_with_a_suggestion(tmp_path):
+    res = run_cli(["run", "demo", *workload_overrides(tmp_path), "dataset.num_file_train=3"])
+    assert res.returncode != 0
+    assert res.stderr.count("did you mean 'dataset.num_files_train'") == 1, res.stderr
+    assert not (tmp_path / "data").exists(), "storage was touched before validation"
+
+
+def test_batch_larger_than_a_ranks_share_is_refused(tmp_path):
+    res = run_cli(["run", "demo", *workload_overrides(tmp_path, reader__batch_size=5)])
+    assert res.returncode == 2
+    assert res.stderr.count("reader.batch_size=5 is larger than a rank's share") == 1, res.stderr
+
+
+def test_missing_data_is_reported(tmp_path):
+    res = run_cli(["run", "demo", *workload_overrides(tmp_path),
+                   "workflow.generate_data=false"])
+    assert res.returncode == 2
+    assert "not enough train data" in res.stderr and "generate_data" in res.stderr
+
+
+def test_validate_prints_the_plan_without_touching_storage(tmp_path):
+    res = run_cli(["validate", "demo", "--ranks", "4", *workload_overrides(tmp_path)], ranks=1)
+    assert res.returncode == 0, res.stderr
+    assert "1 steps of batch 2 per rank" in res.stdout  # 8 samples / 4 ranks / batch 2
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_failing_rank_ends_the_job_promptly(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="npy", reader__read_mode="sample",
+                              train__epochs=1, reader__sample_shuffle="off",
+                              reader__file_shuffle="off")
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    victim = tmp_path / "data" / "train" / "img_7_of_8.npy"  # no shuffle: read by rank 1
+    os.truncate(victim, 200)
+    res = run_cli(["run", "demo", *over, "workflow.generate_data=false"], timeout=60)
+    assert res.returncode != 0
+    assert "rank 1" in res.stderr and str(victim) in res.stderr, res.stderr
+
+
+def test_odirect_reads_aligned_extents(tmp_path):
+    from dlio_mpi import _core
+
+    over = workload_overrides(tmp_path, dataset__format="npy", reader__read_mode="sample",
+                              reader__odirect="true", dataset__record_length_bytes=10000,
+                              dataset__num_samples_per_file=2, reader__sample_shuffle="off",
+                              reader__file_shuffle="off")
+    res = run_cli(["run", "demo", *over])
+    assert res.returncode == 0, res.stderr
+    metric = json.loads((tmp_path / "out" / "summary.json").read_text())["metric"]
+    assert metric["train_bytes_requested"] == 2 * 16 * 10000
+    # every sample read once per epoch; O_DIRECT transfers its aligned extent (clipped at EOF)
+    path = tmp_path / "data" / "train" / "img_0_of_8.npy"
+    size = path.stat().st_size
+    align = _core.odirect_alignment(str(path))[1]
+    header = size - 20000
+    extents = [(header + i * 10000, header + (i + 1) * 10000) for i in range(2)]
+    per_file = sum(min(-(-end // align) * align, size) - start // align * align
+                   for start, end in extents)
+    assert metric["train_bytes_read"] == 2 * 8 * per_file
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a tmpfs at /dev/shm")
+def test_odirect_on_tmpfs_is_a_clear_error(tmp_path):
+    shm = f"/dev/shm/dlio-mpi-test-{os.getpid()}"
+    over = workload_overrides(tmp_path, dataset__data_folder=shm, reader__odirect="true")
+    try:
+        res = run_cli(["run", "demo", *over])
+    finally:
+        import shutil
+
+        shutil.rmtree(shm, ignore_errors=True)
+    assert res.returncode == 2
+    assert res.stderr.count("O_DIRECT") == 1 and "reader.odirect" in res.stderr, res.stderr
+
+
+def test_npz_samples_read_by_extent_match_numpy(tmp_path):
+    """sample mode on npz: the bytes the engine reads are numpy's sample bytes."""
+    from dlio_mpi import _core
+
+    over = workload_overrides(tmp_path, dataset__num_samples_per_file=3)
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    from dlio_mpi.config import load_config
+    from dlio_mpi.dataset import describe_dataset
+
+    split = describe_dataset(load_config("demo", over))["train"]
+    layouts = split.expected_layouts()
+    engine = _core.Engine(2, 1, False, 4, 0)
+    engine.set_files(split.paths())
+    files = np.array([0, 5, 7], dtype=np.int64)
+    index = np.array([2, 0, 1], dtype=np.int64)
+    offset = layouts.data_offset[files] + index * layouts.sample_step[files]
+    buf_off = np.zeros(3, dtype=np.int64)
+    engine.start_epoch(np.array([0, 3], dtype=np.int64), files, offset,
+                       layouts.sample_span[files], buf_off)
+    batch = engine.next()
+    data = bytes(batch.data)
+    for k in range(3):
+        expected = np.load(split.path(int(files[k])))["x"][index[k]].tobytes()
+        got = data[buf_off[k]: buf_off[k] + len(expected)]
+        assert got == expected, f"file {files[k]} sample {index[k]}"
+    engine.close()

@@ -1,0 +1,138 @@
+"""Generation and training on 2 ranks, in-process (mpiexec -n 2 python -m pytest --with-mpi).
+The access log proves the partition: across ranks every kept sample is read exactly once per
+epoch, shuffling changes the order between epochs, the same seed gives the same order."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from helpers import workload_overrides
+
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
+
+
+def _comm():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _run(tmp, **values):
+    from dlio_mpi.config import load_config
+    from dlio_mpi.run import run
+
+    cfg = load_config("demo", workload_overrides(tmp, **values))
+    return cfg, run(_comm(), cfg)
+
+
+def _access(out, epoch, ranks):
+    return [np.load(os.path.join(out, "access_log", f"epoch{epoch}_rank{r}.npy"))
+            for r in range(ranks)]
+
+
+SHUFFLED = dict(dataset__num_files_train=10, dataset__num_samples_per_file=3,
+                dataset__format="npy", reader__read_mode="sample",
+                reader__sample_shuffle="seed", reader__file_shuffle="seed",
+                output__access_log="true", train__epochs=3)
+
+
+def test_every_kept_sample_is_read_exactly_once_per_epoch(shared_tmp):
+    comm = _comm()
+    cfg, summary = _run(shared_tmp, **SHUFFLED)
+    size = comm.Get_size()
+    steps = 30 // size // 2
+    orders = []
+    for epoch in (1, 2, 3):
+        shards = _access(cfg.output.folder, epoch, size)
+        assert all(len(s) == steps * 2 for s in shards), [len(s) for s in shards]
+        union = np.concatenate(shards)
+        assert len(set(union.tolist())) == len(union) == steps * 2 * size, \
+            f"epoch {epoch}: a sample was read twice: {sorted(union.tolist())}"
+        assert set(union.tolist()) <= set(range(30))
+        orders.append(union)
+    assert not np.array_equal(orders[0], orders[1]), "shuffle did not change the order"
+    # bytes: sample mode reads exactly one sample extent per consumed sample
+    sample_bytes = int(np.sqrt(4096)) ** 2
+    per_epoch = steps * 2 * size * sample_bytes
+    assert summary["metric"]["train_bytes_read"] == 3 * per_epoch
+    assert summary["metric"]["train_bytes_requested"] == 3 * per_epoch
+    assert summary["metric"]["train_requests"] == 3 * steps * 2 * size
+    assert summary["num_accelerators"] == size
+
+
+def test_same_seed_gives_same_order_and_rerun_skips_generated_files(shared_tmp):
+    comm = _comm()
+    cfg, _ = _run(shared_tmp / "a", **SHUFFLED)
+    first = [_access(cfg.output.folder, e, comm.Get_size()) for e in (1, 2)]
+    data = cfg.dataset.data_folder
+    mtimes = {p: os.stat(os.path.join(data, "train", p)).st_mtime_ns
+              for p in os.listdir(os.path.join(data, "train"))}
+    comm.Barrier()
+    cfg2, _ = _run(shared_tmp / "a", **SHUFFLED)
+    again = [_access(cfg2.output.folder, e, comm.Get_size()) for e in (1, 2)]
+    for a, b in zip(first, again):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert mtimes == {p: os.stat(os.path.join(data, "train", p)).st_mtime_ns
+                      for p in os.listdir(os.path.join(data, "train"))}, "files were rewritten"
+    manifest = json.load(open(os.path.join(data, "dlio_mpi_manifest.json")))
+    assert manifest["complete"] and manifest["params"]["num_files_train"] == 10
+
+
+def test_generated_bytes_do_not_depend_on_rank_count(shared_tmp):
+    from dlio_mpi.config import load_config
+    from dlio_mpi.dataset import describe_dataset
+    from dlio_mpi.generate import generate
+
+    comm = _comm()
+    over = dict(dataset__num_files_train=5, dataset__num_files_eval=2,
+                dataset__record_length_bytes=10000, dataset__record_length_bytes_stdev=3000)
+    cfg_all = load_config("demo", workload_overrides(shared_tmp / "all", **over))
+    generate(comm, cfg_all, describe_dataset(cfg_all))
+    solo = comm.Split(0 if comm.Get_rank() == 0 else 1, comm.Get_rank())
+    if comm.Get_rank() == 0:
+        cfg_one = load_config("demo", workload_overrides(shared_tmp / "one", **over))
+        generate(solo, cfg_one, describe_dataset(cfg_one))
+    comm.Barrier()
+    solo.Free()
+    sizes = set()
+    for split in ("train", "valid"):
+        names = sorted(os.listdir(shared_tmp / "all" / "data" / split))
+        assert len(names) == (5 if split == "train" else 2)
+        for name in names:
+            a = (shared_tmp / "all" / "data" / split / name).read_bytes()
+            b = (shared_tmp / "one" / "data" / split / name).read_bytes()
+            assert a == b, f"{split}/{name} differs between 2 ranks and 1 rank"
+            sizes.add(len(a))
+    assert len(sizes) > 1, "record_length_bytes_stdev should vary file sizes"
+
+
+def test_a_bad_config_raises_the_same_error_on_every_rank():
+    from dlio_mpi.config import ConfigError, load_config
+    from dlio_mpi.errors import JobError, check_all
+
+    with pytest.raises(JobError, match="dataset.num_files_train"):
+        check_all(_comm(), lambda: load_config("demo", ["dataset.num_file_train=3"]),
+                  expected=(ConfigError,))
+
+
+def test_an_error_on_one_rank_only_reaches_every_rank():
+    from dlio_mpi.errors import JobError, UserError, check_all, on_root
+
+    comm = _comm()
+
+    def fail_on_last():
+        if comm.Get_rank() == comm.Get_size() - 1:
+            raise UserError("disk on fire")
+        return 1
+
+    with pytest.raises(JobError, match=f"disk on fire \\(on rank {comm.Get_size() - 1}\\)"):
+        check_all(comm, fail_on_last)
+
+    def fail_on_root():
+        raise UserError("root cannot list the folder")
+
+    with pytest.raises(JobError, match="root cannot list"):
+        on_root(comm, fail_on_root)
