@@ -30,6 +30,7 @@ class RunPlan:
     bytes_per_epoch: int           # expected bytes read per epoch, all ranks
     node_memory_bytes: int
     ranks_per_node: int
+    notes: tuple[str, ...] = ()    # what this version does differently from the config's ask
 
     @property
     def bytes_per_node_epoch(self) -> int:
@@ -103,6 +104,15 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
                     f"has ({train.num_samples} samples / {ranks} ranks / batch {batch})")
             steps = cap
     samples_per_rank = steps * batch
+    notes = []
+    if cfg.workflow.checkpoint:
+        notes.append("workflow.checkpoint: checkpointing is not implemented in this version; "
+                     "no checkpoints are written")
+    if cfg.workflow.evaluation:
+        notes.append("workflow.evaluation: evaluation is not implemented in this version; "
+                     "only training is run")
+    if cfg.workflow.profiling:
+        notes.append("workflow.profiling: profilers are not implemented in this version")
     dataset_bytes = sum(int(s.expected_layouts().size.sum()) for s in splits.values())
     return RunPlan(
         ranks=ranks, format=fmt, read_mode=mode, train_files=train.num_files,
@@ -110,7 +120,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
         steps_per_epoch=steps, epochs=cfg.train.epochs, dataset_bytes=dataset_bytes,
         bytes_per_epoch=_epoch_bytes(train, mode, samples_per_rank * ranks),
         node_memory_bytes=node_memory_bytes(),
-        ranks_per_node=ranks_per_node or ranks)
+        ranks_per_node=ranks_per_node or ranks, notes=tuple(notes))
 
 
 def _size(n: float) -> str:
@@ -139,4 +149,5 @@ def describe_plan(plan: RunPlan, cfg) -> str:
     if plan.fits_in_node_memory:
         lines.append("note            the dataset fits in one node's memory: after the first "
                      "epoch reads may come from the page cache (reader.odirect: true avoids it)")
+    lines.extend(f"note            {note}" for note in plan.notes)
     return "\n".join(lines)
