@@ -8,6 +8,7 @@ import os
 
 import numpy as np
 import pytest
+
 from helpers import run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(180)

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 import pytest
+
 from helpers import workload_overrides
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
