@@ -65,7 +65,10 @@ int dio_odirect_alignment(const char *path, uint32_t *mem_align, uint32_t *offse
                           dio_error *err);
 
 /* Check that path can be opened and read with O_DIRECT (tmpfs refuses: EINVAL).
- * The message names the path and the setting reader.odirect. */
+ * The message names the path and the setting reader.odirect.  Since Linux 6.6 tmpfs accepts
+ * O_DIRECT opens but serves them from the page cache, so tmpfs/ramfs (fstatfs magic) and files
+ * whose statx reports no direct-I/O alignment are refused with EINVAL too; the engine applies
+ * the same check to every descriptor it opens with O_DIRECT. */
 int dio_probe_odirect(const char *path, dio_error *err);
 
 /* ------------------------------------------------------------------ read engine */
@@ -87,7 +90,7 @@ dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err);
 void dio_engine_destroy(dio_engine *e);
 
 /* Set the file table; requests name files by index into it.  Paths are copied.
- * Only between epochs. Closes cached descriptors. */
+ * Only between epochs (an epoch in flight is abandoned first). Closes cached descriptors. */
 int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths, dio_error *err);
 
 /* Start an epoch of nbatches batches: batch b covers requests [batch_start[b], batch_start[b+1])
@@ -98,7 +101,12 @@ int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths
  *   lat_ns      - filled as requests complete: pread latency of request i (all its calls);
  *   nread       - filled as requests complete: bytes transferred for request i (with O_DIRECT
  *                 the aligned extent, clipped at end of file).
- * Any epoch still in flight is abandoned first. */
+ * Any epoch still in flight is abandoned first.
+ * batch_start[0] must be 0 and batch_start must not decrease; empty batches are allowed.
+ * Zero-length requests are allowed: no open, no pread, lat_ns = nread = 0.  A request naming a
+ * file outside the table or with a negative offset/length fails the call with -EINVAL (and no
+ * epoch is started).  Buffer placement: 64-byte aligned, or align-aligned extents with
+ * O_DIRECT ([floor(off/align)*align, ceil((off+len)/align)*align)). */
 int dio_engine_start_epoch(dio_engine *e, int64_t nbatches, const int64_t *batch_start,
                            const int64_t *file_idx, const int64_t *offset, const int64_t *length,
                            int64_t *req_buf_off, int64_t *lat_ns, int64_t *nread, dio_error *err);
@@ -115,8 +123,12 @@ typedef struct dio_batch {
 } dio_batch;
 
 /* Release the previously returned batch and wait for the next one (blocks; call without the
- * GIL).  Returns 1 with *out filled, 0 when the epoch has no more batches, -errno if a request
- * of this batch failed (open, short read: the file is shorter than the request, EIO, ...). */
+ * GIL).  Returns 1 with *out filled, 0 when the epoch has no more batches (or no epoch was
+ * started), -errno if a request of this batch failed (open, short read: the file is shorter
+ * than the request, EIO, ...).  After a failure the readers stop and every later call returns
+ * the same error until the next dio_engine_start_epoch; batches before the failed one are
+ * delivered normally.  One consumer thread at a time; destroy/start/set_files must not run
+ * concurrently with a call to next. */
 int dio_engine_next(dio_engine *e, dio_batch *out, dio_error *err);
 
 typedef struct dio_engine_counters {

@@ -1,0 +1,146 @@
+/*
+ * dio_random.c - deterministic payloads: xoshiro256** seeded through splitmix64.
+ * The byte stream of a seed is the sequence of 64-bit outputs stored little-endian, so
+ * dio_fill_random(buf, n, seed) is always a prefix of dio_fill_random(buf, n + k, seed), and
+ * dio_write_random writes exactly that stream whatever its chunk size.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "dio_internal.h"
+
+typedef struct rng {
+    uint64_t s[4];
+    unsigned char left[8]; /* bytes of the last output not handed out yet */
+    int nleft;
+} rng;
+
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static inline uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(rng *r, uint64_t seed)
+{
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix64(&x);
+    r->nleft = 0;
+}
+
+static inline uint64_t le64(uint64_t v)
+{
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    return __builtin_bswap64(v);
+#else
+    return v;
+#endif
+}
+
+static void rng_fill(rng *r, unsigned char *p, size_t n)
+{
+    uint64_t s0 = r->s[0], s1 = r->s[1], s2 = r->s[2], s3 = r->s[3];
+    if (r->nleft) {
+        size_t k = (size_t)r->nleft < n ? (size_t)r->nleft : n;
+        memcpy(p, r->left + (8 - r->nleft), k);
+        r->nleft -= (int)k;
+        p += k;
+        n -= k;
+    }
+    while (n > 0) {
+        uint64_t out = le64(rotl(s1 * 5, 7) * 9);
+        uint64_t t = s1 << 17;
+        s2 ^= s0;
+        s3 ^= s1;
+        s1 ^= s2;
+        s0 ^= s3;
+        s2 ^= t;
+        s3 = rotl(s3, 45);
+        if (DIO_LIKELY(n >= 8)) {
+            memcpy(p, &out, 8);
+            p += 8;
+            n -= 8;
+        } else {
+            memcpy(r->left, &out, 8);
+            memcpy(p, r->left, n);
+            r->nleft = (int)(8 - n);
+            n = 0;
+        }
+    }
+    r->s[0] = s0;
+    r->s[1] = s1;
+    r->s[2] = s2;
+    r->s[3] = s3;
+}
+
+void dio_fill_random(void *buf, size_t n, uint64_t seed)
+{
+    rng r;
+    rng_seed(&r, seed);
+    rng_fill(&r, (unsigned char *)buf, n);
+}
+
+#define DEFAULT_CHUNK ((size_t)8 << 20)
+
+int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
+                     uint32_t *crc, const char *path, dio_error *err)
+{
+    rng r;
+    void *buf = NULL;
+    uint32_t sum = crc ? *crc : 0;
+    int64_t done = 0;
+    if (!path)
+        path = "";
+    dio_clear_error(err);
+    if (offset < 0 || nbytes < 0 || nbytes > INT64_MAX - offset)
+        return dio_fail(err, EINVAL, path,
+                        "write_random %s: invalid extent (offset %lld, %lld bytes)", path,
+                        (long long)offset, (long long)nbytes);
+    if (chunk == 0)
+        chunk = DEFAULT_CHUNK;
+    if ((uint64_t)nbytes < chunk)
+        chunk = (size_t)nbytes;
+    if (nbytes == 0)
+        return 0;
+    if (posix_memalign(&buf, 4096, chunk) != 0)
+        return dio_fail(err, ENOMEM, path, "write_random %s: cannot allocate %zu bytes", path,
+                        chunk);
+    rng_seed(&r, seed);
+    while (done < nbytes) {
+        size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
+        size_t put = 0;
+        rng_fill(&r, buf, n);
+        if (crc)
+            sum = dio_crc32(sum, buf, n);
+        while (put < n) {
+            ssize_t w = pwrite(fd, (char *)buf + put, n - put, (off_t)(offset + done + put));
+            if (w < 0) {
+                int e = errno;
+                if (e == EINTR)
+                    continue;
+                free(buf);
+                return dio_fail(err, e, path, "pwrite %s at offset %lld (%zu bytes): %s", path,
+                                (long long)(offset + done + put), n - put, strerror(e));
+            }
+            if (w == 0) {
+                free(buf);
+                return dio_fail(err, EIO, path, "pwrite %s at offset %lld wrote nothing", path,
+                                (long long)(offset + done + put));
+            }
+            put += (size_t)w;
+        }
+        done += (int64_t)n;
+    }
+    free(buf);
+    if (crc)
+        *crc = sum;
+    return 0;
+}

@@ -1,0 +1,447 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""dlio_mpi._core - the C I/O core (csrc/dio.h) as Python calls.
+
+A thin layer: one wrapper per C call, the GIL released around every call that can block, and
+every failure turned into OSError(errno, message, path) by one helper (_check), so that
+FileNotFoundError & co. come out as usual.  Arrays are typed memoryviews (any contiguous int64
+buffer: numpy arrays, array.array('q'), ...); NumPy is not needed to build this module.
+"""
+
+from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE,
+                             PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer)
+from libc.errno cimport EIO
+from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc
+
+
+cdef extern from "dio.h" nogil:
+    ctypedef struct dio_error:
+        int code
+        char message[768]
+        char path[4096]
+
+    int64_t dio_now_ns()
+    int64_t dio_sleep_until_ns(int64_t deadline_ns)
+    uint32_t dio_crc32(uint32_t crc, const void *buf, size_t n)
+    uint32_t dio_crc32c(uint32_t crc, const void *buf, size_t n)
+    void dio_fill_random(void *buf, size_t n, uint64_t seed)
+    int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
+                         uint32_t *crc, const char *path, dio_error *err)
+    int dio_odirect_alignment(const char *path, uint32_t *mem_align, uint32_t *offset_align,
+                              dio_error *err)
+    int dio_probe_odirect(const char *path, dio_error *err)
+
+    ctypedef struct dio_engine:
+        pass
+
+    ctypedef struct dio_engine_config:
+        int nthreads
+        int prefetch
+        int odirect
+        int fd_cache
+        uint32_t align
+
+    dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err)
+    void dio_engine_destroy(dio_engine *e)
+    int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths,
+                             dio_error *err)
+    int dio_engine_start_epoch(dio_engine *e, int64_t nbatches, const int64_t *batch_start,
+                               const int64_t *file_idx, const int64_t *offset,
+                               const int64_t *length, int64_t *req_buf_off, int64_t *lat_ns,
+                               int64_t *nread, dio_error *err)
+
+    ctypedef struct dio_batch:
+        int64_t index
+        void *data
+        int64_t data_len
+        int64_t nreq
+        int64_t bytes_requested
+        int64_t bytes_read
+        int64_t read_ops
+        int64_t ready_ns
+
+    int dio_engine_next(dio_engine *e, dio_batch *out, dio_error *err)
+
+    ctypedef struct dio_engine_counters:
+        int64_t opens
+        int64_t closes
+        int64_t bytes_read
+        int64_t read_ops
+
+    void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out)
+
+
+cdef Py_ssize_t GIL_FREE_BYTES = 65536  # checksum/fill calls on less keep the GIL
+
+cdef uint64_t U64_MASK = 0xFFFFFFFFFFFFFFFF
+
+
+cdef int _check(int rc, dio_error *err) except -1:
+    """The one place a C failure becomes an exception: OSError(errno, message, path), which
+    Python turns into FileNotFoundError, PermissionError, ... by errno."""
+    if rc >= 0:
+        return rc
+    code = err.code if err.code else -rc
+    if code <= 0:
+        code = EIO
+    message = err.message.decode("utf-8", "replace") or f"dio call failed ({code})"
+    path = err.path.decode("utf-8", "surrogateescape")
+    if path:
+        raise OSError(code, message, path)
+    raise OSError(code, message)
+
+
+cdef inline void _clear(dio_error *err) noexcept nogil:
+    err.code = 0
+    err.message[0] = 0
+    err.path[0] = 0
+
+
+cdef bytes _fspath(path):
+    import os
+    return os.fsencode(path)
+
+
+# ---------------------------------------------------------------------------- time
+
+def now_ns():
+    """CLOCK_MONOTONIC in nanoseconds."""
+    return dio_now_ns()
+
+
+def sleep_until_ns(int64_t deadline_ns):
+    """Sleep (GIL released) until the absolute CLOCK_MONOTONIC deadline; returns now_ns()
+    after waking, which is >= deadline_ns."""
+    cdef int64_t t
+    with nogil:
+        t = dio_sleep_until_ns(deadline_ns)
+    return t
+
+
+# ---------------------------------------------------------------------------- checksums
+
+cdef uint32_t _crc(object data, uint32_t crc, bint castagnoli) except? 0xFFFFFFFF:
+    cdef Py_buffer view
+    cdef uint32_t out
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        if view.len >= GIL_FREE_BYTES:
+            with nogil:
+                if castagnoli:
+                    out = dio_crc32c(crc, view.buf, <size_t>view.len)
+                else:
+                    out = dio_crc32(crc, view.buf, <size_t>view.len)
+        elif castagnoli:
+            out = dio_crc32c(crc, view.buf, <size_t>view.len)
+        else:
+            out = dio_crc32(crc, view.buf, <size_t>view.len)
+    finally:
+        PyBuffer_Release(&view)
+    return out
+
+
+def crc32(data, crc=0):
+    """zlib-compatible CRC-32 of a bytes-like object, continuing crc (zlib.crc32 semantics)."""
+    return _crc(data, <uint32_t>(crc & 0xFFFFFFFF), False)
+
+
+def crc32c(data, crc=0):
+    """CRC-32C (Castagnoli) of a bytes-like object, continuing crc."""
+    return _crc(data, <uint32_t>(crc & 0xFFFFFFFF), True)
+
+
+# ---------------------------------------------------------------------------- payloads
+
+def fill_random(buffer, seed):
+    """Fill a writable contiguous buffer with the pseudo-random stream of seed (the same seed
+    always gives the same bytes; a shorter buffer gets a prefix of the same stream)."""
+    cdef Py_buffer view
+    cdef uint64_t s = <uint64_t>(seed & U64_MASK)
+    PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+    try:
+        if view.len >= GIL_FREE_BYTES:
+            with nogil:
+                dio_fill_random(view.buf, <size_t>view.len, s)
+        else:
+            dio_fill_random(view.buf, <size_t>view.len, s)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def write_random(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, path="",
+                 crc=0):
+    """pwrite nbytes of the fill_random(seed) stream to fd at offset (chunks of at most chunk
+    bytes, 0 = 8 MiB) and return the CRC-32 of the written bytes continued from crc (pass the
+    CRC of a header written before to chain it).  path is only used in error messages."""
+    cdef dio_error err
+    cdef uint64_t s = <uint64_t>(seed & U64_MASK)
+    cdef uint32_t c = <uint32_t>(crc & 0xFFFFFFFF)
+    cdef bytes bpath = _fspath(path)
+    cdef const char *cpath = bpath
+    cdef int rc
+    _clear(&err)
+    with nogil:
+        rc = dio_write_random(fd, offset, nbytes, s, chunk, &c, cpath, &err)
+    _check(rc, &err)
+    return c
+
+
+# ---------------------------------------------------------------------------- direct I/O
+
+def odirect_alignment(path):
+    """(mem_align, offset_align) O_DIRECT needs on path (statx STATX_DIOALIGN; 4096 for both
+    when the kernel or file system does not say)."""
+    cdef dio_error err
+    cdef uint32_t mem = 0, off = 0
+    cdef bytes bpath = _fspath(path)
+    cdef const char *cpath = bpath
+    cdef int rc
+    _clear(&err)
+    with nogil:
+        rc = dio_odirect_alignment(cpath, &mem, &off, &err)
+    _check(rc, &err)
+    return (mem, off)
+
+
+def probe_odirect(path):
+    """Raise OSError (EINVAL, naming the path and reader.odirect) if path cannot be read with
+    O_DIRECT, e.g. on tmpfs; None if it can."""
+    cdef dio_error err
+    cdef bytes bpath = _fspath(path)
+    cdef const char *cpath = bpath
+    cdef int rc
+    _clear(&err)
+    with nogil:
+        rc = dio_probe_odirect(cpath, &err)
+    _check(rc, &err)
+
+
+# ---------------------------------------------------------------------------- engine
+
+cdef class _BatchView:
+    """Exports a batch buffer read-only through the buffer protocol."""
+    cdef object owner  # the Engine: keeps it (and its buffers) from being deallocated
+    cdef void *ptr
+    cdef Py_ssize_t size
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        PyBuffer_FillInfo(buffer, self, self.ptr, self.size, 1, flags)
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        pass
+
+
+cdef char _empty[1]
+
+
+cdef class Batch:
+    """One batch of the epoch, as dio_engine_next returned it.
+
+    `data` is a read-only memoryview of the engine's batch buffer (data_len bytes; request i's
+    bytes start at req_buf_off[i]).  It is only valid until the next Engine.next(),
+    Engine.start_epoch(), Engine.set_files() or Engine.close(): the engine then reuses (or
+    frees) that memory.  Copy what must be kept (bytes(batch.data[a:b]))."""
+    cdef readonly int64_t index
+    cdef readonly int64_t nreq
+    cdef readonly int64_t bytes_requested
+    cdef readonly int64_t bytes_read
+    cdef readonly int64_t read_ops
+    cdef readonly int64_t ready_ns
+    cdef readonly int64_t data_len
+    cdef readonly object data
+
+    def __repr__(self):
+        return (f"Batch(index={self.index}, nreq={self.nreq}, "
+                f"bytes_requested={self.bytes_requested}, bytes_read={self.bytes_read}, "
+                f"read_ops={self.read_ops}, data_len={self.data_len})")
+
+
+cdef class Engine:
+    """The read engine: `threads` reader threads (0 = read inside next()), `prefetch` batches
+    read ahead of the one being consumed, optional O_DIRECT with extents aligned to `align`
+    (0 = 4096), `fd_cache` descriptors kept open per thread.
+
+    Use from one thread at a time.  Usage per epoch: start_epoch(...), then next() until it
+    returns None."""
+    cdef dio_engine *e
+    cdef bint busy
+    # the caller's output arrays of the current epoch, kept alive (and exported) for it
+    cdef object _outs
+
+    def __cinit__(self, int threads, int prefetch, odirect=False, int fd_cache=256,
+                  uint32_t align=0):
+        cdef dio_engine_config cfg
+        cdef dio_error err
+        self.e = NULL
+        self.busy = False
+        self._outs = None
+        if threads < 0:
+            raise ValueError(f"threads must be >= 0, got {threads}")
+        if prefetch < 0:
+            raise ValueError(f"prefetch must be >= 0, got {prefetch}")
+        if fd_cache < 1:
+            raise ValueError(f"fd_cache must be >= 1, got {fd_cache}")
+        if align & (align - 1):
+            raise ValueError(f"align must be a power of two, got {align}")
+        cfg.nthreads = threads
+        cfg.prefetch = prefetch
+        cfg.odirect = 1 if odirect else 0
+        cfg.fd_cache = fd_cache
+        cfg.align = align
+        _clear(&err)
+        with nogil:
+            self.e = dio_engine_create(&cfg, &err)
+        if self.e == NULL:
+            _check(-(err.code or EIO), &err)
+
+    def __dealloc__(self):
+        if self.e != NULL:
+            with nogil:
+                dio_engine_destroy(self.e)
+            self.e = NULL
+
+    cdef int _ready(self) except -1:
+        if self.e == NULL:
+            raise ValueError("the engine is closed")
+        if self.busy:
+            raise RuntimeError("the engine is in use by another thread (next())")
+        return 0
+
+    def close(self):
+        """Stop the threads, close descriptors, free the buffers. Idempotent."""
+        if self.e == NULL:
+            return
+        if self.busy:
+            raise RuntimeError("the engine is in use by another thread (next())")
+        cdef dio_engine *e = self.e
+        self.e = NULL
+        with nogil:
+            dio_engine_destroy(e)
+        self._outs = None
+
+    @property
+    def closed(self):
+        return self.e == NULL
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def set_files(self, paths):
+        """Set the file table (requests name files by index). Abandons an epoch in flight."""
+        self._ready()
+        cdef list encoded = [_fspath(p) for p in paths]
+        cdef Py_ssize_t n = len(encoded), i
+        cdef const char **cpaths = <const char **>malloc(sizeof(char *) * (n if n > 0 else 1))
+        cdef dio_error err
+        cdef int rc
+        if cpaths == NULL:
+            raise MemoryError()
+        try:
+            for i in range(n):
+                cpaths[i] = <const char *>(<bytes>encoded[i])
+            _clear(&err)
+            with nogil:
+                rc = dio_engine_set_files(self.e, n, cpaths, &err)
+            if rc == 0:
+                self._outs = None  # the epoch was abandoned: its outputs are free again
+            _check(rc, &err)
+        finally:
+            free(cpaths)
+
+    def start_epoch(self, const int64_t[::1] batch_start not None,
+                    const int64_t[::1] file_idx not None, const int64_t[::1] offset not None,
+                    const int64_t[::1] length not None, int64_t[::1] req_buf_off=None,
+                    int64_t[::1] lat_ns=None, int64_t[::1] nread=None):
+        """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
+        (file_idx, offset, length) (contiguous int64 arrays; copied).  Optional int64 outputs
+        of one entry per request, kept referenced by the engine for the epoch:
+        req_buf_off (filled now: where request i's bytes start in its batch's data),
+        lat_ns and nread (filled as requests complete: pread latency, bytes transferred,
+        with O_DIRECT the aligned extent clipped at end of file).  Zero-length requests are
+        allowed: they transfer nothing.  Any epoch in flight is abandoned first."""
+        self._ready()
+        cdef Py_ssize_t nbatches = batch_start.shape[0] - 1
+        cdef int64_t nreq
+        cdef dio_error err
+        cdef int rc
+        cdef const int64_t *fp = NULL
+        cdef const int64_t *op = NULL
+        cdef const int64_t *lp = NULL
+        cdef int64_t *bp = NULL
+        cdef int64_t *tp = NULL
+        cdef int64_t *np_ = NULL
+        if nbatches < 0:
+            raise ValueError("batch_start needs nbatches + 1 entries (at least one)")
+        nreq = batch_start[nbatches]
+        for name, arr in (("file_idx", file_idx), ("offset", offset), ("length", length)):
+            if arr.shape[0] != nreq:
+                raise ValueError(f"{name} has {arr.shape[0]} entries, batch_start says {nreq}")
+        for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread)):
+            if arr is not None and arr.shape[0] != nreq:
+                raise ValueError(f"{name} has {arr.shape[0]} entries, expected {nreq}")
+        if nreq > 0:
+            fp = &file_idx[0]
+            op = &offset[0]
+            lp = &length[0]
+            if req_buf_off is not None:
+                bp = &req_buf_off[0]
+            if lat_ns is not None:
+                tp = &lat_ns[0]
+            if nread is not None:
+                np_ = &nread[0]
+        _clear(&err)
+        with nogil:
+            rc = dio_engine_start_epoch(self.e, nbatches, &batch_start[0], fp, op, lp, bp, tp,
+                                        np_, &err)
+        # Hold the memoryviews: their buffer exports keep the arrays alive and unresizable while
+        # the threads write into them.  On failure keep the previous ones: the C call may have
+        # failed before abandoning the epoch in flight.
+        if rc == 0:
+            self._outs = (req_buf_off, lat_ns, nread)
+        _check(rc, &err)
+
+    def next(self):
+        """Release the previous batch and wait (GIL released) for the next one; None at the
+        end of the epoch (or with no epoch).  Raises OSError if a request of the batch failed;
+        the error repeats on later calls until a new epoch starts."""
+        self._ready()
+        cdef dio_batch b
+        cdef dio_error err
+        cdef int rc
+        _clear(&err)
+        self.busy = True
+        try:
+            with nogil:
+                rc = dio_engine_next(self.e, &b, &err)
+        finally:
+            self.busy = False
+        _check(rc, &err)
+        if rc == 0:
+            return None
+        cdef _BatchView view = _BatchView.__new__(_BatchView)
+        view.owner = self
+        view.ptr = b.data if b.data != NULL else <void *>_empty
+        view.size = b.data_len
+        cdef Batch out = Batch.__new__(Batch)
+        out.index = b.index
+        out.nreq = b.nreq
+        out.bytes_requested = b.bytes_requested
+        out.bytes_read = b.bytes_read
+        out.read_ops = b.read_ops
+        out.ready_ns = b.ready_ns
+        out.data_len = b.data_len
+        out.data = memoryview(view)
+        return out
+
+    def counters(self):
+        """Totals since the engine was created: opens, closes, bytes_read, read_ops."""
+        cdef dio_engine_counters c
+        if self.e == NULL:
+            raise ValueError("the engine is closed")
+        dio_engine_get_counters(self.e, &c)
+        return {"opens": c.opens, "closes": c.closes, "bytes_read": c.bytes_read,
+                "read_ops": c.read_ops}

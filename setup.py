@@ -1,0 +1,23 @@
+"""Build of dlio-mpi: the Python package plus the C I/O core (csrc/*.c) behind the Cython
+wrapper dlio_mpi._core.  Metadata lives in pyproject.toml."""
+
+from glob import glob
+
+from Cython.Build import cythonize
+from setuptools import Extension, find_packages, setup
+
+core = Extension(
+    "dlio_mpi._core",
+    sources=["dlio_mpi/_core.pyx", *sorted(glob("csrc/*.c"))],
+    include_dirs=["csrc"],
+    depends=sorted(glob("csrc/*.h")),
+    extra_compile_args=["-O2", "-pthread", "-std=gnu11", "-Wall"],
+    extra_link_args=["-pthread"],
+)
+
+setup(
+    packages=[*find_packages(include=["dlio_mpi", "dlio_mpi.*"]), "dlio_mpi.configs"],
+    package_dir={"dlio_mpi.configs": "configs"},
+    package_data={"dlio_mpi.configs": ["workload/*.yaml"]},
+    ext_modules=cythonize([core], language_level=3),
+)

@@ -1,0 +1,518 @@
+"""The C I/O core (csrc/, dlio_mpi._core) through its Python API: checksums, payloads, O_DIRECT
+probing and the read engine, checked against Python's own reads of real files."""
+
+from __future__ import annotations
+
+import errno
+import os
+import random
+import shutil
+import threading
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dlio_mpi import _core
+
+MiB = 1 << 20
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def crc32c_reference(data: bytes, crc: int = 0) -> int:
+    crc ^= 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0x82F63B78 & -(crc & 1))
+    return crc ^ 0xFFFFFFFF
+
+
+def make_files(folder: Path, sizes: list[int], seed: int = 1) -> list[str]:
+    rng = random.Random(seed)
+    paths = []
+    for i, size in enumerate(sizes):
+        path = folder / f"f{i}.bin"
+        path.write_bytes(rng.randbytes(size))
+        paths.append(str(path))
+    return paths
+
+
+def arrays(batches: list[list[tuple[int, int, int]]]):
+    """[(file, offset, length), ...] per batch -> batch_start, file_idx, offset, length."""
+    flat = [r for batch in batches for r in batch]
+    start = np.cumsum([0] + [len(b) for b in batches]).astype(np.int64)
+    col = [np.array([r[k] for r in flat], dtype=np.int64).reshape(-1) for k in range(3)]
+    return start, col[0], col[1], col[2]
+
+
+def expected_bytes(paths: list[str], file: int, offset: int, length: int) -> bytes:
+    with open(paths[file], "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
+def run_epoch(engine, paths, batches):
+    """Start an epoch, consume it and check every request's bytes; returns the outputs."""
+    start, files, offset, length = arrays(batches)
+    n = len(files)
+    buf_off, lat, nread = (np.full(n, -1, dtype=np.int64) for _ in range(3))
+    engine.start_epoch(start, files, offset, length, buf_off, lat, nread)
+    got = []
+    for b, batch in enumerate(batches):
+        out = engine.next()
+        assert out is not None, f"batch {b} missing"
+        assert out.index == b and out.nreq == len(batch)
+        assert out.bytes_requested == sum(r[2] for r in batch)
+        data = out.data
+        assert data.readonly and len(data) == out.data_len
+        for k, (f, off, ln) in enumerate(batch):
+            i = int(start[b]) + k
+            want = expected_bytes(paths, f, off, ln)
+            assert bytes(data[buf_off[i]: buf_off[i] + ln]) == want, f"batch {b} request {k}"
+        got.append(out)
+    assert engine.next() is None
+    assert engine.next() is None
+    return got, buf_off, lat, nread
+
+
+def is_odirect_dir(folder: Path) -> bool:
+    probe = folder / f"probe-{uuid.uuid4().hex}"
+    probe.write_bytes(b"\0" * 8192)
+    try:
+        _core.probe_odirect(str(probe))
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.unlink()
+
+
+@pytest.fixture
+def disk_tmp(tmp_path) -> Path:
+    """A folder on a file system with real direct I/O (tmp_path unless that is a tmpfs)."""
+    if is_odirect_dir(tmp_path):
+        yield tmp_path
+        return
+    alt = REPO / ".pytest_tmp" / uuid.uuid4().hex
+    alt.mkdir(parents=True)
+    try:
+        if not is_odirect_dir(alt):
+            pytest.skip("no file system with O_DIRECT support available")
+        yield alt
+    finally:
+        shutil.rmtree(alt, ignore_errors=True)
+
+
+@pytest.fixture
+def shm_dir():
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("needs a tmpfs at /dev/shm")
+    folder = Path(f"/dev/shm/dlio-core-test-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    folder.mkdir()
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------- time
+
+
+def test_now_ns_is_monotonic():
+    a = _core.now_ns()
+    b = _core.now_ns()
+    assert 0 < a <= b
+
+
+def test_sleep_until_wakes_at_or_after_the_deadline():
+    for delay in (0, 1_000, 2_000_000, 10_000_000):
+        deadline = _core.now_ns() + delay
+        woke = _core.sleep_until_ns(deadline)
+        assert woke >= deadline
+        assert _core.now_ns() >= woke
+        assert woke - deadline < 50_000_000  # no runaway oversleep
+    past = _core.now_ns() - 1_000_000
+    assert _core.sleep_until_ns(past) >= past
+
+
+def test_sleep_releases_the_gil():
+    ticks = []
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            ticks.append(1)
+            time.sleep(0.001)
+
+    t = threading.Thread(target=spin)
+    t.start()
+    _core.sleep_until_ns(_core.now_ns() + 50_000_000)
+    stop.set()
+    t.join()
+    assert len(ticks) >= 5
+
+
+# ------------------------------------------------------------------------------- checksums
+
+
+@pytest.mark.parametrize("size", [0, 1, 3, 7, 8, 9, 15, 17, 63, 255, 1001, 4097, 65537, 1_000_003])
+def test_crc32_matches_zlib(size):
+    data = random.Random(size).randbytes(size)
+    assert _core.crc32(data) == zlib.crc32(data)
+    for skew in (1, 3, 7):  # unaligned starts
+        view = memoryview(data)[skew:]
+        assert _core.crc32(view) == zlib.crc32(view)
+    # chaining, as zlib does it
+    cut = size // 3
+    assert _core.crc32(data[cut:], _core.crc32(data[:cut])) == zlib.crc32(data)
+    assert _core.crc32(data, 12345) == zlib.crc32(data, 12345)
+
+
+def test_crc32_accepts_buffers():
+    arr = np.arange(1000, dtype=np.float64)
+    assert _core.crc32(arr) == zlib.crc32(arr.tobytes())
+    assert _core.crc32(bytearray(b"abc")) == zlib.crc32(b"abc")
+    with pytest.raises(TypeError):
+        _core.crc32("text")
+
+
+def test_crc32c_check_value_and_reference():
+    assert _core.crc32c(b"123456789") == 0xE3069283
+    assert _core.crc32c(b"") == 0
+    for size in (1, 5, 8, 13, 64, 1000, 4099):
+        data = random.Random(size).randbytes(size)
+        assert _core.crc32c(data) == crc32c_reference(data)
+        assert _core.crc32c(memoryview(data)[1:]) == crc32c_reference(data[1:])
+        cut = size // 2
+        assert _core.crc32c(data[cut:], _core.crc32c(data[:cut])) == _core.crc32c(data)
+    big = random.Random(7).randbytes(200_001)  # the GIL-free path
+    assert _core.crc32c(big) == _core.crc32c(big[100:], _core.crc32c(big[:100]))
+
+
+# ------------------------------------------------------------------------------- payloads
+
+
+def test_fill_random_is_deterministic_per_seed():
+    a, b, c = bytearray(10_007), bytearray(10_007), bytearray(10_007)
+    _core.fill_random(a, 42)
+    _core.fill_random(b, 42)
+    _core.fill_random(c, 43)
+    assert a == b
+    assert a != c
+    assert len(set(a)) > 200  # looks random
+    shorter = bytearray(1001)
+    _core.fill_random(shorter, 42)
+    assert shorter == a[:1001]  # a prefix of the same stream
+    big = np.zeros(300_000, dtype=np.uint8)  # GIL-free path, numpy buffer
+    _core.fill_random(big, 42)
+    assert big[:10_007].tobytes() == bytes(a)
+    _core.fill_random(bytearray(0), 1)
+    _core.fill_random(bytearray(8), -1)  # negative seeds wrap to uint64
+    with pytest.raises((TypeError, BufferError)):
+        _core.fill_random(b"read-only", 1)
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 7, 4099, MiB])
+def test_write_random_writes_exactly_the_stream(tmp_path, chunk):
+    nbytes, offset = 3 * MiB + 5, 13
+    stream = bytearray(nbytes)
+    _core.fill_random(stream, 99)
+    path = tmp_path / "payload.bin"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, b"HEADER-------", 0)
+        crc = _core.write_random(fd, offset, nbytes, 99, chunk, str(path))
+    finally:
+        os.close(fd)
+    content = path.read_bytes()
+    assert len(content) == offset + nbytes
+    assert content[offset:] == stream
+    assert crc == zlib.crc32(stream)
+
+
+def test_write_random_chains_a_crc_and_names_the_path(tmp_path):
+    path = tmp_path / "chained.bin"
+    header = b"x.npy header"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        crc = _core.write_random(fd, len(header), 1000, 5, 0, str(path), crc=_core.crc32(header))
+        assert _core.write_random(fd, 0, 0, 5, 0, str(path)) == 0  # nothing to write
+    finally:
+        os.close(fd)
+    stream = bytearray(1000)
+    _core.fill_random(stream, 5)
+    assert crc == zlib.crc32(header + stream)
+    rfd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as exc:
+            _core.write_random(rfd, 0, 10, 1, 0, "/some/file.bin")
+    finally:
+        os.close(rfd)
+    assert exc.value.errno == errno.EBADF
+    assert exc.value.filename == "/some/file.bin" and "/some/file.bin" in exc.value.strerror
+
+
+# ------------------------------------------------------------------------------- direct I/O
+
+
+def test_odirect_alignment(disk_tmp):
+    path = disk_tmp / "a.bin"
+    path.write_bytes(b"\0" * 4096)
+    mem, off = _core.odirect_alignment(str(path))
+    for value in (mem, off):
+        assert value > 0 and value & (value - 1) == 0
+    with pytest.raises(FileNotFoundError) as exc:
+        _core.odirect_alignment(str(disk_tmp / "missing"))
+    assert exc.value.filename == str(disk_tmp / "missing")
+
+
+def test_probe_odirect(disk_tmp, shm_dir):
+    path = disk_tmp / "ok.bin"
+    path.write_bytes(b"\1" * 10000)
+    assert _core.probe_odirect(str(path)) is None
+    bad = shm_dir / "x.bin"
+    bad.write_bytes(b"\1" * 10000)
+    with pytest.raises(OSError) as exc:
+        _core.probe_odirect(str(bad))
+    assert exc.value.errno == errno.EINVAL
+    assert str(bad) in exc.value.strerror and "reader.odirect" in exc.value.strerror
+    with pytest.raises(FileNotFoundError):
+        _core.probe_odirect(str(disk_tmp / "missing"))
+
+
+# ------------------------------------------------------------------------------- engine
+
+
+def mixed_batches(paths, sizes, nbatches, seed, max_len=20_000):
+    rng = random.Random(seed)
+    batches = []
+    for _ in range(nbatches):
+        batch = []
+        for _ in range(rng.randint(0, 12)):
+            f = rng.randrange(len(paths))
+            ln = min(rng.choice([0, 1, 7, 100, 2500, 4096, max_len]), sizes[f])
+            off = rng.randint(0, sizes[f] - ln)
+            batch.append((f, off, ln))
+        batches.append(batch)
+    return batches
+
+
+@pytest.mark.parametrize("threads", [0, 1, 3])
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_engine_returns_the_requested_bytes(tmp_path, threads, prefetch):
+    sizes = [50_000, 123_457, 7, 6 * MiB + 3, 4096, 1]
+    paths = make_files(tmp_path, sizes)
+    batches = mixed_batches(paths, sizes, 60, seed=threads * 10 + prefetch)
+    batches[3] = []  # an empty batch
+    batches[5] = [(3, 17, 5 * MiB), (3, 0, 3 * MiB + 1), (0, 0, 50_000)]  # > 2 MiB requests
+    batches[6] = [(1, 0, 0), (2, 7, 0)]  # zero-length requests only (offset at EOF is fine)
+    with _core.Engine(threads, prefetch, fd_cache=4) as engine:
+        engine.set_files(paths)
+        got, buf_off, lat, nread = run_epoch(engine, paths, batches)
+        # normal reads: bytes read == bytes requested, placements 64-byte aligned
+        assert all(b.bytes_read == b.bytes_requested for b in got)
+        assert all(off % 64 == 0 for off in buf_off)
+        _, _, _, length = arrays(batches)
+        assert (nread == length).all()
+        assert (lat[length > 0] > 0).all() and (lat[length == 0] == 0).all()
+        assert sum(b.read_ops for b in got) >= int((length > 0).sum())
+        assert all(b.ready_ns > 0 for b in got)
+        counters = engine.counters()
+        assert counters["bytes_read"] == int(length.sum())
+        assert counters["read_ops"] == sum(b.read_ops for b in got)
+        # a second epoch over the same engine (buffers reused)
+        run_epoch(engine, paths, mixed_batches(paths, sizes, 20, seed=99))
+    assert engine.closed
+    engine.close()  # idempotent
+
+
+def test_engine_many_small_requests(tmp_path):
+    """Many batches of small requests across many files, with several threads."""
+    sizes = [10_000] * 40
+    paths = make_files(tmp_path, sizes, seed=3)
+    rng = random.Random(5)
+    batches = [[(rng.randrange(40), rng.randrange(0, 7500), 2500) for _ in range(64)]
+               for _ in range(50)]
+    with _core.Engine(3, 4, fd_cache=8) as engine:
+        engine.set_files(paths)
+        got, _, _, nread = run_epoch(engine, paths, batches)
+        assert (nread == 2500).all()
+        assert sum(b.bytes_read for b in got) == 50 * 64 * 2500
+
+
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_readers_stay_within_the_prefetch_window(tmp_path, prefetch):
+    """While the consumer holds batch b, the threads read at most batches b+1 .. b+prefetch."""
+    paths = make_files(tmp_path, [1000])
+    batches = [[(0, 0, 1000)] for _ in range(8)]
+    start, files, offset, length = arrays(batches)
+
+    def settled_bytes(engine, expect):
+        deadline = time.monotonic() + 5
+        while engine.counters()["bytes_read"] < expect and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)  # give them time to overrun the window if they could
+        return engine.counters()["bytes_read"]
+
+    with _core.Engine(2, prefetch) as engine:
+        engine.set_files(paths)
+        engine.start_epoch(start, files, offset, length)
+        assert engine.next().index == 0
+        assert settled_bytes(engine, 1000 * (1 + prefetch)) == 1000 * (1 + prefetch)
+        assert engine.next().index == 1  # releases batch 0: one more batch may be read
+        assert settled_bytes(engine, 1000 * (2 + prefetch)) == 1000 * (2 + prefetch)
+
+
+def test_odirect_reads_aligned_extents(disk_tmp):
+    sizes = [100_003, 3 * MiB + 11, 4096]
+    paths = make_files(disk_tmp, sizes, seed=8)
+    align = _core.odirect_alignment(paths[0])[1]
+    batches = [
+        [(0, 1, 10), (0, 4095, 2), (1, 12345, 2 * MiB + 1), (0, 100_000, 3)],  # last: at EOF
+        [(2, 0, 4096), (0, 0, 0), (1, 3 * MiB, 11), (0, 99_999, 4)],
+        [(1, 5, 3 * MiB + 6)],
+    ]
+    with _core.Engine(2, 1, odirect=True, fd_cache=4, align=align) as engine:
+        engine.set_files(paths)
+        got, buf_off, _, nread = run_epoch(engine, paths, batches)
+    start, files, offset, length = arrays(batches)
+    for i in range(len(files)):
+        size = sizes[files[i]]
+        lo = offset[i] // align * align
+        hi = min(-(-(offset[i] + length[i]) // align) * align, size)
+        assert nread[i] == (hi - lo if length[i] else 0), i
+        assert (buf_off[i] - (offset[i] - lo)) % align == 0  # extents placed aligned
+    assert sum(b.bytes_read for b in got) == int(nread.sum())
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_odirect_on_tmpfs_is_a_clear_error(shm_dir, threads):
+    paths = make_files(shm_dir, [10_000])
+    start, files, offset, length = arrays([[(0, 0, 4096)]])
+    with _core.Engine(threads, 1, odirect=True) as engine:
+        engine.set_files(paths)
+        engine.start_epoch(start, files, offset, length)
+        with pytest.raises(OSError) as exc:
+            engine.next()
+    assert exc.value.errno == errno.EINVAL
+    message = exc.value.strerror
+    assert paths[0] in message and "reader.odirect" in message and message.count("O_DIRECT") == 1
+
+
+@pytest.mark.parametrize("threads", [0, 1, 3])
+def test_short_read_names_file_and_offset(tmp_path, threads):
+    paths = make_files(tmp_path, [10_000, 20_000])
+    good = [(0, 0, 100), (1, 500, 1000)]
+    batches = [good, good, [(1, 19_000, 1000), (0, 9_990, 20), (1, 0, 10)], good, good]
+    start, files, offset, length = arrays(batches)
+    with _core.Engine(threads, 2) as engine:
+        engine.set_files(paths)
+        engine.start_epoch(start, files, offset, length)
+        assert engine.next().index == 0
+        assert engine.next().index == 1
+        with pytest.raises(OSError) as exc:
+            engine.next()
+        assert exc.value.errno == errno.EIO
+        assert exc.value.filename == paths[0]
+        assert paths[0] in exc.value.strerror and "9990" in exc.value.strerror
+        assert "short read" in exc.value.strerror
+        with pytest.raises(OSError):  # sticky for the epoch
+            engine.next()
+        # the engine restarts cleanly
+        run_epoch(engine, paths, [good, good])
+
+
+def test_missing_file_raises_file_not_found(tmp_path):
+    paths = make_files(tmp_path, [1000])
+    missing = str(tmp_path / "no-such-file.bin")
+    start, files, offset, length = arrays([[(0, 0, 10)], [(1, 0, 10)]])
+    for threads in (0, 2):
+        with _core.Engine(threads, 1) as engine:
+            engine.set_files([*paths, missing])
+            engine.start_epoch(start, files, offset, length)
+            assert engine.next().index == 0
+            with pytest.raises(FileNotFoundError) as exc:
+                engine.next()
+            assert exc.value.filename == missing and missing in exc.value.strerror
+
+
+def test_fd_cache_counts_opens(tmp_path):
+    paths = make_files(tmp_path, [1000, 1000])
+    batches = [[(i % 2, 0, 10) for i in range(20)] for _ in range(5)]  # alternating files
+    with _core.Engine(1, 1, fd_cache=1) as engine:
+        engine.set_files(paths)
+        run_epoch(engine, paths, batches)
+        c = engine.counters()
+        assert c["opens"] == 100 and c["closes"] == 99
+    with _core.Engine(1, 1, fd_cache=64) as engine:
+        engine.set_files(paths)
+        run_epoch(engine, paths, batches)
+        run_epoch(engine, paths, batches)
+        assert engine.counters()["opens"] == 2 and engine.counters()["closes"] == 0
+        engine.set_files(paths)  # closes cached descriptors
+        assert engine.counters()["closes"] == 2
+        run_epoch(engine, paths, batches)
+        assert engine.counters()["opens"] == 4
+
+
+def test_new_epoch_abandons_the_one_in_flight(tmp_path):
+    sizes = [2 * MiB] * 4
+    paths = make_files(tmp_path, sizes, seed=11)
+    big = [[(b % 4, 0, 2 * MiB), ((b + 1) % 4, 5, MiB)] for b in range(40)]
+    small = mixed_batches(paths, sizes, 15, seed=12)
+    for threads in (0, 1, 3):
+        with _core.Engine(threads, 3) as engine:
+            engine.set_files(paths)
+            start, files, offset, length = arrays(big)
+            lat = np.zeros(len(files), dtype=np.int64)
+            engine.start_epoch(start, files, offset, length, None, lat)
+            assert engine.next().index == 0
+            run_epoch(engine, paths, small)  # replaces the big epoch mid-way
+            engine.start_epoch(start, files, offset, length)  # and abandon with nothing taken
+            run_epoch(engine, paths, small)
+            engine.start_epoch(start, files, offset, length)  # close while in flight
+
+
+def test_engine_api_edges(tmp_path):
+    paths = make_files(tmp_path, [100])
+    with pytest.raises(ValueError):
+        _core.Engine(-1, 0)
+    with pytest.raises(ValueError):
+        _core.Engine(1, -1)
+    with pytest.raises(ValueError):
+        _core.Engine(1, 1, fd_cache=0)
+    with pytest.raises(ValueError):
+        _core.Engine(1, 1, align=3000)
+    engine = _core.Engine(2, 1)
+    assert engine.next() is None  # no epoch yet
+    engine.set_files(paths)
+    start, files, offset, length = arrays([[(0, 0, 10)]])
+    with pytest.raises(ValueError):
+        engine.start_epoch(start, files, offset[:0], length)
+    with pytest.raises(OSError) as exc:  # a file index outside the table
+        engine.start_epoch(start, files + 1, offset, length)
+    assert exc.value.errno == errno.EINVAL
+    with pytest.raises(OSError):  # negative offset
+        engine.start_epoch(start, files, offset - 1, length)
+    engine.start_epoch(np.zeros(1, dtype=np.int64), files[:0], offset[:0], length[:0])
+    assert engine.next() is None  # an epoch of no batches
+    engine.start_epoch(start, files, offset, length)
+    batch = engine.next()
+    with pytest.raises(TypeError):
+        batch.data[0] = 1  # read-only
+    assert "nreq=1" in repr(batch)
+    engine.close()
+    with pytest.raises(ValueError):
+        engine.next()
+    with pytest.raises(ValueError):
+        engine.counters()
+    del engine  # dealloc after close is fine
+    unclosed = _core.Engine(2, 2)
+    unclosed.set_files(paths)
+    unclosed.start_epoch(start, files, offset, length)
+    del unclosed  # dealloc closes
