@@ -17,7 +17,7 @@ class NativeReader:
         align = 0
         if odirect and paths:
             _core.probe_odirect(paths[0])  # a clear error before training if refused
-            align = _core.odirect_alignment(paths[0])[1]
+            align = max(_core.odirect_alignment(paths[0]))
         self._engine = _core.Engine(read_threads, prefetch_size, odirect, fd_cache_size, align)
         self._engine.set_files(paths)
         self.lat_ns = np.zeros(0, dtype=np.int64)
