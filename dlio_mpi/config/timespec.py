@@ -132,6 +132,8 @@ def parse_timespec(value: Any, path: str, stdev: Any = None, stdev_key: str = ""
         raise ValueError(f"{path}: expected seconds as a number or a mapping such as "
                          f"{{mean: 0.5, stdev: 0.1}} or {{type: uniform, min: 0.1, max: 0.2}}, "
                          f"got {value!r}")
+    if not isinstance(value, dict):
+        _number(value, path)
     spec = dict(value) if isinstance(value, dict) else {"mean": value}
     if stdev is not None:
         if "stdev" in spec:

@@ -1,0 +1,15 @@
+"""Configuration: DLIO's workload YAMLs read into a typed, frozen, validated `Config`.
+
+    cfg = load_config("unet3d_h100", ["++workload.train.epochs=2"])
+    cfg.reader.batch_size, cfg.train.computation_time.draw(rng, n), cfg.to_dict()
+
+Modules: schema (the sections and the generic validator), timespec (emulated time
+distributions), loader (YAML sources, aliases, overrides, cross-key checks).
+"""
+
+from .loader import ALIASES, IGNORED_KEYS, list_workloads, load_config
+from .schema import Config, ConfigError
+from .timespec import TimeSpec
+
+__all__ = ["ALIASES", "IGNORED_KEYS", "Config", "ConfigError", "TimeSpec", "list_workloads",
+           "load_config"]

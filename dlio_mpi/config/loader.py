@@ -1,0 +1,267 @@
+"""Loading a workload: a YAML file by path or shipped name (also DLIO's `workload=NAME`), DLIO's
+legacy key aliases, command-line overrides (`dataset.num_files_train=16`, Hydra's
+`++workload.dataset.num_files_train=16`, `+workload.x=y`, `~workload.x`), the typed build and
+the checks that relate several keys. Everything is checked before any dataset I/O.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import fields
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .schema import Config, ConfigError, build_section
+
+log = logging.getLogger(__name__)
+
+# DLIO's historic key names -> canonical names (dotted paths; the top-level rename comes first).
+ALIASES = {
+    "data_reader": "reader",
+    "dataset.record_length": "dataset.record_length_bytes",
+    "dataset.record_length_stdev": "dataset.record_length_bytes_stdev",
+    "dataset.record_length_resize": "dataset.record_length_bytes_resize",
+    "model.model_size": "model.model_size_bytes",
+}
+# Keys that DLIO's shipped workloads contain but DLIO itself ignores: accepted and dropped.
+IGNORED_KEYS = {
+    "workflow.debug": "in DLIO's bert_v100.yaml, never read by DLIO",
+}
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, also reading YAML 1.2 floats without a dot (1e-3, 5E+6)."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def parse_yaml(text: str, what: str) -> Any:
+    try:
+        return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"{what}: not valid YAML ({detail})") from None
+
+
+# --------------------------------------------------------------------------- shipped workloads
+def workload_dir() -> Any:
+    """The shipped configs/workload folder: the installed `dlio_mpi.configs` package, else the
+    source tree's configs/ next to the dlio_mpi package."""
+    try:
+        folder = resources.files("dlio_mpi.configs").joinpath("workload")
+        if folder.is_dir():
+            return folder
+    except (ModuleNotFoundError, TypeError):
+        pass
+    return Path(__file__).resolve().parents[2] / "configs" / "workload"
+
+
+def list_workloads() -> list[str]:
+    """Names of the shipped workloads (`unet3d_h100`, ...)."""
+    folder = workload_dir()
+    if not folder.is_dir():
+        return []
+    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def read_source(source: str) -> dict[str, Any]:
+    """The workload mapping of `source`: a YAML path, a shipped name or `workload=NAME`.
+    The sections may sit at the top level (DLIO workload files) or under `workload:`."""
+    name = source[len("workload="):] if source.startswith("workload=") else source
+    path = Path(name)
+    if path.is_file() or path.suffix in (".yaml", ".yml") or "/" in name:
+        if not path.is_file():
+            raise ConfigError(f"configuration file not found: {name}")
+        text, what = path.read_text(), name
+    else:
+        shipped = workload_dir().joinpath(f"{name}.yaml")
+        if not shipped.is_file():
+            close = difflib.get_close_matches(name, list_workloads(), n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            raise ConfigError(f"unknown workload '{name}'{hint} "
+                              f"(shipped: {', '.join(list_workloads())}; or give a YAML path)")
+        text, what = shipped.read_text(), f"workload {name}"
+    data = parse_yaml(text, what)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: expected a mapping of sections, got {data!r}")
+    if "workload" in data:
+        others = [str(k) for k in data if k not in ("workload", "hydra")]
+        if others:
+            raise ConfigError(f"{what}: has both a 'workload' mapping and top-level keys "
+                              f"({', '.join(others)}); put every section under 'workload'")
+        data = data["workload"] or {}
+        if not isinstance(data, dict):
+            raise ConfigError(f"{what}: workload: expected a mapping of sections, got {data!r}")
+    return data
+
+
+# --------------------------------------------------------------------------- aliases
+def canonical_key(dotted: str) -> str:
+    """`dotted` with a legacy alias prefix replaced by its canonical name."""
+    for alias, canonical in ALIASES.items():
+        if dotted == alias or dotted.startswith(alias + "."):
+            dotted = canonical + dotted[len(alias):]
+    return dotted
+
+
+def normalize_aliases(tree: dict[str, Any]) -> dict[str, Any]:
+    """Rename legacy keys in place (an alias given together with its canonical key is an
+    error) and drop the ignored keys. Returns `tree`."""
+    for alias, canonical in ALIASES.items():
+        parent = _mapping_at(tree, alias.split(".")[:-1])
+        old, new = alias.rpartition(".")[2], canonical.rpartition(".")[2]
+        if parent is None or old not in parent:
+            continue
+        if new in parent:
+            raise ConfigError(f"both '{alias}' (legacy name) and '{canonical}' are given; "
+                              f"keep '{canonical}'")
+        log.debug("config: legacy key '%s' read as '%s'", alias, canonical)
+        parent[new] = parent.pop(old)
+    for ignored, why in IGNORED_KEYS.items():
+        parent = _mapping_at(tree, ignored.split(".")[:-1])
+        if parent is not None and parent.pop(ignored.rpartition(".")[2], None) is not None:
+            log.debug("config: ignoring '%s' (%s)", ignored, why)
+    return tree
+
+
+def _mapping_at(tree: dict[str, Any], parts: list[str]) -> dict[str, Any] | None:
+    node: Any = tree
+    for part in parts:
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if isinstance(node, dict) else None
+
+
+# --------------------------------------------------------------------------- overrides
+def apply_override(tree: dict[str, Any], text: str) -> None:
+    """Apply one `KEY=VALUE` (or `~KEY`) override to the raw tree. Prefixes `+`, `++` and
+    `workload.` are accepted and mean the same: set the key whether or not the YAML has it.
+    VALUE is read as YAML (numbers, booleans, [lists], {mappings})."""
+    body = text.strip()
+    delete = body.startswith("~")
+    body = body.lstrip("+~")
+    dotted, sep, raw_value = body.partition("=")
+    dotted = dotted.strip()
+    if dotted.startswith("workload."):
+        dotted = dotted[len("workload."):]
+    parts = dotted.split(".")
+    if (not sep and not delete) or not all(parts) or dotted == "workload":
+        raise ConfigError(f"override '{text}': expected section.key=value "
+                          f"(or ++workload.section.key=value)")
+    dotted = canonical_key(dotted)
+    if dotted in IGNORED_KEYS:
+        log.debug("config: ignoring override of '%s' (%s)", dotted, IGNORED_KEYS[dotted])
+        return
+    parts = dotted.split(".")
+    node = tree
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif _is_number(child) and _is_timespec(parts[:depth + 1]):
+            child = node[part] = {"mean": child}
+        elif not isinstance(child, dict):
+            where = ".".join(parts[:depth + 1])
+            raise ConfigError(f"override '{text}': {where} is {child!r}, not a mapping; "
+                              f"set it whole instead ({where}={{...}})")
+        node = child
+    if delete:
+        node.pop(parts[-1], None)
+    else:
+        node[parts[-1]] = parse_yaml(raw_value, f"override '{text}'")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_timespec(parts: list[str]) -> bool:
+    cls: Any = Config
+    for part in parts:
+        rule = next((f.metadata["rule"] for f in fields(cls) if f.name == part), None)
+        if rule is None:
+            return False
+        if rule.kind == "timespec":
+            return part == parts[-1]
+        cls = rule.section
+        if cls is None:
+            return False
+    return False
+
+
+# --------------------------------------------------------------------------- checks across keys
+def check_consistency(cfg: Config) -> None:
+    """DLIO's rules that relate several keys (those that do not need the MPI size)."""
+    ds, rd, model, ck = cfg.dataset, cfg.reader, cfg.model, cfg.checkpoint
+    par = model.parallelism
+    if (cfg.workflow.train or cfg.workflow.generate_data) and ds.num_files_train < 1:
+        raise ConfigError(f"dataset.num_files_train: expected an integer >= 1 when "
+                          f"workflow.train or workflow.generate_data is true, "
+                          f"got {ds.num_files_train}")
+    if ds.record_dims and ds.record_length_bytes_stdev > 0:
+        raise ConfigError(f"dataset.record_length_bytes_stdev: must be 0 when dataset.record_dims "
+                          f"is set, got {ds.record_length_bytes_stdev} with record_dims "
+                          f"{list(ds.record_dims)}")
+    if ds.record_dims and ds.record_dims[0] % ds.hdf5.num_dset_per_record:
+        raise ConfigError(f"dataset.hdf5.num_dset_per_record: must divide record_dims[0] "
+                          f"({ds.record_dims[0]}), got {ds.hdf5.num_dset_per_record}")
+    if ds.format in ("jpeg", "png"):
+        if ds.record_element_type != "uint8":
+            raise ConfigError(f"dataset.record_element_type: {ds.format} stores uint8 only, "
+                              f"got {ds.record_element_type!r}")
+        if len(ds.record_dims) > 2:
+            raise ConfigError(f"dataset.record_dims: {ds.format} takes at most 2 dimensions, "
+                              f"got {list(ds.record_dims)}")
+    reads_data = cfg.workflow.train or cfg.workflow.evaluation
+    if reads_data and rd.data_loader in ("tensorflow", "pytorch") \
+            and rd.data_loader != cfg.framework:
+        raise ConfigError(f"reader.data_loader: '{rd.data_loader}' does not fit framework "
+                          f"'{cfg.framework}'; expected '{cfg.framework}', dali, native_dali, "
+                          f"synthetic, custom or none")
+    if rd.data_loader == "custom" and (rd.data_loader_classname is None
+                                       or rd.data_loader_sampler is None):
+        raise ConfigError("reader.data_loader: 'custom' needs reader.data_loader_classname and "
+                          "reader.data_loader_sampler (iterative or index)")
+    if 0 < model.num_layers < par.pipeline:
+        raise ConfigError(f"model.num_layers: expected at least model.parallelism.pipeline "
+                          f"({par.pipeline}) layers, got {model.num_layers}")
+    if par.pipeline > 1 and par.zero_stage == 3:
+        raise ConfigError(f"model.parallelism.zero_stage: 3 does not combine with "
+                          f"model.parallelism.pipeline > 1, got pipeline {par.pipeline}")
+    if ck.mode == "default" and par.data > 0:
+        raise ConfigError(f"model.parallelism.data: derived from the rank count in checkpoint.mode "
+                          f"default (leave it unset or use mode subset), got {par.data}")
+    if ck.mode == "subset" and par.data < 1:
+        raise ConfigError(f"model.parallelism.data: checkpoint.mode subset needs an explicit "
+                          f"data-parallel size >= 1, got {par.data}")
+    if ck.num_checkpoints_write > 0 and ck.num_checkpoints_read > ck.num_checkpoints_write:
+        raise ConfigError(f"checkpoint.num_checkpoints_read: expected at most "
+                          f"num_checkpoints_write ({ck.num_checkpoints_write}), "
+                          f"got {ck.num_checkpoints_read}")
+    if ck.ksm is not None and ck.randomize_tensor:
+        raise ConfigError("checkpoint.ksm: needs checkpoint.randomize_tensor false "
+                          "(random tensors cannot be merged)")
+
+
+# --------------------------------------------------------------------------- entry point
+def load_config(source: str, overrides: Sequence[str] = ()) -> Config:
+    """The validated Config of `source` (YAML path, shipped name or `workload=NAME`) with
+    `overrides` applied in order. Raises ConfigError with a one-line message."""
+    tree = normalize_aliases(read_source(source))
+    for text in overrides:
+        apply_override(tree, text)
+    normalize_aliases(tree)  # aliases inside mapping-valued overrides
+    cfg = build_section(Config, tree, "")
+    check_consistency(cfg)
+    return cfg
