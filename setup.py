@@ -16,8 +16,10 @@ core = Extension(
 )
 
 setup(
-    packages=[*find_packages(include=["dlio_mpi", "dlio_mpi.*"]), "dlio_mpi.configs"],
+    # The shipped workloads live in the top-level configs/ and install as dlio_mpi.configs.
+    packages=[*find_packages(include=["dlio_mpi", "dlio_mpi.*"]), "dlio_mpi.configs",
+              "dlio_mpi.configs.workload"],
     package_dir={"dlio_mpi.configs": "configs"},
-    package_data={"dlio_mpi.configs": ["workload/*.yaml"]},
+    package_data={"dlio_mpi.configs.workload": ["*.yaml"]},
     ext_modules=cythonize([core], language_level=3),
 )

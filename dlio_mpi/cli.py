@@ -75,7 +75,14 @@ def _command(args, comm) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    # Options may follow the overrides (validate demo x=1 --ranks 4): collect the leftovers.
+    args, rest = parser.parse_known_args(argv)
+    unknown = [arg for arg in rest if arg.startswith("-")]
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if rest:
+        args.args = [*getattr(args, "args", []), *rest]
     if args.command == "list-workloads":
         from .config import list_workloads
 

@@ -78,7 +78,8 @@ def _epoch_bytes(split: DatasetSplit, mode: str, samples_read: int) -> int:
 def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
     """Check what needs the rank count and derive the plan; raises UserError."""
     fmt = cfg.dataset.format
-    if fmt not in implemented_formats():
+    uses_data = cfg.workflow.train or cfg.workflow.generate_data
+    if uses_data and fmt not in implemented_formats():
         raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
                         f"implemented: {', '.join(implemented_formats())}")
     mode = resolve_read_mode(cfg)
