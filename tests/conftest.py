@@ -14,7 +14,9 @@ RANK = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
 
 def pytest_configure(config):
     if RANK is not None and not config.option.basetemp:
-        config.option.basetemp = f"/tmp/dlio-mpi-tests-{os.getuid()}/rank{RANK}"
+        parent = Path(f"/tmp/dlio-mpi-tests-{os.getuid()}")
+        parent.mkdir(exist_ok=True)
+        config.option.basetemp = str(parent / f"rank{RANK}")
 
 
 @pytest.fixture

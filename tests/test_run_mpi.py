@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,7 +79,7 @@ def test_same_seed_gives_same_order_and_rerun_skips_generated_files(shared_tmp):
         assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert mtimes == {p: os.stat(os.path.join(data, "train", p)).st_mtime_ns
                       for p in os.listdir(os.path.join(data, "train"))}, "files were rewritten"
-    manifest = json.load(open(os.path.join(data, "dlio_mpi_manifest.json")))
+    manifest = json.loads((Path(data) / "dlio_mpi_manifest.json").read_text())
     assert manifest["complete"] and manifest["params"]["num_files_train"] == 10
 
 
