@@ -13,7 +13,6 @@ from . import _core
 from .planner import ReadPlan
 from .reader import NativeReader
 
-
 SPIN_NS = 200_000    # poll the barrier flat out this long ...
 NAP_SECONDS = 50e-6  # ... then nap between polls
 
