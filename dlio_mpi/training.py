@@ -13,14 +13,14 @@ from . import _core
 from .planner import ReadPlan
 from .reader import NativeReader
 
-SPIN_NS = 200_000    # poll the barrier flat out this long ...
+SPIN_NS = 50_000     # poll the barrier flat out this long ...
 NAP_SECONDS = 50e-6  # ... then nap between polls
 
 
 def step_barrier(comm) -> None:
     """The per-step barrier. MPICH spins inside a blocking MPI_Barrier, which would take a core
     from this rank's reader threads while it waits for a slow peer; so poll a non-blocking
-    barrier flat out for 200 us (peers usually arrive together: ~2 us) and nap between polls
+    barrier flat out for 50 us (peers usually arrive together: ~2 us) and nap between polls
     after that (a late peer's arrival is then seen within ~0.1 ms)."""
     request = comm.Ibarrier()
     deadline = _core.now_ns() + SPIN_NS
