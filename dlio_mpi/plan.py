@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dataset import DatasetSplit, describe_dataset
+from .dataset import DatasetSplit, LayoutTable, describe_dataset
 from .errors import UserError
 from .formats import implemented_formats
 from .planner import READ_MODES
@@ -61,50 +61,40 @@ def node_memory_bytes() -> int:
         return 0
 
 
-def _epoch_bytes(split: DatasetSplit, mode: str, samples_read: int) -> int:
-    layouts = split.expected_layouts()
+def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_read: int) -> int:
+    """Expected bytes read per epoch when `samples_read` samples of `split` are consumed."""
     if split.num_samples == 0:
         return 0
-    fraction = samples_read / split.num_samples
     if mode == "sample":
         per_file = layouts.sample_span * split.samples_per_file
     elif mode == "file":
         per_file = layouts.size * split.samples_per_file
     else:
         per_file = layouts.size
-    return int(np.sum(per_file) * fraction)
+    return int(np.sum(per_file) * samples_read / split.num_samples)
 
 
-def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
-    """Check what needs the rank count and derive the plan; raises UserError."""
-    fmt = cfg.dataset.format
-    uses_data = cfg.workflow.train or cfg.workflow.generate_data
-    if uses_data and fmt not in implemented_formats():
-        raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
-                        f"implemented: {', '.join(implemented_formats())}")
-    mode = resolve_read_mode(cfg)
-    if mode not in READ_MODES:
-        raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
-    splits = describe_dataset(cfg)
-    train = splits["train"]
+def _train_steps(cfg, train: DatasetSplit, ranks: int) -> int:
+    """Steps per epoch on every rank; raises UserError when the shard cannot fill a batch."""
     batch = cfg.reader.batch_size
-    steps = 0
-    if cfg.workflow.train:
-        share = train.num_samples // ranks
-        if batch > share:
+    share = train.num_samples // ranks
+    if batch > share:
+        raise UserError(
+            f"reader.batch_size={batch} is larger than a rank's share of the training "
+            f"samples ({train.num_samples} samples / {ranks} ranks = {share}); lower the "
+            "batch size or add files (dataset.num_files_train)")
+    steps = steps_per_epoch(train.num_samples, ranks, batch)
+    cap = cfg.train.total_training_steps
+    if cap is not None and cap > 0:
+        if cap > steps:
             raise UserError(
-                f"reader.batch_size={batch} is larger than a rank's share of the training "
-                f"samples ({train.num_samples} samples / {ranks} ranks = {share}); lower the "
-                "batch size or add files (dataset.num_files_train)")
-        steps = steps_per_epoch(train.num_samples, ranks, batch)
-        cap = cfg.train.total_training_steps
-        if cap is not None and cap > 0:
-            if cap > steps:
-                raise UserError(
-                    f"train.total_training_steps={cap} exceeds the {steps} steps an epoch "
-                    f"has ({train.num_samples} samples / {ranks} ranks / batch {batch})")
-            steps = cap
-    samples_per_rank = steps * batch
+                f"train.total_training_steps={cap} exceeds the {steps} steps an epoch "
+                f"has ({train.num_samples} samples / {ranks} ranks / batch {batch})")
+        steps = cap
+    return steps
+
+
+def _notes(cfg) -> tuple[str, ...]:
     notes = []
     if cfg.workflow.checkpoint:
         notes.append("workflow.checkpoint: checkpointing is not implemented in this version; "
@@ -114,14 +104,36 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
                      "only training is run")
     if cfg.workflow.profiling:
         notes.append("workflow.profiling: profilers are not implemented in this version")
-    dataset_bytes = sum(int(s.expected_layouts().size.sum()) for s in splits.values())
+    return tuple(notes)
+
+
+def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
+    """Check what needs the rank count and derive the plan; raises UserError."""
+    fmt = cfg.dataset.format
+    mode = resolve_read_mode(cfg)
+    if mode not in READ_MODES:
+        raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
+    uses_data = cfg.workflow.train or cfg.workflow.generate_data
+    steps = dataset_bytes = epoch_bytes = files = samples = 0
+    if uses_data:
+        if fmt not in implemented_formats():
+            raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
+                            f"implemented: {', '.join(implemented_formats())}")
+        splits = describe_dataset(cfg)
+        layouts = {name: split.expected_layouts() for name, split in splits.items()}
+        train = splits["train"]
+        files, samples = train.num_files, train.num_samples
+        dataset_bytes = sum(int(table.size.sum()) for table in layouts.values())
+        if cfg.workflow.train:
+            steps = _train_steps(cfg, train, ranks)
+            epoch_bytes = _epoch_bytes(train, layouts["train"], mode,
+                                       steps * cfg.reader.batch_size * ranks)
     return RunPlan(
-        ranks=ranks, format=fmt, read_mode=mode, train_files=train.num_files,
-        train_samples=train.num_samples, samples_per_rank=samples_per_rank,
-        steps_per_epoch=steps, epochs=cfg.train.epochs, dataset_bytes=dataset_bytes,
-        bytes_per_epoch=_epoch_bytes(train, mode, samples_per_rank * ranks),
-        node_memory_bytes=node_memory_bytes(),
-        ranks_per_node=ranks_per_node or ranks, notes=tuple(notes))
+        ranks=ranks, format=fmt, read_mode=mode, train_files=files, train_samples=samples,
+        samples_per_rank=steps * cfg.reader.batch_size, steps_per_epoch=steps,
+        epochs=cfg.train.epochs, dataset_bytes=dataset_bytes, bytes_per_epoch=epoch_bytes,
+        node_memory_bytes=node_memory_bytes(), ranks_per_node=ranks_per_node or ranks,
+        notes=_notes(cfg))
 
 
 def _size(n: float) -> str:
@@ -138,17 +150,23 @@ def describe_plan(plan: RunPlan, cfg) -> str:
         f"workload        {cfg.model.name}: {plan.format}, read mode {plan.read_mode}, "
         f"O_DIRECT {'on' if cfg.reader.odirect else 'off'}",
         f"ranks           {plan.ranks} ({plan.ranks_per_node} per node)",
-        f"training data   {plan.train_files} files, {plan.train_samples} samples "
-        f"({cfg.dataset.num_samples_per_file} per file)",
-        f"per epoch       {plan.steps_per_epoch} steps of batch {cfg.reader.batch_size} per rank"
-        f" = {plan.samples_per_rank} samples per rank; {plan.epochs} epochs",
-        f"bytes per epoch {_size(plan.bytes_per_epoch)} read by all ranks "
-        f"({_size(plan.bytes_per_node_epoch)} per node)",
-        f"dataset size    {_size(plan.dataset_bytes)} vs node memory "
-        f"{_size(plan.node_memory_bytes)}",
     ]
-    if plan.fits_in_node_memory:
-        lines.append("note            the dataset fits in one node's memory: after the first "
-                     "epoch reads may come from the page cache (reader.odirect: true avoids it)")
+    if not (cfg.workflow.train or cfg.workflow.generate_data):
+        lines.append("dataset         none: workflow.train and workflow.generate_data are off")
+    else:
+        lines += [
+            f"training data   {plan.train_files} files, {plan.train_samples} samples "
+            f"({cfg.dataset.num_samples_per_file} per file)",
+            f"per epoch       {plan.steps_per_epoch} steps of batch {cfg.reader.batch_size} per "
+            f"rank = {plan.samples_per_rank} samples per rank; {plan.epochs} epochs",
+            f"bytes per epoch {_size(plan.bytes_per_epoch)} read by all ranks "
+            f"({_size(plan.bytes_per_node_epoch)} per node)",
+            f"dataset size    {_size(plan.dataset_bytes)} vs node memory "
+            f"{_size(plan.node_memory_bytes)}",
+        ]
+        if plan.fits_in_node_memory:
+            lines.append("note            the dataset fits in one node's memory: after the first "
+                         "epoch reads may come from the page cache (reader.odirect: true avoids "
+                         "it)")
     lines.extend(f"note            {note}" for note in plan.notes)
     return "\n".join(lines)
