@@ -20,18 +20,14 @@ class NativeReader:
             align = max(_core.odirect_alignment(paths[0]))
         self._engine = _core.Engine(read_threads, prefetch_size, odirect, fd_cache_size, align)
         self._engine.set_files(paths)
-        self.lat_ns = np.zeros(0, dtype=np.int64)
-        self.nread = np.zeros(0, dtype=np.int64)
-        self.buf_off = np.zeros(0, dtype=np.int64)
+        self.lat_ns = np.zeros(0, dtype=np.int64)  # per request of the current epoch
 
     def start_epoch(self, plan: ReadPlan) -> None:
         """Hand the engine an epoch of requests; its threads start prefetching at once."""
         nreq = len(plan.offset)
         self.lat_ns = np.zeros(nreq, dtype=np.int64)
-        self.nread = np.zeros(nreq, dtype=np.int64)
-        self.buf_off = np.zeros(nreq, dtype=np.int64)
         self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
-                                 self.buf_off, self.lat_ns, self.nread)
+                                 None, self.lat_ns, None)
 
     def next_batch(self):
         """Wait (GIL released) for the next batch; None at the end of the epoch."""

@@ -31,6 +31,7 @@ class EpochRecord:
     wait_seconds: float
     compute_seconds: float
     sync_seconds: float
+    compute_overshoot_ms: float  # mean of slept minus planned compute time per step
     bytes_requested: int
     bytes_read: int
     read_ops: int
@@ -56,6 +57,8 @@ def condense(trace: EpochTrace, rank: int, batch_size: int, exclude_start: int,
         wait_seconds=float(trace.wait_ns.sum()) / 1e9,
         compute_seconds=float(trace.compute_ns.sum()) / 1e9,
         sync_seconds=float(trace.sync_ns.sum()) / 1e9,
+        compute_overshoot_ms=float(np.mean(trace.compute_ns - trace.planned_compute_ns)) / 1e6
+        if trace.steps else 0.0,
         bytes_requested=trace.bytes_requested, bytes_read=trace.bytes_read,
         read_ops=trace.read_ops, requests=trace.requests, latency_p50_ms=float(p50),
         latency_p99_ms=float(p99), latency_hist=latency.histogram(lat))
