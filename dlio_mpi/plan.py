@@ -25,6 +25,7 @@ class RunPlan:
     train_samples: int
     samples_per_rank: int          # per epoch, after drop_last
     steps_per_epoch: int
+    eval_steps_per_epoch: int      # 0 without workflow.evaluation
     epochs: int
     dataset_bytes: int             # train + valid, as generated
     bytes_per_epoch: int           # expected bytes read per epoch, all ranks
@@ -74,22 +75,27 @@ def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_r
     return int(np.sum(per_file) * samples_read / split.num_samples)
 
 
-def _train_steps(cfg, train: DatasetSplit, ranks: int) -> int:
-    """Steps per epoch on every rank; raises UserError when the shard cannot fill a batch."""
-    batch = cfg.reader.batch_size
-    share = train.num_samples // ranks
+def _steps(split: DatasetSplit, ranks: int, batch: int, batch_key: str, files_key: str) -> int:
+    """Steps per epoch on every rank; raises UserError when a rank's share cannot fill a batch."""
+    share = split.num_samples // ranks
     if batch > share:
         raise UserError(
-            f"reader.batch_size={batch} is larger than a rank's share of the training "
-            f"samples ({train.num_samples} samples / {ranks} ranks = {share}); lower the "
-            "batch size or add files (dataset.num_files_train)")
-    steps = steps_per_epoch(train.num_samples, ranks, batch)
+            f"{batch_key}={batch} is larger than a rank's share of the {split.name} samples "
+            f"({split.num_samples} samples / {ranks} ranks = {share}); lower the batch size "
+            f"or add files ({files_key})")
+    return steps_per_epoch(split.num_samples, ranks, batch)
+
+
+def _train_steps(cfg, train: DatasetSplit, ranks: int) -> int:
+    steps = _steps(train, ranks, cfg.reader.batch_size, "reader.batch_size",
+                   "dataset.num_files_train")
     cap = cfg.train.total_training_steps
     if cap is not None and cap > 0:
         if cap > steps:
             raise UserError(
                 f"train.total_training_steps={cap} exceeds the {steps} steps an epoch "
-                f"has ({train.num_samples} samples / {ranks} ranks / batch {batch})")
+                f"has ({train.num_samples} samples / {ranks} ranks / batch "
+                f"{cfg.reader.batch_size})")
         steps = cap
     return steps
 
@@ -99,9 +105,6 @@ def _notes(cfg) -> tuple[str, ...]:
     if cfg.workflow.checkpoint:
         notes.append("workflow.checkpoint: checkpointing is not implemented in this version; "
                      "no checkpoints are written")
-    if cfg.workflow.evaluation:
-        notes.append("workflow.evaluation: evaluation is not implemented in this version; "
-                     "only training is run")
     if cfg.workflow.profiling:
         notes.append("workflow.profiling: profilers are not implemented in this version")
     return tuple(notes)
@@ -114,7 +117,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
     uses_data = cfg.workflow.train or cfg.workflow.generate_data
-    steps = dataset_bytes = epoch_bytes = files = samples = 0
+    steps = eval_steps = dataset_bytes = epoch_bytes = files = samples = 0
     if uses_data:
         if fmt not in implemented_formats():
             raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
@@ -128,9 +131,13 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
             steps = _train_steps(cfg, train, ranks)
             epoch_bytes = _epoch_bytes(train, layouts["train"], mode,
                                        steps * cfg.reader.batch_size * ranks)
+            if cfg.workflow.evaluation:
+                eval_steps = _steps(splits["valid"], ranks, cfg.reader.batch_size_eval,
+                                    "reader.batch_size_eval", "dataset.num_files_eval")
     return RunPlan(
         ranks=ranks, format=fmt, read_mode=mode, train_files=files, train_samples=samples,
         samples_per_rank=steps * cfg.reader.batch_size, steps_per_epoch=steps,
+        eval_steps_per_epoch=eval_steps,
         epochs=cfg.train.epochs, dataset_bytes=dataset_bytes, bytes_per_epoch=epoch_bytes,
         node_memory_bytes=node_memory_bytes(), ranks_per_node=ranks_per_node or ranks,
         notes=_notes(cfg))
@@ -159,6 +166,10 @@ def describe_plan(plan: RunPlan, cfg) -> str:
             f"({cfg.dataset.num_samples_per_file} per file)",
             f"per epoch       {plan.steps_per_epoch} steps of batch {cfg.reader.batch_size} per "
             f"rank = {plan.samples_per_rank} samples per rank; {plan.epochs} epochs",
+            *([f"evaluation      {plan.eval_steps_per_epoch} steps of batch "
+               f"{cfg.reader.batch_size_eval} per rank after epoch "
+               f"{cfg.evaluation.eval_after_epoch}, then every "
+               f"{cfg.evaluation.epochs_between_evals}"] if plan.eval_steps_per_epoch else []),
             f"bytes per epoch {_size(plan.bytes_per_epoch)} read by all ranks "
             f"({_size(plan.bytes_per_node_epoch)} per node)",
             f"dataset size    {_size(plan.dataset_bytes)} vs node memory "

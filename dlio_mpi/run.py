@@ -8,17 +8,19 @@ import json
 import os
 import socket
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import yaml
 
 from . import __version__, _core
-from .catalog import locate_split
-from .dataset import describe_dataset
+from .catalog import SplitFiles, locate_split
+from .config import TimeSpec
+from .dataset import DatasetSplit, describe_dataset
 from .errors import check_all, on_root
 from .generate import generate
 from .metrics.summary import EpochSummary, build_summary, condense, format_table
-from .plan import RunPlan, derive_plan, describe_plan
+from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .planner import plan_reads
 from .reader import NativeReader
 from .sharding import ShuffleSpec, epoch_order, scatter_shards
@@ -55,48 +57,98 @@ def run_generation(comm, cfg) -> None:
               f" under {splits['train'].root}")
 
 
-def _write_access_log(folder: str, epoch: int, rank: int, ids: np.ndarray) -> None:
+def _write_access_log(folder: str, name: str, ids: np.ndarray) -> None:
     os.makedirs(os.path.join(folder, "access_log"), exist_ok=True)
-    np.save(os.path.join(folder, "access_log", f"epoch{epoch}_rank{rank}.npy"), ids)
+    np.save(os.path.join(folder, "access_log", name), ids)
 
 
-def train(comm, cfg, plan: RunPlan) -> list[EpochSummary]:
-    """The training epochs; returns every epoch's records (complete on rank 0 only)."""
-    rank = comm.Get_rank()
-    split = describe_dataset(cfg)["train"]
+@dataclass
+class Phase:
+    """Training or evaluation: one split read by one engine with its own batch, step count,
+    per-step time and shuffling. Evaluation reads in file order and has no per-step barrier
+    (as in DLIO)."""
+
+    name: str
+    split: DatasetSplit
+    files: SplitFiles
+    reader: NativeReader
+    shuffle: ShuffleSpec
+    steps: int
+    batch: int
+    step_time: TimeSpec
+    barrier: bool
+
+
+def open_phase(comm, cfg, plan: RunPlan, name: str) -> Phase:
+    """Find the phase's files and start its engine (collectively)."""
+    train = name == "train"
+    split = describe_dataset(cfg)["train" if train else "valid"]
     files = locate_split(comm, cfg, split)
     rd = cfg.reader
     reader = check_all(comm, lambda: NativeReader(files.paths, rd.read_threads, rd.prefetch_size,
                                                   rd.odirect, rd.fd_cache_size))
-    shuffle = ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
-                          cfg.train.seed_change_epoch)
-    steps, batch = plan.steps_per_epoch, rd.batch_size
+    if train:
+        return Phase(name, split, files, reader,
+                     ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
+                                 cfg.train.seed_change_epoch),
+                     plan.steps_per_epoch, rd.batch_size, cfg.train.computation_time, True)
+    return Phase(name, split, files, reader, ShuffleSpec(), plan.eval_steps_per_epoch,
+                 rd.batch_size_eval, cfg.evaluation.eval_time, False)
+
+
+def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
+                    clock_offset: int) -> EpochSummary | None:
+    """One epoch of a phase on every rank; the gathered summary on rank 0, else None."""
+    rank = comm.Get_rank()
+    split = phase.split
+    order = epoch_order(split.num_files, split.samples_per_file, phase.shuffle, epoch) \
+        if rank == 0 else None
+    shard = scatter_shards(comm, order, phase.steps * phase.batch)
+    reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
+                       phase.files.layouts, resolve_read_mode(cfg))
+    trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
+                      barrier=phase.barrier)
+    if cfg.output.access_log:
+        prefix = "" if phase.name == "train" else f"{phase.name}_"
+        _write_access_log(cfg.output.folder, f"{prefix}epoch{epoch}_rank{rank}.npy",
+                          trace.sample_ids)
+    record = condense(trace, rank, phase.batch, cfg.output.metric.exclude_start_steps,
+                      cfg.output.metric.exclude_end_steps, clock_offset)
+    records = comm.gather(record, root=0)
+    if rank != 0:
+        return None
+    summary = EpochSummary(epoch, records)
+    print(f"{phase.name} epoch {epoch}: AU {summary.au_percentage:.2f} %, "
+          f"{summary.samples_per_second:.1f} samples/s, {summary.mib_per_second:.1f} MiB/s, "
+          f"{summary.seconds:.2f} s", flush=True)
+    return summary
+
+
+def train(comm, cfg, plan: RunPlan) -> tuple[list[EpochSummary], list[EpochSummary]]:
+    """The training epochs, each followed by evaluation when it is due; returns the train and
+    eval epoch summaries (complete on rank 0 only)."""
+    rank = comm.Get_rank()
     rng = np.random.default_rng([cfg.train.seed, rank])
     clock_offset = time.time_ns() - _core.now_ns()
-    summaries = []
+    phases = [open_phase(comm, cfg, plan, "train")]
     try:
+        if cfg.workflow.evaluation:
+            phases.append(open_phase(comm, cfg, plan, "eval"))
+        done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
+        next_eval = cfg.evaluation.eval_after_epoch
         for epoch in range(1, cfg.train.epochs + 1):
-            order = epoch_order(split.num_files, split.samples_per_file, shuffle, epoch) \
-                if rank == 0 else None
-            shard = scatter_shards(comm, order, steps * batch)
-            reads = plan_reads(shard, steps, batch, split.samples_per_file, files.layouts,
-                               plan.read_mode)
-            compute = cfg.train.computation_time.draw(rng, steps)
-            trace = run_epoch(comm, reader, reads, compute, epoch)
-            if cfg.output.access_log:
-                _write_access_log(cfg.output.folder, epoch, rank, trace.sample_ids)
-            record = condense(trace, rank, batch, cfg.output.metric.exclude_start_steps,
-                              cfg.output.metric.exclude_end_steps, clock_offset)
-            records = comm.gather(record, root=0)
-            if rank == 0:
-                summary = EpochSummary(epoch, records)
-                summaries.append(summary)
-                print(f"epoch {epoch}: AU {summary.au_percentage:.2f} %, "
-                      f"{summary.samples_per_second:.1f} samples/s, "
-                      f"{summary.mib_per_second:.1f} MiB/s, {summary.seconds:.2f} s", flush=True)
+            for phase in phases:
+                if phase.name == "eval":
+                    if epoch < next_eval:
+                        continue
+                    next_eval += cfg.evaluation.epochs_between_evals
+                summary = run_phase_epoch(comm, cfg, phase, epoch, rng, clock_offset)
+                if summary is not None:
+                    done[phase.name].append(summary)
     finally:
-        reader.close()
-    return summaries
+        for phase in phases:
+            phase.reader.close()
+    return done["train"], done["eval"]
 
 
 def _header(comm, cfg, plan: RunPlan, start: float, end: float) -> dict:
@@ -122,21 +174,25 @@ def _header(comm, cfg, plan: RunPlan, start: float, end: float) -> dict:
     }
 
 
-def write_results(comm, cfg, plan: RunPlan, summaries: list[EpochSummary], start: float) -> dict:
+def write_results(comm, cfg, plan: RunPlan, train_epochs: list[EpochSummary],
+                  eval_epochs: list[EpochSummary], start: float) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml; returns the summary."""
     header = _header(comm, cfg, plan, start, time.time())
 
     def write() -> dict:
-        summary = build_summary(summaries, cfg, header)
+        summary = build_summary(train_epochs, eval_epochs, cfg, header)
         folder = cfg.output.folder
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "summary.json"), "w") as fp:
             json.dump(summary, fp, indent=2)
         with open(os.path.join(folder, "per_epoch_stats.json"), "w") as fp:
-            json.dump({str(e.epoch): e.to_json() for e in summaries}, fp, indent=2)
+            stats = {str(e.epoch): e.to_json() for e in train_epochs}
+            for e in eval_epochs:
+                stats[str(e.epoch)]["eval"] = e.to_json()
+            json.dump(stats, fp, indent=2)
         with open(os.path.join(folder, "config.yaml"), "w") as fp:
             yaml.safe_dump({"workload": cfg.to_dict()}, fp, sort_keys=False)
-        print(format_table(summaries, summary), flush=True)
+        print(format_table(train_epochs, eval_epochs, summary), flush=True)
         print(f"results in {folder}/summary.json", flush=True)
         return summary
 
@@ -152,5 +208,5 @@ def run(comm, cfg) -> dict | None:
         run_generation(comm, cfg)
     if not cfg.workflow.train:
         return None
-    summaries = train(comm, cfg, plan)
-    return write_results(comm, cfg, plan, summaries, start)
+    train_epochs, eval_epochs = train(comm, cfg, plan)
+    return write_results(comm, cfg, plan, train_epochs, eval_epochs, start)

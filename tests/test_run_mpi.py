@@ -138,3 +138,26 @@ def test_an_error_on_one_rank_only_reaches_every_rank():
 
     with pytest.raises(JobError, match="root cannot list"):
         on_root(comm, fail_on_root)
+
+
+def test_evaluation_runs_when_due_and_reads_every_valid_sample_once(shared_tmp):
+    comm = _comm()
+    cfg, summary = _run(shared_tmp, dataset__num_files_eval=6, reader__batch_size_eval=1,
+                        workflow__evaluation="true", evaluation__eval_after_epoch=2,
+                        evaluation__epochs_between_evals=1, evaluation__eval_time=0.001,
+                        train__epochs=3, output__access_log="true",
+                        dataset__format="npy", reader__read_mode="sample")
+    size = comm.Get_size()
+    metric = summary["metric"]
+    assert len(metric["eval_au_percentage"]) == 2  # after epochs 2 and 3, not 1
+    logs = os.listdir(os.path.join(cfg.output.folder, "access_log"))
+    assert not any(name.startswith("eval_epoch1_") for name in logs)
+    for epoch in (2, 3):
+        ids = np.concatenate([np.load(os.path.join(cfg.output.folder, "access_log",
+                                                   f"eval_epoch{epoch}_rank{r}.npy"))
+                              for r in range(size)])
+        kept = 6 // size * size
+        assert sorted(ids.tolist()) == list(range(kept)), f"eval epoch {epoch}: {ids}"
+    assert metric["eval_bytes_read"] == 2 * (6 // size * size) * 64 * 64
+    stats = json.loads((Path(cfg.output.folder) / "per_epoch_stats.json").read_text())
+    assert "eval" not in stats["1"] and stats["2"]["eval"]["steps"] == 6 // size

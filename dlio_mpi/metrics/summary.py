@@ -126,63 +126,83 @@ class EpochSummary:
         }
 
 
-def build_summary(epochs: list[EpochSummary], cfg, header: dict) -> dict:
-    """summary.json's content (rank 0)."""
+def phase_metrics(phase: str, epochs: list[EpochSummary], au_target: float) -> dict:
+    """The `<phase>_*` metrics (phase "train" or "eval") over a phase's epochs: DLIO's fields,
+    then what DLIO does not report (bytes really transferred, latency, where time went)."""
+    if not epochs:
+        return {}
     au = [e.au_percentage for e in epochs]
     thr = [e.samples_per_second for e in epochs]
     mbs = [e.mib_per_second for e in epochs]
     records = [r for e in epochs for r in e.records]
     ranks = sorted({r.rank for r in records})
-    per_rank = {k: [sum(getattr(r, k) for r in records if r.rank == rank) for rank in ranks]
-                for k in ("wait_seconds", "compute_seconds", "sync_seconds", "bytes_read")}
+
+    def per_rank(field: str) -> dict:
+        return _spread([sum(getattr(r, field) for r in records if r.rank == rank)
+                        for rank in ranks])
+
     rank_au = [float(np.mean([r.au_percentage for r in records if r.rank == rank]))
                for rank in ranks]
-    hist = np.sum([e.latency_hist() for e in epochs], axis=0) if epochs else np.zeros(1)
-    metric = {
-        "train_au_percentage": au,
-        "train_au_mean_percentage": float(np.mean(au)) if au else 0.0,
-        "train_au_stdev_percentage": float(np.std(au)) if au else 0.0,
-        "train_au_meet_expectation":
-            "success" if au and np.mean(au) >= 100 * cfg.metric.au else "fail",
-        "train_throughput_samples_per_second": thr,
-        "train_throughput_mean_samples_per_second": float(np.mean(thr)) if thr else 0.0,
-        "train_throughput_stdev_samples_per_second": float(np.std(thr)) if thr else 0.0,
-        "train_io_mean_MB_per_second": float(np.mean(mbs)) if mbs else 0.0,
-        "train_io_stdev_MB_per_second": float(np.std(mbs)) if mbs else 0.0,
-        # What DLIO does not report: bytes really transferred, I/O latency, where time went.
-        "train_bytes_read": int(sum(r.bytes_read for r in records)),
-        "train_bytes_requested": int(sum(r.bytes_requested for r in records)),
-        "train_read_ops": int(sum(r.read_ops for r in records)),
-        "train_requests": int(sum(r.requests for r in records)),
-        "train_read_latency_p50_ms": latency.percentile_ns(hist, 50) / 1e6,
-        "train_read_latency_p99_ms": latency.percentile_ns(hist, 99) / 1e6,
-        "train_wait_seconds_per_rank": _spread(per_rank["wait_seconds"]) if ranks else {},
-        "train_compute_seconds_per_rank": _spread(per_rank["compute_seconds"]) if ranks else {},
-        "train_sync_seconds_per_rank": _spread(per_rank["sync_seconds"]) if ranks else {},
-        "train_bytes_read_per_rank": _spread(per_rank["bytes_read"]) if ranks else {},
-        "train_au_percentage_per_rank": _spread(rank_au) if ranks else {},
+    hist = np.sum([e.latency_hist() for e in epochs], axis=0)
+    return {
+        f"{phase}_au_percentage": au,
+        f"{phase}_au_mean_percentage": float(np.mean(au)),
+        f"{phase}_au_stdev_percentage": float(np.std(au)),
+        f"{phase}_au_meet_expectation": "success" if np.mean(au) >= 100 * au_target else "fail",
+        f"{phase}_throughput_samples_per_second": thr,
+        f"{phase}_throughput_mean_samples_per_second": float(np.mean(thr)),
+        f"{phase}_throughput_stdev_samples_per_second": float(np.std(thr)),
+        f"{phase}_io_mean_MB_per_second": float(np.mean(mbs)),
+        f"{phase}_io_stdev_MB_per_second": float(np.std(mbs)),
+        f"{phase}_bytes_read": int(sum(r.bytes_read for r in records)),
+        f"{phase}_bytes_requested": int(sum(r.bytes_requested for r in records)),
+        f"{phase}_read_ops": int(sum(r.read_ops for r in records)),
+        f"{phase}_requests": int(sum(r.requests for r in records)),
+        f"{phase}_read_latency_p50_ms": latency.percentile_ns(hist, 50) / 1e6,
+        f"{phase}_read_latency_p99_ms": latency.percentile_ns(hist, 99) / 1e6,
+        f"{phase}_wait_seconds_per_rank": per_rank("wait_seconds"),
+        f"{phase}_compute_seconds_per_rank": per_rank("compute_seconds"),
+        f"{phase}_sync_seconds_per_rank": per_rank("sync_seconds"),
+        f"{phase}_bytes_read_per_rank": per_rank("bytes_read"),
+        f"{phase}_au_percentage_per_rank": _spread(rank_au),
     }
-    return {**header, "epochs": len(epochs), "metric": metric}
 
 
-def format_table(epochs: list[EpochSummary], summary: dict) -> str:
-    """The short table rank 0 prints."""
-    rows = [f"{'epoch':>5} {'AU %':>7} {'samples/s':>11} {'MiB/s':>9} {'wait s':>8} "
-            f"{'compute s':>9} {'sync s':>8} {'p50 ms':>8} {'p99 ms':>8}"]
+def build_summary(train: list[EpochSummary], evals: list[EpochSummary], cfg,
+                  header: dict) -> dict:
+    """summary.json's content (rank 0)."""
+    metric = {**phase_metrics("train", train, cfg.metric.au),
+              **phase_metrics("eval", evals, cfg.metric.au)}
+    return {**header, "epochs": len(train), "metric": metric}
+
+
+def _rows(phase: str, epochs: list[EpochSummary]) -> list[str]:
+    rows = []
     for e in epochs:
         j = e.to_json()
         rows.append(
-            f"{e.epoch:>5} {e.au_percentage:>7.2f} {e.samples_per_second:>11.1f} "
+            f"{phase:>5} {e.epoch:>5} {e.au_percentage:>7.2f} {e.samples_per_second:>11.1f} "
             f"{e.mib_per_second:>9.1f} {max(r.wait_seconds for r in e.records):>8.3f} "
             f"{max(r.compute_seconds for r in e.records):>9.3f} "
             f"{max(r.sync_seconds for r in e.records):>8.3f} "
             f"{j['read_latency_p50_ms']:>8.3f} {j['read_latency_p99_ms']:>8.3f}")
+    return rows
+
+
+def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: dict) -> str:
+    """The short table rank 0 prints."""
+    rows = [f"{'phase':>5} {'epoch':>5} {'AU %':>7} {'samples/s':>11} {'MiB/s':>9} "
+            f"{'wait s':>8} {'compute s':>9} {'sync s':>8} {'p50 ms':>8} {'p99 ms':>8}",
+            *_rows("train", train), *_rows("eval", evals)]
     m = summary["metric"]
-    rows.append(
-        f"train AU {m['train_au_mean_percentage']:.2f} % (stdev "
-        f"{m['train_au_stdev_percentage']:.2f}) -> {m['train_au_meet_expectation']}; "
-        f"{m['train_throughput_mean_samples_per_second']:.1f} samples/s; "
-        f"{m['train_io_mean_MB_per_second']:.1f} MiB/s read "
-        f"({m['train_bytes_read'] / MIB:.1f} MiB in {m['train_read_ops']} reads)")
+    for phase in ("train", "eval"):
+        if f"{phase}_au_mean_percentage" not in m:
+            continue
+        rows.append(
+            f"{phase} AU {m[f'{phase}_au_mean_percentage']:.2f} % (stdev "
+            f"{m[f'{phase}_au_stdev_percentage']:.2f}) -> {m[f'{phase}_au_meet_expectation']}; "
+            f"{m[f'{phase}_throughput_mean_samples_per_second']:.1f} samples/s; "
+            f"{m[f'{phase}_io_mean_MB_per_second']:.1f} MiB/s read "
+            f"({m[f'{phase}_bytes_read'] / MIB:.1f} MiB in {m[f'{phase}_read_ops']} reads)")
     rows.append("(wait/compute/sync: slowest rank's total per epoch)")
     return "\n".join(rows)
