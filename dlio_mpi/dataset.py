@@ -14,6 +14,7 @@ from .formats import FileLayout, Format, SampleSpec, get_format
 
 SPLITS = ("train", "valid")
 SHAPE_SEED = 10  # DLIO seeds its global NumPy RNG with 10 before drawing file shapes
+_EXACT_FROM = 2**32 - 2**20  # payloads from here on may need ZIP64 records: no shortcut
 
 
 def file_relpath(split: str, index: int, count: int, subfolders: int, prefix: str,
@@ -84,16 +85,41 @@ class DatasetSplit:
                           self.samples_per_file, self.sample_layout)
 
     def expected_layouts(self) -> LayoutTable:
-        """Layouts of the files as this tool generates them (no I/O); one format call per
-        distinct sample shape."""
-        cache: dict[tuple[int, ...], FileLayout] = {}
-        layouts = []
-        for index in range(self.num_files):
-            shape = tuple(int(d) for d in self.shapes[index])
-            if shape not in cache:
-                cache[shape] = self.format.layout(self.spec(index))
-            layouts.append(cache[shape])
-        return LayoutTable.from_layouts(layouts)
+        """Layouts of the files as this tool generates them (no I/O), vectorised: a format's
+        headers only change length with the number of digits of the shape's dims (and with
+        ZIP64 past 4 GiB), so one exact `format.layout` call per such class of files gives
+        the header size of all of them; files near or past 4 GiB are computed one by one."""
+        if self.num_files == 0:
+            return LayoutTable.from_layouts([])
+        shapes = np.asarray(self.shapes, dtype=np.int64)
+        itemsize = np.dtype(self.dtype).itemsize
+        elements = shapes.prod(axis=1)
+        sample_bytes = elements * itemsize
+        payload = sample_bytes * self.samples_per_file
+        exact = payload >= _EXACT_FROM
+        digits = np.floor(np.log10(np.maximum(shapes, 1))).astype(np.int64) + 1
+        keys = np.concatenate([digits, exact[:, None].astype(np.int64)], axis=1)
+        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        size = np.empty(self.num_files, dtype=np.int64)
+        offset = np.empty(self.num_files, dtype=np.int64)
+        strided = np.zeros(self.num_files, dtype=bool)
+        for cls, rep in enumerate(first):
+            members = inverse == cls
+            layout = self.format.layout(self.spec(int(rep)))
+            offset[members] = layout.data_offset
+            size[members] = layout.size - payload[rep] + payload[members]
+            strided[members] = layout.sample_step != layout.sample_bytes
+        step = np.where(strided, itemsize, sample_bytes)
+        span = np.where(strided, ((elements - 1) * self.samples_per_file + 1) * itemsize,
+                        sample_bytes)
+        table = LayoutTable(size, offset, step, span, sample_bytes)
+        for index in np.flatnonzero(exact):  # ZIP64 and friends: no shortcut
+            lay = self.format.layout(self.spec(int(index)))
+            table.size[index], table.data_offset[index] = lay.size, lay.data_offset
+            table.sample_step[index], table.sample_span[index] = lay.sample_step, lay.sample_span
+            table.sample_bytes[index] = lay.sample_bytes
+        return table
 
 
 def sample_shapes(dataset, total_files: int) -> np.ndarray:

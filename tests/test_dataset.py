@@ -5,8 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
-from dlio_mpi.dataset import file_relpath, sample_shapes
+from dlio_mpi.dataset import DatasetSplit, LayoutTable, file_relpath, sample_shapes
+from dlio_mpi.formats import get_format
 
 
 def test_names_are_padded_to_the_digits_of_the_count():
@@ -40,3 +42,20 @@ def test_stdev_shapes_are_seeded_and_do_not_depend_on_how_many_are_asked():
 
 def test_record_dims_give_an_explicit_shape():
     assert sample_shapes(_dataset(record_dims=(3, 224, 224)), 2).tolist() == [[3, 224, 224]] * 2
+
+
+@pytest.mark.parametrize("fmt_name", ["npy", "npz", "indexed_binary"])
+@pytest.mark.parametrize("layout,samples,dtype", [("first_axis", 1, "|u1"),
+                                                  ("first_axis", 3, "<f4"),
+                                                  ("last_axis", 3, "|u1")])
+def test_vectorised_layouts_equal_the_exact_per_file_layouts(fmt_name, layout, samples, dtype):
+    rng = np.random.default_rng(1)
+    shapes = np.stack([rng.integers(1, 20000, 300), rng.integers(1, 120, 300)], axis=1)
+    shapes[7] = (70000, 70000)  # a payload past 4 GiB: ZIP64 records in npz
+    shapes[8] = (65535, 65535)  # just under: still no shortcut near the limit
+    split = DatasetSplit("train", "/nonexistent", tuple(f"f{i}" for i in range(300)), shapes,
+                         dtype, samples, layout, get_format(fmt_name))
+    exact = LayoutTable.from_layouts([split.format.layout(split.spec(i)) for i in range(300)])
+    fast = split.expected_layouts()
+    for column in ("size", "data_offset", "sample_step", "sample_span", "sample_bytes"):
+        assert np.array_equal(getattr(fast, column), getattr(exact, column)), column
