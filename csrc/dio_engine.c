@@ -34,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "dio_internal.h"
@@ -170,7 +171,9 @@ static int get_fd(dio_engine *e, worker *w, int64_t file, dio_error *err)
         ent->file = -1;
     }
     path = e->paths[file];
-    flags = O_RDONLY | O_CLOEXEC | (e->cfg.odirect ? O_DIRECT : 0);
+    /* O_NONBLOCK: no effect on regular files, but a FIFO or device in the dataset must fail
+     * below instead of blocking this thread (and with it the whole job) forever. */
+    flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (e->cfg.odirect ? O_DIRECT : 0);
     for (;;) {
         fd = open(path, flags);
         if (fd >= 0)
@@ -188,6 +191,12 @@ static int get_fd(dio_engine *e, worker *w, int64_t file, dio_error *err)
         return dio_fail(err, er, path, "open %s: %s", path, strerror(er));
     }
     __atomic_fetch_add(&e->opens, 1, __ATOMIC_RELAXED);
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        __atomic_fetch_add(&e->closes, 1, __ATOMIC_RELAXED);
+        return dio_fail(err, EINVAL, path, "open %s: not a regular file", path);
+    }
     if (e->cfg.odirect && dio_odirect_fs_check(fd) != 0) {
         close(fd);
         __atomic_fetch_add(&e->closes, 1, __ATOMIC_RELAXED);

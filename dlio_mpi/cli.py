@@ -57,10 +57,14 @@ def _command(args, comm) -> int:
     if args.command == "validate":
         from .plan import derive_plan, describe_plan
 
-        ranks = args.ranks or comm.Get_size()
-        if ranks < 1:
-            raise UserError("--ranks must be at least 1")
-        plan = check_all(comm, lambda: derive_plan(cfg, ranks))
+        ranks = comm.Get_size() if args.ranks is None else args.ranks
+
+        def plan_for_ranks():
+            if ranks < 1:
+                raise UserError(f"--ranks {ranks}: a plan needs at least 1 rank")
+            return derive_plan(cfg, ranks)
+
+        plan = check_all(comm, plan_for_ranks)
         if comm.Get_rank() == 0:
             print(describe_plan(plan, cfg))
         return 0

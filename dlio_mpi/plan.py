@@ -15,6 +15,8 @@ from .formats import implemented_formats
 from .planner import READ_MODES
 from .sharding import steps_per_epoch
 
+MAX_READ_THREADS = 4096  # the C engine's limit (csrc/dio_engine.c MAX_THREADS)
+
 
 @dataclass(frozen=True)
 class RunPlan:
@@ -38,10 +40,14 @@ class RunPlan:
         return self.bytes_per_epoch * self.ranks_per_node // self.ranks
 
     @property
+    def nodes(self) -> int:
+        return -(-self.ranks // self.ranks_per_node)
+
+    @property
     def fits_in_node_memory(self) -> bool:
-        """Could one node's page cache hold the whole training set? Then later epochs may
-        be served from memory and reflect the page cache, not the storage."""
-        return self.dataset_bytes <= self.node_memory_bytes
+        """Could the nodes' page caches together hold the whole dataset? Then later epochs
+        may be served from memory and reflect the page cache, not the storage."""
+        return self.dataset_bytes <= self.node_memory_bytes * self.nodes
 
 
 def resolve_read_mode(cfg) -> str:
@@ -86,6 +92,16 @@ def _steps(split: DatasetSplit, ranks: int, batch: int, batch_key: str, files_ke
     return steps_per_epoch(split.num_samples, ranks, batch)
 
 
+def _check_measurable(steps: int, cfg, phase: str) -> None:
+    """AU excludes the first and last steps of an epoch; some must remain to be measured."""
+    metric = cfg.output.metric
+    if steps <= metric.exclude_start_steps + metric.exclude_end_steps:
+        raise UserError(
+            f"{phase} has {steps} steps per epoch, but output.metric.exclude_start_steps="
+            f"{metric.exclude_start_steps} and exclude_end_steps={metric.exclude_end_steps} "
+            "exclude them all from AU; add files or lower the batch size or the exclusions")
+
+
 def _train_steps(cfg, train: DatasetSplit, ranks: int) -> int:
     steps = _steps(train, ranks, cfg.reader.batch_size, "reader.batch_size",
                    "dataset.num_files_train")
@@ -113,6 +129,9 @@ def _notes(cfg) -> tuple[str, ...]:
 def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
     """Check what needs the rank count and derive the plan; raises UserError."""
     fmt = cfg.dataset.format
+    if cfg.reader.read_threads > MAX_READ_THREADS:
+        raise UserError(f"reader.read_threads={cfg.reader.read_threads} is more than the "
+                        f"{MAX_READ_THREADS} threads the engine runs per rank")
     mode = resolve_read_mode(cfg)
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
@@ -129,11 +148,13 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
         dataset_bytes = sum(int(table.size.sum()) for table in layouts.values())
         if cfg.workflow.train:
             steps = _train_steps(cfg, train, ranks)
+            _check_measurable(steps, cfg, "training")
             epoch_bytes = _epoch_bytes(train, layouts["train"], mode,
                                        steps * cfg.reader.batch_size * ranks)
             if cfg.workflow.evaluation:
                 eval_steps = _steps(splits["valid"], ranks, cfg.reader.batch_size_eval,
                                     "reader.batch_size_eval", "dataset.num_files_eval")
+                _check_measurable(eval_steps, cfg, "evaluation")
     return RunPlan(
         ranks=ranks, format=fmt, read_mode=mode, train_files=files, train_samples=samples,
         samples_per_rank=steps * cfg.reader.batch_size, steps_per_epoch=steps,
@@ -173,11 +194,11 @@ def describe_plan(plan: RunPlan, cfg) -> str:
             f"bytes per epoch {_size(plan.bytes_per_epoch)} read by all ranks "
             f"({_size(plan.bytes_per_node_epoch)} per node)",
             f"dataset size    {_size(plan.dataset_bytes)} vs node memory "
-            f"{_size(plan.node_memory_bytes)}",
+            f"{_size(plan.node_memory_bytes)} x {plan.nodes} node(s)",
         ]
-        if plan.fits_in_node_memory:
-            lines.append("note            the dataset fits in one node's memory: after the first "
-                         "epoch reads may come from the page cache (reader.odirect: true avoids "
-                         "it)")
+        if plan.fits_in_node_memory and not cfg.reader.odirect:
+            lines.append(f"note            the dataset fits in the memory of the {plan.nodes} "
+                         "node(s): after the first epoch reads may come from the page cache "
+                         "(reader.odirect: true avoids it)")
     lines.extend(f"note            {note}" for note in plan.notes)
     return "\n".join(lines)

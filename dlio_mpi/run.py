@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from . import __version__, _core
 from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
 from .dataset import DatasetSplit, describe_dataset
-from .errors import check_all, on_root
+from .errors import UserError, check_all, on_root
 from .generate import generate
 from .metrics.summary import EpochSummary, build_summary, condense, format_table
 from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
@@ -43,10 +44,26 @@ def ranks_per_node(comm) -> int:
         node.Free()
 
 
+def check_output_folder(cfg) -> None:
+    """Rank 0: make sure results can be written before any storage work starts."""
+    folder = cfg.output.folder
+    try:
+        os.makedirs(os.path.join(folder, "access_log") if cfg.output.access_log else folder,
+                    exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise UserError(f"output.folder: cannot write results to {folder}: "
+                        f"{exc.strerror or exc}") from exc
+
+
 def prepare(comm, cfg) -> RunPlan:
-    """Validate what needs the rank count, on every rank, agreeing on the outcome."""
+    """Validate what needs the rank count and the output folder, agreeing on the outcome."""
     per_node = ranks_per_node(comm)
-    return check_all(comm, lambda: derive_plan(cfg, comm.Get_size(), per_node))
+    plan = check_all(comm, lambda: derive_plan(cfg, comm.Get_size(), per_node))
+    if cfg.workflow.train:
+        on_root(comm, lambda: check_output_folder(cfg))
+    return plan
 
 
 def run_generation(comm, cfg) -> None:
@@ -131,23 +148,23 @@ def train(comm, cfg, plan: RunPlan) -> tuple[list[EpochSummary], list[EpochSumma
     rng = np.random.default_rng([cfg.train.seed, rank])
     clock_offset = time.time_ns() - _core.now_ns()
     phases = [open_phase(comm, cfg, plan, "train")]
-    try:
-        if cfg.workflow.evaluation:
-            phases.append(open_phase(comm, cfg, plan, "eval"))
-        done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
-        next_eval = cfg.evaluation.eval_after_epoch
-        for epoch in range(1, cfg.train.epochs + 1):
-            for phase in phases:
-                if phase.name == "eval":
-                    if epoch < next_eval:
-                        continue
-                    next_eval += cfg.evaluation.epochs_between_evals
-                summary = run_phase_epoch(comm, cfg, phase, epoch, rng, clock_offset)
-                if summary is not None:
-                    done[phase.name].append(summary)
-    finally:
+    if cfg.workflow.evaluation:
+        phases.append(open_phase(comm, cfg, plan, "eval"))
+    done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
+    next_eval = cfg.evaluation.eval_after_epoch
+    for epoch in range(1, cfg.train.epochs + 1):
         for phase in phases:
-            phase.reader.close()
+            if phase.name == "eval":
+                if epoch < next_eval:
+                    continue
+                next_eval += cfg.evaluation.epochs_between_evals
+            summary = run_phase_epoch(comm, cfg, phase, epoch, rng, clock_offset)
+            if summary is not None:
+                done[phase.name].append(summary)
+    # Closed only on success: on an error the job aborts at once, without waiting for reads
+    # in flight (a stuck one would otherwise hold the abort back).
+    for phase in phases:
+        phase.reader.close()
     return done["train"], done["eval"]
 
 

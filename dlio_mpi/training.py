@@ -64,17 +64,18 @@ def run_epoch(comm, reader: NativeReader, plan: ReadPlan, compute_s: np.ndarray,
     stamps = np.zeros((steps, 4), dtype=np.int64)  # before wait, got batch, computed, synced
     bytes_read = read_ops = 0
     now, sleep_until, next_batch = _core.now_ns, _core.sleep_until_ns, reader.next_batch
-    reader.start_epoch(plan)
-    comm.Barrier()  # all ranks open the block together
-    block_start = now()
+    comm.Barrier()  # all ranks open the block together ...
+    t0 = block_start = now()
+    reader.start_epoch(plan)  # ... and read nothing ahead outside it (counted in step 0's wait)
     for step in range(steps):
-        t0 = now()
         batch = next_batch()
         t1 = now()
         t2 = sleep_until(t1 + int(planned[step])) if planned[step] > 0 else t1
         if barrier:
             step_barrier(comm)
-        stamps[step] = (t0, t1, t2, now())
+        t3 = now()
+        stamps[step] = (t0, t1, t2, t3)
+        t0 = t3  # the next wait starts where this step ended
         bytes_read += batch.bytes_read
         read_ops += batch.read_ops
     block_end = now()

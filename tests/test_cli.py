@@ -55,9 +55,10 @@ def test_missing_data_is_reported(tmp_path):
 
 
 def test_validate_prints_the_plan_without_touching_storage(tmp_path):
-    res = run_cli(["validate", "demo", "--ranks", "4", *workload_overrides(tmp_path)], ranks=1)
+    res = run_cli(["validate", "demo", "--ranks", "4",
+                   *workload_overrides(tmp_path, dataset__num_files_train=16)], ranks=1)
     assert res.returncode == 0, res.stderr
-    assert "1 steps of batch 2 per rank" in res.stdout  # 8 samples / 4 ranks / batch 2
+    assert "2 steps of batch 2 per rank" in res.stdout  # 16 samples / 4 ranks / batch 2
     assert not (tmp_path / "data").exists()
 
 
@@ -109,8 +110,10 @@ def test_odirect_on_tmpfs_is_a_clear_error(tmp_path):
     assert res.stderr.count("O_DIRECT") == 1 and "reader.odirect" in res.stderr, res.stderr
 
 
-def test_npz_samples_read_by_extent_match_numpy(tmp_path):
-    """sample mode on npz: the bytes the engine reads are numpy's sample bytes."""
+@pytest.mark.parametrize("odirect", [False, True])
+def test_npz_samples_read_by_extent_match_numpy(tmp_path, odirect):
+    """sample mode on npz: the bytes the engine reads (buffered or O_DIRECT, at unaligned
+    offsets) are numpy's sample bytes."""
     from dlio_mpi import _core
 
     over = workload_overrides(tmp_path, dataset__num_samples_per_file=3)
@@ -120,7 +123,8 @@ def test_npz_samples_read_by_extent_match_numpy(tmp_path):
 
     split = describe_dataset(load_config("demo", over))["train"]
     layouts = split.expected_layouts()
-    engine = _core.Engine(2, 1, False, 4, 0)
+    align = max(_core.odirect_alignment(split.path(0))) if odirect else 0
+    engine = _core.Engine(2, 1, odirect, 4, align)
     engine.set_files(split.paths())
     files = np.array([0, 5, 7], dtype=np.int64)
     index = np.array([2, 0, 1], dtype=np.int64)
@@ -148,3 +152,20 @@ def test_generation_never_overwrites_files_it_did_not_generate(tmp_path):
     assert foreign.read_bytes() == b"somebody's data"
     assert not (tmp_path / "data" / "dlio_mpi_manifest.json").exists()
     assert sorted(p.name for p in foreign.parent.iterdir()) == ["img_3_of_8.npz"]
+
+
+def test_an_unwritable_output_folder_is_refused_before_any_io(tmp_path):
+    blocker = tmp_path / "afile"
+    blocker.write_text("")
+    res = run_cli(["run", "demo", *workload_overrides(tmp_path),
+                   f"output.folder={blocker}"])
+    assert res.returncode == 2
+    assert res.stderr.count(f"output.folder: cannot write results to {blocker}") == 1
+    assert not (tmp_path / "data").exists()
+
+
+def test_epochs_with_no_measurable_step_are_refused(tmp_path):
+    res = run_cli(["validate", "demo", *workload_overrides(tmp_path), "--ranks", "4"],
+                  ranks=1)
+    assert res.returncode == 2  # 8 samples / 4 ranks / batch 2 = 1 step, excluded from AU
+    assert "exclude_start_steps=1" in res.stderr

@@ -516,3 +516,15 @@ def test_engine_api_edges(tmp_path):
     unclosed.set_files(paths)
     unclosed.start_epoch(start, files, offset, length)
     del unclosed  # dealloc closes
+
+
+def test_a_fifo_in_the_dataset_fails_instead_of_blocking(tmp_path):
+    fifo = tmp_path / "not_a_file.npy"
+    os.mkfifo(fifo)
+    engine = _core.Engine(1, 0, False, 4, 0)
+    engine.set_files([str(fifo)])
+    engine.start_epoch(np.array([0, 1], dtype=np.int64), np.array([0], dtype=np.int64),
+                       np.array([0], dtype=np.int64), np.array([10], dtype=np.int64))
+    with pytest.raises(OSError, match="not a regular file"):
+        engine.next()
+    engine.close()

@@ -96,12 +96,13 @@ def tmp_name(path: str) -> str:
 
 
 def write_atomically(path: str, fill) -> int:
-    """Create `path`.tmp, let `fill(fd)` write it, then rename it to `path`; return the size.
-    A crash leaves only the .tmp file, which a rerun overwrites."""
+    """Create `path`.tmp, let `fill(fd)` write it, flush it to storage, then rename it to
+    `path`; return the size. A crash leaves only the .tmp file, which a rerun overwrites."""
     tmp = tmp_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         fill(fd)
+        os.fsync(fd)  # the rename below must never expose a file whose data is not on disk
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)
