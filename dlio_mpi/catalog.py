@@ -67,10 +67,11 @@ def _locate_on_root(cfg, split: DatasetSplit) -> tuple:
     return ("probed", chosen, layouts.to_array())
 
 
-def locate_split(comm, cfg, split: DatasetSplit) -> SplitFiles:
-    """Collectively find `split`'s files (rank 0 looks, everyone gets the answer)."""
+def locate_split(comm, cfg, split: DatasetSplit, expected: LayoutTable) -> SplitFiles:
+    """Collectively find `split`'s files (rank 0 looks, everyone gets the answer);
+    `expected` is split.expected_layouts(), used when the manifest vouches for the files."""
     source, relpaths, cols = on_root(comm, lambda: _locate_on_root(cfg, split))
     if source == "manifest":
-        return SplitFiles(split.paths(), split.expected_layouts(), source)
+        return SplitFiles(split.paths(), expected, source)
     return SplitFiles([os.path.join(split.root, rel) for rel in relpaths],
                       LayoutTable.from_array(cols), source)

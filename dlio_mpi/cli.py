@@ -71,8 +71,7 @@ def _command(args, comm) -> int:
     from .run import prepare, run, run_generation
 
     if args.command == "generate":
-        prepare(comm, cfg)
-        run_generation(comm, cfg)
+        run_generation(comm, cfg, prepare(comm, cfg, generating=True))
         return 0
     run(comm, cfg)
     return 0

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dataset import SPLITS, DatasetSplit
+from .dataset import SPLITS, DatasetSplit, LayoutTable
 from .errors import UserError, check_all, on_root
 from .manifest import differing_params, generation_params, read_manifest, write_manifest
 
@@ -44,8 +44,10 @@ def _my_files(splits: dict[str, DatasetSplit], rank: int, size: int):
     return work[rank::size]
 
 
-def generate(comm, cfg, splits: dict[str, DatasetSplit]) -> GenerationResult:
-    """Generate the dataset of `cfg` collectively; returns totals over all ranks."""
+def generate(comm, cfg, splits: dict[str, DatasetSplit],
+             layouts: dict[str, LayoutTable] | None = None) -> GenerationResult:
+    """Generate the dataset of `cfg` collectively; returns totals over all ranks. `layouts`
+    are the splits' expected layouts when the caller has them already."""
     root = splits["train"].root
     params = generation_params(cfg)
 
@@ -66,7 +68,8 @@ def generate(comm, cfg, splits: dict[str, DatasetSplit]) -> GenerationResult:
 
     ours = on_root(comm, prepare)
     mine = _my_files(splits, comm.Get_rank(), comm.Get_size())
-    layouts = {name: split.expected_layouts() for name, split in splits.items()}
+    if layouts is None:
+        layouts = {name: split.expected_layouts() for name, split in splits.items()}
 
     def survey() -> list[tuple[str, int]]:
         """Which of my files still need writing; refuse to overwrite files not ours."""

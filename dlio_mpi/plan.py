@@ -5,7 +5,8 @@ on every rank, before anything is touched; `dlio-mpi validate` prints it."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,6 +35,10 @@ class RunPlan:
     node_memory_bytes: int
     ranks_per_node: int
     notes: tuple[str, ...] = ()    # what this version does differently from the config's ask
+    # The splits and their expected layouts, computed once here and reused by generation and
+    # reading (they cost seconds at a million files).
+    splits: Mapping[str, DatasetSplit] = field(default_factory=dict, repr=False, compare=False)
+    layouts: Mapping[str, LayoutTable] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def bytes_per_node_epoch(self) -> int:
@@ -126,8 +131,10 @@ def _notes(cfg) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
-    """Check what needs the rank count and derive the plan; raises UserError."""
+def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None,
+                generating: bool = False) -> RunPlan:
+    """Check what needs the rank count and derive the plan; raises UserError. `generating`:
+    the data will be generated whatever workflow.generate_data says (`dlio-mpi generate`)."""
     fmt = cfg.dataset.format
     if cfg.reader.read_threads > MAX_READ_THREADS:
         raise UserError(f"reader.read_threads={cfg.reader.read_threads} is more than the "
@@ -135,8 +142,9 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
     mode = resolve_read_mode(cfg)
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
-    uses_data = cfg.workflow.train or cfg.workflow.generate_data
+    uses_data = cfg.workflow.train or cfg.workflow.generate_data or generating
     steps = eval_steps = dataset_bytes = epoch_bytes = files = samples = 0
+    splits, layouts = {}, {}
     if uses_data:
         if fmt not in implemented_formats():
             raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
@@ -161,7 +169,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None) -> RunPlan:
         eval_steps_per_epoch=eval_steps,
         epochs=cfg.train.epochs, dataset_bytes=dataset_bytes, bytes_per_epoch=epoch_bytes,
         node_memory_bytes=node_memory_bytes(), ranks_per_node=ranks_per_node or ranks,
-        notes=_notes(cfg))
+        notes=_notes(cfg), splits=splits, layouts=layouts)
 
 
 def _size(n: float) -> str:

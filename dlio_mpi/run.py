@@ -17,7 +17,7 @@ import yaml
 from . import __version__, _core
 from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
-from .dataset import DatasetSplit, describe_dataset
+from .dataset import DatasetSplit
 from .errors import UserError, check_all, on_root
 from .generate import generate
 from .metrics.summary import EpochSummary, build_summary, condense, format_table
@@ -57,18 +57,18 @@ def check_output_folder(cfg) -> None:
                         f"{exc.strerror or exc}") from exc
 
 
-def prepare(comm, cfg) -> RunPlan:
+def prepare(comm, cfg, generating: bool = False) -> RunPlan:
     """Validate what needs the rank count and the output folder, agreeing on the outcome."""
     per_node = ranks_per_node(comm)
-    plan = check_all(comm, lambda: derive_plan(cfg, comm.Get_size(), per_node))
+    plan = check_all(comm, lambda: derive_plan(cfg, comm.Get_size(), per_node, generating))
     if cfg.workflow.train:
         on_root(comm, lambda: check_output_folder(cfg))
     return plan
 
 
-def run_generation(comm, cfg) -> None:
-    splits = describe_dataset(cfg)
-    result = generate(comm, cfg, splits)
+def run_generation(comm, cfg, plan: RunPlan) -> None:
+    splits = plan.splits
+    result = generate(comm, cfg, splits, plan.layouts)
     say(comm, f"generated {result.files_written} files ({result.bytes_written / 2**20:.1f} MiB"
               f", {result.mib_per_second:.1f} MiB/s), {result.files_skipped} already complete,"
               f" under {splits['train'].root}")
@@ -99,8 +99,9 @@ class Phase:
 def open_phase(comm, cfg, plan: RunPlan, name: str) -> Phase:
     """Find the phase's files and start its engine (collectively)."""
     train = name == "train"
-    split = describe_dataset(cfg)["train" if train else "valid"]
-    files = locate_split(comm, cfg, split)
+    split_name = "train" if train else "valid"
+    split = plan.splits[split_name]
+    files = locate_split(comm, cfg, split, plan.layouts[split_name])
     rd = cfg.reader
     reader = check_all(comm, lambda: NativeReader(files.paths, rd.read_threads, rd.prefetch_size,
                                                   rd.odirect, rd.fd_cache_size))
@@ -222,7 +223,7 @@ def run(comm, cfg) -> dict | None:
     plan = prepare(comm, cfg)
     say(comm, describe_plan(plan, cfg))
     if cfg.workflow.generate_data:
-        run_generation(comm, cfg)
+        run_generation(comm, cfg, plan)
     if not cfg.workflow.train:
         return None
     train_epochs, eval_epochs = train(comm, cfg, plan)

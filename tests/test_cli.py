@@ -169,3 +169,10 @@ def test_epochs_with_no_measurable_step_are_refused(tmp_path):
                   ranks=1)
     assert res.returncode == 2  # 8 samples / 4 ranks / batch 2 = 1 step, excluded from AU
     assert "exclude_start_steps=1" in res.stderr
+
+
+def test_generate_command_generates_even_if_the_workflow_flag_is_off(tmp_path):
+    res = run_cli(["generate", "demo", *workload_overrides(tmp_path),
+                   "workflow.generate_data=false"])
+    assert res.returncode == 0, res.stderr
+    assert len(list((tmp_path / "data" / "train").glob("*.npz"))) == 8
