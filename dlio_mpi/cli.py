@@ -9,9 +9,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 import traceback
 
 DEFAULT_WORKLOAD = "demo"
+ABORT_GRACE_SECONDS = 0.5
 USAGE = """dlio-mpi COMMAND [CONFIG] [KEY=VALUE ...]
 
 CONFIG is a workload YAML path, a shipped workload name (see list-workloads) or workload=NAME;
@@ -109,5 +111,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in what:
             what += f" ({exc.filename})"
         print(f"dlio-mpi: rank {comm.Get_rank()}: error: {what}", file=sys.stderr, flush=True)
+        # MPI_Abort has the launcher kill every process, which can drop output it has not
+        # forwarded yet: give it a moment to pass this rank's message on first.
+        time.sleep(ABORT_GRACE_SECONDS)
         comm.Abort(1)
         return 1
