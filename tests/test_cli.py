@@ -71,7 +71,8 @@ def test_a_failing_rank_ends_the_job_promptly(tmp_path):
     os.truncate(victim, 200)
     res = run_cli(["run", "demo", *over, "workflow.generate_data=false"], timeout=60)
     assert res.returncode != 0
-    assert "rank 1" in res.stderr and str(victim) in res.stderr, res.stderr
+    assert "rank 1" in res.stderr and str(victim) in res.stderr, \
+        f"rc={res.returncode}\nstderr:\n{res.stderr}\nstdout:\n{res.stdout}"
 
 
 def test_odirect_reads_aligned_extents(tmp_path):
