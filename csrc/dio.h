@@ -33,9 +33,41 @@ typedef struct dio_error {
 /* CLOCK_MONOTONIC in nanoseconds. */
 int64_t dio_now_ns(void);
 
-/* Sleep until the absolute CLOCK_MONOTONIC deadline (clock_nanosleep TIMER_ABSTIME, EINTR
- * retried).  Returns dio_now_ns() after waking (>= deadline_ns). */
-int64_t dio_sleep_until_ns(int64_t deadline_ns);
+/* Wait until the absolute CLOCK_MONOTONIC deadline: clock_nanosleep (TIMER_ABSTIME, EINTR
+ * retried) until deadline_ns - spin_ns, then poll the clock for the last spin_ns (0 = sleep
+ * only), which hides the timer's wake-up latency at the price of that much CPU.
+ * Returns dio_now_ns() after waking (>= deadline_ns). */
+int64_t dio_sleep_until_ns(int64_t deadline_ns, int64_t spin_ns);
+
+/* A pacer paces the compute waits of one thread: each wait sleeps until spin_ns before its
+ * deadline and polls the clock for the rest.  Adaptive (fixed_spin_ns < 0): the spin follows
+ * how late the recent sleeps woke up (1.25 x the second largest lateness of the last
+ * DIO_PACER_WINDOW sleeps, plus 5 us, within [DIO_PACER_MIN_SPIN, DIO_PACER_MAX_SPIN]), so
+ * it costs as little CPU as the machine's wake-up latency allows. */
+#define DIO_PACER_WINDOW 32
+#define DIO_PACER_MIN_SPIN 10000
+#define DIO_PACER_MAX_SPIN 2000000
+#define DIO_PACER_FIRST_SPIN 200000
+
+typedef struct dio_pacer {
+    int64_t spin_ns;                     /* spin of the next wait */
+    int64_t fixed_spin_ns;               /* >= 0: always this spin; < 0: adaptive */
+    int64_t late_ns[DIO_PACER_WINDOW];   /* how late the recent sleeps woke up (a ring) */
+    int     nlate, next;                 /* entries in late_ns, next slot */
+    int64_t waits;                       /* waits so far */
+    int64_t spun_ns;                     /* time spent polling, over all waits */
+} dio_pacer;
+
+void dio_pacer_init(dio_pacer *p, int64_t fixed_spin_ns);
+
+/* Wait until the absolute CLOCK_MONOTONIC deadline as described above; returns dio_now_ns()
+ * after the wait (>= deadline_ns). */
+int64_t dio_pacer_wait(dio_pacer *p, int64_t deadline_ns);
+
+/* Timer slack of the calling thread (prctl PR_SET_TIMERSLACK; Linux's default is 50 us, which
+ * every timed sleep may overshoot by); 0 asks for the minimum, 1 ns.  New threads inherit it.
+ * Returns 0 or -errno. */
+int dio_set_timer_slack_ns(uint64_t slack_ns);
 
 /* ------------------------------------------------------------------ checksums, payloads */
 
@@ -128,8 +160,17 @@ typedef struct dio_batch {
  * than the request, EIO, ...).  After a failure the readers stop and every later call returns
  * the same error until the next dio_engine_start_epoch; batches before the failed one are
  * delivered normally.  One consumer thread at a time; destroy/start/set_files must not run
- * concurrently with a call to next. */
-int dio_engine_next(dio_engine *e, dio_batch *out, dio_error *err);
+ * concurrently with a call to next.
+ * flags: DIO_NEXT_DEFER_WAKE leaves waking the readers for the released slot to a later
+ * dio_engine_wake (or the next call that has to wait), so that a batch that is already there
+ * is handed over without a futex wake (an inter-processor interrupt, slow on a VM) on the
+ * caller's critical path. */
+#define DIO_NEXT_DEFER_WAKE 1
+int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err);
+
+/* Wake the readers if a dio_engine_next with DIO_NEXT_DEFER_WAKE left them waiting.  Safe to
+ * call from the consumer thread at any time. */
+void dio_engine_wake(dio_engine *e);
 
 typedef struct dio_engine_counters {
     int64_t opens;            /* open() calls since create */

@@ -29,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,6 +114,7 @@ struct dio_engine {
     int64_t cur_batch;  /* batch of the cursor */
     int64_t next_batch; /* next batch the consumer gets */
     int holding;        /* the consumer holds batch next_batch - 1 */
+    int wake_pending;   /* readers wait for the slot the consumer released (atomic) */
     int64_t released;   /* batches released by the consumer */
     int64_t inflight;   /* chunks being read outside the lock */
     int64_t wait_batch; /* batch the consumer waits for, -1 if none */
@@ -342,6 +344,10 @@ static void *worker_main(void *arg)
 {
     worker *w = arg;
     dio_engine *e = w->e;
+    /* SCHED_BATCH: a reader woken while the consumer runs on its core does not preempt it
+     * (the consumer paces the emulated accelerator; a reader can wait for the next sleep). */
+    struct sched_param batch = {0};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     pthread_mutex_lock(&e->mu);
     while (!e->stop) {
         int64_t b, first, last;
@@ -681,7 +687,19 @@ int dio_engine_start_epoch(dio_engine *e, int64_t nbatches, const int64_t *batch
     return 0;
 }
 
-int dio_engine_next(dio_engine *e, dio_batch *out, dio_error *err)
+static void wake_readers(dio_engine *e)
+{
+    if (__atomic_exchange_n(&e->wake_pending, 0, __ATOMIC_ACQ_REL))
+        pthread_cond_broadcast(&e->work_cv);
+}
+
+void dio_engine_wake(dio_engine *e)
+{
+    if (e)
+        wake_readers(e);
+}
+
+int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
 {
     batch_state *bs;
     int64_t b, n;
@@ -697,8 +715,10 @@ int dio_engine_next(dio_engine *e, dio_batch *out, dio_error *err)
         e->holding = 0;
         e->released = e->next_batch;
         if (e->nworkers > 0 && e->cursor < e->nreq)
-            pthread_cond_broadcast(&e->work_cv);
+            __atomic_store_n(&e->wake_pending, 1, __ATOMIC_RELEASE);
     }
+    if (!(flags & DIO_NEXT_DEFER_WAKE))
+        wake_readers(e);
     b = e->next_batch;
     if (b >= e->nbatches && e->err_batch == INT64_MAX) {
         pthread_mutex_unlock(&e->mu);
@@ -719,6 +739,8 @@ int dio_engine_next(dio_engine *e, dio_batch *out, dio_error *err)
                 finish_chunk(e, &e->self, b, &r, rc);
             }
         } else {
+            if (bs->done < n)
+                wake_readers(e); /* never sleep on readers that wait for our release */
             e->wait_batch = b;
             while (bs->done < n && e->err_batch > b)
                 pthread_cond_wait(&e->done_cv, &e->mu);

@@ -21,7 +21,17 @@ cdef extern from "dio.h" nogil:
         char path[4096]
 
     int64_t dio_now_ns()
-    int64_t dio_sleep_until_ns(int64_t deadline_ns)
+    int64_t dio_sleep_until_ns(int64_t deadline_ns, int64_t spin_ns)
+    int dio_set_timer_slack_ns(uint64_t slack_ns)
+
+    ctypedef struct dio_pacer:
+        int64_t spin_ns
+        int64_t fixed_spin_ns
+        int64_t waits
+        int64_t spun_ns
+
+    void dio_pacer_init(dio_pacer *p, int64_t fixed_spin_ns)
+    int64_t dio_pacer_wait(dio_pacer *p, int64_t deadline_ns)
     uint32_t dio_crc32(uint32_t crc, const void *buf, size_t n)
     uint32_t dio_crc32c(uint32_t crc, const void *buf, size_t n)
     void dio_fill_random(void *buf, size_t n, uint64_t seed)
@@ -60,7 +70,9 @@ cdef extern from "dio.h" nogil:
         int64_t read_ops
         int64_t ready_ns
 
-    int dio_engine_next(dio_engine *e, dio_batch *out, dio_error *err)
+    int DIO_NEXT_DEFER_WAKE
+    int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
+    void dio_engine_wake(dio_engine *e)
 
     ctypedef struct dio_engine_counters:
         int64_t opens
@@ -109,13 +121,58 @@ def now_ns():
     return dio_now_ns()
 
 
-def sleep_until_ns(int64_t deadline_ns):
-    """Sleep (GIL released) until the absolute CLOCK_MONOTONIC deadline; returns now_ns()
-    after waking, which is >= deadline_ns."""
+def sleep_until_ns(int64_t deadline_ns, int64_t spin_ns=0):
+    """Wait (GIL released) until the absolute CLOCK_MONOTONIC deadline: sleep, then poll the
+    clock for the last spin_ns; returns now_ns() after waking, which is >= deadline_ns."""
     cdef int64_t t
     with nogil:
-        t = dio_sleep_until_ns(deadline_ns)
+        t = dio_sleep_until_ns(deadline_ns, spin_ns)
     return t
+
+
+def set_timer_slack_ns(uint64_t slack_ns):
+    """Set the calling thread's timer slack (prctl PR_SET_TIMERSLACK; 0 = the minimum)."""
+    cdef dio_error err
+    _clear(&err)
+    rc = dio_set_timer_slack_ns(slack_ns)
+    if rc < 0:
+        err.code = -rc
+    _check(rc, &err)
+
+
+cdef class Pacer:
+    """Paces compute waits precisely (dio_pacer): each wait sleeps until `spin_ns` before its
+    deadline and polls the clock for the rest; fixed_spin_ns < 0 adapts the spin to how late
+    this machine's sleeps wake up. One thread at a time."""
+    cdef dio_pacer p
+
+    def __cinit__(self, int64_t fixed_spin_ns=-1):
+        dio_pacer_init(&self.p, fixed_spin_ns)
+
+    def wait_until(self, int64_t deadline_ns):
+        """Wait (GIL released) until the CLOCK_MONOTONIC deadline; returns now_ns() after."""
+        cdef int64_t t
+        with nogil:
+            t = dio_pacer_wait(&self.p, deadline_ns)
+        return t
+
+    @property
+    def spin_ns(self):
+        """The spin the next wait will use."""
+        return self.p.spin_ns
+
+    @property
+    def adaptive(self):
+        return self.p.fixed_spin_ns < 0
+
+    @property
+    def waits(self):
+        return self.p.waits
+
+    @property
+    def spun_ns(self):
+        """Time spent polling the clock over all waits."""
+        return self.p.spun_ns
 
 
 # ---------------------------------------------------------------------------- checksums
@@ -404,19 +461,22 @@ cdef class Engine:
             self._outs = (req_buf_off, lat_ns, nread)
         _check(rc, &err)
 
-    def next(self):
+    def next(self, bint defer_wake=False):
         """Release the previous batch and wait (GIL released) for the next one; None at the
         end of the epoch (or with no epoch).  Raises OSError if a request of the batch failed;
-        the error repeats on later calls until a new epoch starts."""
+        the error repeats on later calls until a new epoch starts.  defer_wake: leave waking
+        the readers for the released slot to wake() (keeps a futex wake-up off the hand-over
+        of a batch that is already there)."""
         self._ready()
         cdef dio_batch b
         cdef dio_error err
         cdef int rc
+        cdef int flags = DIO_NEXT_DEFER_WAKE if defer_wake else 0
         _clear(&err)
         self.busy = True
         try:
             with nogil:
-                rc = dio_engine_next(self.e, &b, &err)
+                rc = dio_engine_next(self.e, &b, flags, &err)
         finally:
             self.busy = False
         _check(rc, &err)
@@ -436,6 +496,12 @@ cdef class Engine:
         out.data_len = b.data_len
         out.data = memoryview(view)
         return out
+
+    def wake(self):
+        """Wake the readers a next(defer_wake=True) left waiting for the released slot."""
+        if self.e != NULL:
+            with nogil:
+                dio_engine_wake(self.e)
 
     def counters(self):
         """Totals since the engine was created: opens, closes, bytes_read, read_ops."""

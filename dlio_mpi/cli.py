@@ -73,7 +73,7 @@ def _command(args, comm) -> int:
     from .run import prepare, run, run_generation
 
     if args.command == "generate":
-        run_generation(comm, cfg, prepare(comm, cfg, generating=True))
+        run_generation(comm, cfg, prepare(comm, cfg, generating=True)[0])
         return 0
     run(comm, cfg)
     return 0

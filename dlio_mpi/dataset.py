@@ -155,3 +155,12 @@ def describe_dataset(cfg) -> dict[str, DatasetSplit]:
                                      ds.num_samples_per_file, ds.sample_layout, fmt)
         start += count
     return splits
+
+
+def dlio_record_length(dataset) -> float:
+    """DLIO's record length in bytes, the factor of its MB/s figures: record_dims' product
+    times the element size when dims are given, else dataset.record_length_bytes."""
+    if dataset.record_dims:
+        return float(math.prod(dataset.record_dims) * np.dtype(dataset.record_element_type)
+                     .itemsize)
+    return float(dataset.record_length_bytes)

@@ -4,17 +4,15 @@ on every rank, before anything is touched; `dlio-mpi validate` prints it."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from .dataset import DatasetSplit, LayoutTable, describe_dataset
 from .errors import UserError
 from .formats import implemented_formats
 from .planner import READ_MODES
 from .sharding import steps_per_epoch
+from .topology import emulated_ranks_per_node, host_info, plan_topology
 
 MAX_READ_THREADS = 4096  # the C engine's limit (csrc/dio_engine.c MAX_THREADS)
 
@@ -32,8 +30,9 @@ class RunPlan:
     epochs: int
     dataset_bytes: int             # train + valid, as generated
     bytes_per_epoch: int           # expected bytes read per epoch, all ranks
-    node_memory_bytes: int
-    ranks_per_node: int
+    memory_bytes: int              # memory of all hosts of the job together
+    ranks_per_node: int            # on rank 0's node (DLIO's npernode)
+    nodes: int
     notes: tuple[str, ...] = ()    # what this version does differently from the config's ask
     # The splits and their expected layouts, computed once here and reused by generation and
     # reading (they cost seconds at a million files).
@@ -45,14 +44,10 @@ class RunPlan:
         return self.bytes_per_epoch * self.ranks_per_node // self.ranks
 
     @property
-    def nodes(self) -> int:
-        return -(-self.ranks // self.ranks_per_node)
-
-    @property
-    def fits_in_node_memory(self) -> bool:
-        """Could the nodes' page caches together hold the whole dataset? Then later epochs
+    def fits_in_memory(self) -> bool:
+        """Could the hosts' page caches together hold the whole dataset? Then later epochs
         may be served from memory and reflect the page cache, not the storage."""
-        return self.dataset_bytes <= self.node_memory_bytes * self.nodes
+        return self.dataset_bytes <= self.memory_bytes
 
 
 def resolve_read_mode(cfg) -> str:
@@ -66,24 +61,18 @@ def resolve_read_mode(cfg) -> str:
     return "file_once" if cfg.reader.read_type == "memory" else "file"
 
 
-def node_memory_bytes() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError):
-        return 0
-
-
 def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_read: int) -> int:
-    """Expected bytes read per epoch when `samples_read` samples of `split` are consumed."""
+    """Expected bytes read per epoch when `samples_read` samples of `split` are consumed
+    (exact integer arithmetic: products of sizes and counts overflow int64 at scale)."""
     if split.num_samples == 0:
         return 0
     if mode == "sample":
-        per_file = layouts.sample_span * split.samples_per_file
+        per_split = int(layouts.sample_span.sum()) * split.samples_per_file
     elif mode == "file":
-        per_file = layouts.size * split.samples_per_file
+        per_split = int(layouts.size.sum()) * split.samples_per_file
     else:
-        per_file = layouts.size
-    return int(np.sum(per_file) * samples_read / split.num_samples)
+        per_split = int(layouts.size.sum())
+    return per_split * samples_read // split.num_samples
 
 
 def _steps(split: DatasetSplit, ranks: int, batch: int, batch_key: str, files_key: str) -> int:
@@ -131,10 +120,16 @@ def _notes(cfg) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None,
-                generating: bool = False) -> RunPlan:
-    """Check what needs the rank count and derive the plan; raises UserError. `generating`:
-    the data will be generated whatever workflow.generate_data says (`dlio-mpi generate`)."""
+def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int | None = None,
+                memory_bytes: int | None = None, generating: bool = False) -> RunPlan:
+    """Check what needs the rank count and derive the plan; raises UserError. Without a
+    topology (validate --ranks) the ranks are on one node, or on emulated nodes of
+    DLIO_MPI_RANKS_PER_NODE ranks, with this host's memory each. `generating`: the data will
+    be generated whatever workflow.generate_data says (`dlio-mpi generate`)."""
+    if ranks_per_node is None or nodes is None:
+        ranks_per_node, nodes = plan_topology(ranks, emulated_ranks_per_node())
+    if memory_bytes is None:
+        memory_bytes = host_info().memory_bytes * nodes
     fmt = cfg.dataset.format
     if cfg.reader.read_threads > MAX_READ_THREADS:
         raise UserError(f"reader.read_threads={cfg.reader.read_threads} is more than the "
@@ -168,7 +163,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None,
         samples_per_rank=steps * cfg.reader.batch_size, steps_per_epoch=steps,
         eval_steps_per_epoch=eval_steps,
         epochs=cfg.train.epochs, dataset_bytes=dataset_bytes, bytes_per_epoch=epoch_bytes,
-        node_memory_bytes=node_memory_bytes(), ranks_per_node=ranks_per_node or ranks,
+        memory_bytes=memory_bytes, ranks_per_node=ranks_per_node, nodes=nodes,
         notes=_notes(cfg), splits=splits, layouts=layouts)
 
 
@@ -201,10 +196,10 @@ def describe_plan(plan: RunPlan, cfg) -> str:
                f"{cfg.evaluation.epochs_between_evals}"] if plan.eval_steps_per_epoch else []),
             f"bytes per epoch {_size(plan.bytes_per_epoch)} read by all ranks "
             f"({_size(plan.bytes_per_node_epoch)} per node)",
-            f"dataset size    {_size(plan.dataset_bytes)} vs node memory "
-            f"{_size(plan.node_memory_bytes)} x {plan.nodes} node(s)",
+            f"dataset size    {_size(plan.dataset_bytes)} vs {_size(plan.memory_bytes)} of "
+            f"memory on the {plan.nodes} node(s)",
         ]
-        if plan.fits_in_node_memory and not cfg.reader.odirect:
+        if plan.fits_in_memory and not cfg.reader.odirect:
             lines.append(f"note            the dataset fits in the memory of the {plan.nodes} "
                          "node(s): after the first epoch reads may come from the page cache "
                          "(reader.odirect: true avoids it)")

@@ -30,8 +30,16 @@ class NativeReader:
                                  None, self.lat_ns, None)
 
     def next_batch(self):
-        """Wait (GIL released) for the next batch; None at the end of the epoch."""
-        return self._engine.next()
+        """Wait (GIL released) for the next batch; None at the end of the epoch. The slot of
+        the previous batch is released, but the readers are only woken to refill it by
+        resume() (or by a next_batch that has to wait): a wake-up costs a futex call and an
+        inter-processor interrupt, which must not delay the hand-over of a ready batch."""
+        return self._engine.next(True)
+
+    def resume(self) -> None:
+        """Let the readers refill the slot next_batch released (call once the step's clock
+        has started)."""
+        self._engine.wake()
 
     def counters(self) -> dict:
         return self._engine.counters()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import resource
 import tempfile
 import time
 from dataclasses import dataclass
@@ -17,14 +17,16 @@ import yaml
 from . import __version__, _core
 from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
-from .dataset import DatasetSplit
+from .dataset import DatasetSplit, dlio_record_length
 from .errors import UserError, check_all, on_root
 from .generate import generate
-from .metrics.summary import EpochSummary, build_summary, condense, format_table
+from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
+from .pacing import Pacing, make_pacing
 from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .planner import plan_reads
 from .reader import NativeReader
 from .sharding import ShuffleSpec, epoch_order, scatter_shards
+from .topology import Topology, discover, emulated_ranks_per_node
 from .training import run_epoch
 
 
@@ -32,16 +34,6 @@ def say(comm, *lines: str) -> None:
     """Print on rank 0 only."""
     if comm.Get_rank() == 0:
         print(*lines, sep="\n", flush=True)
-
-
-def ranks_per_node(comm) -> int:
-    from mpi4py import MPI
-
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return comm.allreduce(node.Get_size(), op=MPI.MAX)
-    finally:
-        node.Free()
 
 
 def check_output_folder(cfg) -> None:
@@ -57,13 +49,15 @@ def check_output_folder(cfg) -> None:
                         f"{exc.strerror or exc}") from exc
 
 
-def prepare(comm, cfg, generating: bool = False) -> RunPlan:
-    """Validate what needs the rank count and the output folder, agreeing on the outcome."""
-    per_node = ranks_per_node(comm)
-    plan = check_all(comm, lambda: derive_plan(cfg, comm.Get_size(), per_node, generating))
+def prepare(comm, cfg, generating: bool = False) -> tuple[RunPlan, Topology]:
+    """Find the nodes, validate what needs the rank count and the output folder, agreeing on
+    the outcome."""
+    topo = discover(comm, check_all(comm, emulated_ranks_per_node))
+    plan = check_all(comm, lambda: derive_plan(cfg, comm.Get_size(), topo.ranks_per_node,
+                                               topo.nodes, topo.memory_bytes, generating))
     if cfg.workflow.train:
         on_root(comm, lambda: check_output_folder(cfg))
-    return plan
+    return plan, topo
 
 
 def run_generation(comm, cfg, plan: RunPlan) -> None:
@@ -94,9 +88,10 @@ class Phase:
     batch: int
     step_time: TimeSpec
     barrier: bool
+    pacing: Pacing
 
 
-def open_phase(comm, cfg, plan: RunPlan, name: str) -> Phase:
+def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     """Find the phase's files and start its engine (collectively)."""
     train = name == "train"
     split_name = "train" if train else "valid"
@@ -109,13 +104,14 @@ def open_phase(comm, cfg, plan: RunPlan, name: str) -> Phase:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
                                  cfg.train.seed_change_epoch),
-                     plan.steps_per_epoch, rd.batch_size, cfg.train.computation_time, True)
+                     plan.steps_per_epoch, rd.batch_size, cfg.train.computation_time, True,
+                     pacing)
     return Phase(name, split, files, reader, ShuffleSpec(), plan.eval_steps_per_epoch,
-                 rd.batch_size_eval, cfg.evaluation.eval_time, False)
+                 rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing)
 
 
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
-                    clock_offset: int) -> EpochSummary | None:
+                    topo: Topology, wall_offset: int) -> EpochSummary | None:
     """One epoch of a phase on every rank; the gathered summary on rank 0, else None."""
     rank = comm.Get_rank()
     split = phase.split
@@ -125,32 +121,36 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
                        phase.files.layouts, resolve_read_mode(cfg))
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
-                      barrier=phase.barrier)
+                      phase.pacing, barrier=phase.barrier)
     if cfg.output.access_log:
         prefix = "" if phase.name == "train" else f"{phase.name}_"
         _write_access_log(cfg.output.folder, f"{prefix}epoch{epoch}_rank{rank}.npy",
                           trace.sample_ids)
-    record = condense(trace, rank, phase.batch, cfg.output.metric.exclude_start_steps,
-                      cfg.output.metric.exclude_end_steps, clock_offset)
+    latest = last_arrivals(comm, trace, topo.clock_offset_ns)
+    record = condense(trace, latest, rank, phase.batch, reads.bytes_requested,
+                      cfg.output.metric.exclude_start_steps, cfg.output.metric.exclude_end_steps,
+                      wall_offset)
     records = comm.gather(record, root=0)
     if rank != 0:
         return None
-    summary = EpochSummary(epoch, records)
+    summary = EpochSummary(epoch, records, dlio_record_length(cfg.dataset))
     print(f"{phase.name} epoch {epoch}: AU {summary.au_percentage:.2f} %, "
-          f"{summary.samples_per_second:.1f} samples/s, {summary.mib_per_second:.1f} MiB/s, "
-          f"{summary.seconds:.2f} s", flush=True)
+          f"{summary.samples_per_second:.1f} samples/s, "
+          f"{summary.read_mib_per_second:.1f} MiB/s read, {summary.seconds:.2f} s, "
+          f"emulator overhead {summary.overhead_us_per_step:.1f} us/step", flush=True)
     return summary
 
 
-def train(comm, cfg, plan: RunPlan) -> tuple[list[EpochSummary], list[EpochSummary]]:
+def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing
+          ) -> tuple[list[EpochSummary], list[EpochSummary]]:
     """The training epochs, each followed by evaluation when it is due; returns the train and
     eval epoch summaries (complete on rank 0 only)."""
     rank = comm.Get_rank()
     rng = np.random.default_rng([cfg.train.seed, rank])
-    clock_offset = time.time_ns() - _core.now_ns()
-    phases = [open_phase(comm, cfg, plan, "train")]
+    wall_offset = time.time_ns() - _core.now_ns()
+    phases = [open_phase(comm, cfg, plan, "train", pacing)]
     if cfg.workflow.evaluation:
-        phases.append(open_phase(comm, cfg, plan, "eval"))
+        phases.append(open_phase(comm, cfg, plan, "eval", pacing))
     done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
     next_eval = cfg.evaluation.eval_after_epoch
     for epoch in range(1, cfg.train.epochs + 1):
@@ -159,7 +159,7 @@ def train(comm, cfg, plan: RunPlan) -> tuple[list[EpochSummary], list[EpochSumma
                 if epoch < next_eval:
                     continue
                 next_eval += cfg.evaluation.epochs_between_evals
-            summary = run_phase_epoch(comm, cfg, phase, epoch, rng, clock_offset)
+            summary = run_phase_epoch(comm, cfg, phase, epoch, rng, topo, wall_offset)
             if summary is not None:
                 done[phase.name].append(summary)
     # Closed only on success: on an error the job aborts at once, without waiting for reads
@@ -169,33 +169,57 @@ def train(comm, cfg, plan: RunPlan) -> tuple[list[EpochSummary], list[EpochSumma
     return done["train"], done["eval"]
 
 
-def _header(comm, cfg, plan: RunPlan, start: float, end: float) -> dict:
-    hosts = comm.gather(socket.gethostname(), root=0)
+def _header(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, start: float,
+            end: float) -> dict:
+    """The run's description: DLIO's fields (its meanings: lists per node, GB = 2^30 bytes,
+    data per host from the configured record length), then ours."""
+    ds = cfg.dataset
+    size = comm.Get_size()
+    rss = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, root=0)
+    pacings = comm.gather(pacing.to_json(), root=0)
+    per_host_gb = (topo.ranks_per_node * ds.num_samples_per_file * ds.num_files_train // size
+                   * dlio_record_length(ds) / 2**30)
+    memory_gb = [h.memory_bytes / 2**30 for h in topo.hosts]
     return {
         "start": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(start)),
         "end": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(end)),
-        "num_accelerators": comm.Get_size(),
-        "num_hosts": len(set(hosts)) if hosts else 0,
-        "hostname": socket.gethostname(),
-        "num_files_train": cfg.dataset.num_files_train,
-        "num_files_eval": cfg.dataset.num_files_eval,
-        "num_samples_per_file": cfg.dataset.num_samples_per_file,
-        "host_memory_GB": plan.node_memory_bytes / 2**30,
-        "data_size_GB": plan.dataset_bytes / 2**30,
-        "potential_caching": plan.fits_in_node_memory,
+        "num_accelerators": size,
+        "num_hosts": size // topo.ranks_per_node,
+        "hostname": topo.hosts[0].hostname,
+        "num_files_train": ds.num_files_train,
+        "num_files_eval": ds.num_files_eval,
+        "num_samples_per_file": ds.num_samples_per_file,
+        "host_cpu_count": [h.cpu_count for h in topo.hosts],
+        "host_processor_name": topo.hosts[0].processor,
+        "host_memory_GB": memory_gb,
+        "data_size_per_host_GB": per_host_gb,
+        "potential_caching": [0 if gb <= per_host_gb else 1 for gb in memory_gb],
         "dlio_mpi": {
             "version": __version__, "format": plan.format, "read_mode": plan.read_mode,
             "odirect": cfg.reader.odirect, "read_threads": cfg.reader.read_threads,
             "prefetch_size": cfg.reader.prefetch_size, "batch_size": cfg.reader.batch_size,
-            "steps_per_epoch": plan.steps_per_epoch, "ranks_per_node": plan.ranks_per_node,
+            "steps_per_epoch": plan.steps_per_epoch, "ranks_per_node": topo.ranks_per_node,
+            "nodes": topo.nodes, "emulated_nodes": topo.emulated,
+            "hosts": sorted({h.hostname for h in topo.hosts}),
+            "dataset_bytes": plan.dataset_bytes, "memory_bytes": plan.memory_bytes,
+            "dataset_fits_in_memory": plan.fits_in_memory,
+            "pacing": {key: _spread_of([p[key] for p in pacings]) if isinstance(value, float)
+                       else value for key, value in pacings[0].items()} if pacings else None,
+            "peak_rss_bytes_per_rank": rss,
         },
     }
 
 
-def write_results(comm, cfg, plan: RunPlan, train_epochs: list[EpochSummary],
-                  eval_epochs: list[EpochSummary], start: float) -> dict:
+def _spread_of(values: list[float]) -> dict:
+    arr = np.asarray(values, dtype=np.float64)
+    return {"min": float(arr.min()), "median": float(np.median(arr)), "max": float(arr.max())}
+
+
+def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
+                  train_epochs: list[EpochSummary], eval_epochs: list[EpochSummary],
+                  start: float) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml; returns the summary."""
-    header = _header(comm, cfg, plan, start, time.time())
+    header = _header(comm, cfg, plan, topo, pacing, start, time.time())
 
     def write() -> dict:
         summary = build_summary(train_epochs, eval_epochs, cfg, header)
@@ -220,11 +244,12 @@ def write_results(comm, cfg, plan: RunPlan, train_epochs: list[EpochSummary],
 def run(comm, cfg) -> dict | None:
     """The whole job; returns the summary (on every rank) when training ran."""
     start = time.time()
-    plan = prepare(comm, cfg)
+    plan, topo = prepare(comm, cfg)
     say(comm, describe_plan(plan, cfg))
     if cfg.workflow.generate_data:
         run_generation(comm, cfg, plan)
     if not cfg.workflow.train:
         return None
-    train_epochs, eval_epochs = train(comm, cfg, plan)
-    return write_results(comm, cfg, plan, train_epochs, eval_epochs, start)
+    pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
+    train_epochs, eval_epochs = train(comm, cfg, plan, topo, pacing)
+    return write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs, start)

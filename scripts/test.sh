@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dlio-mpi (and the test tools) into ./.venv, checks style, runs
-# the serial tests, then the MPI tests under mpiexec -n 2 (pytest-mpi).
+# the serial tests, then the MPI tests under mpiexec -n 2 and -n 3 (pytest-mpi).
 set -euo pipefail
 source "$(dirname "$0")/_env.sh" test
 cd "$ROOT"
 ruff check .
 # -P: import the installed dlio_mpi (with its compiled core), not the source folder.
 python -P -m pytest -q -m "not mpi" tests
-timeout 900 mpiexec -n 2 python -P -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests
+for ranks in 2 3; do
+  timeout 900 mpiexec -n "$ranks" python -P -m pytest -q -p no:cacheprovider --with-mpi -m mpi tests
+done

@@ -142,7 +142,8 @@ def test_an_error_on_one_rank_only_reaches_every_rank():
 
 def test_evaluation_runs_when_due_and_reads_every_valid_sample_once(shared_tmp):
     comm = _comm()
-    cfg, summary = _run(shared_tmp, dataset__num_files_eval=6, reader__batch_size_eval=1,
+    cfg, summary = _run(shared_tmp, dataset__num_files_train=12, dataset__num_files_eval=6,
+                        reader__batch_size_eval=1,
                         workflow__evaluation="true", evaluation__eval_after_epoch=2,
                         evaluation__epochs_between_evals=1, evaluation__eval_time=0.001,
                         train__epochs=3, output__access_log="true",

@@ -285,6 +285,12 @@ class Train:
     computation_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="computation_time_stdev")
     seed: int = key(123, "int")
     seed_change_epoch: bool = key(True, "bool")
+    # ours: the last microseconds of each compute wait are polled rather than slept, hiding the
+    # timer's wake-up latency; and the per-step barrier polls (yielding the core) this long
+    # before napping. "auto": 1.5 x the wake-up latency measured on each rank at start.
+    compute_spin_us: float | None = key(None, "number", optional=True, minimum=0,
+                                        unset="auto")
+    sync_spin_us: float | None = key(None, "number", optional=True, minimum=0, unset="auto")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,11 @@
 """From per-rank epoch traces to the job's results: each rank condenses its trace to an
-`EpochRecord`; rank 0 gathers them and builds summary.json (DLIO field names where the meaning
-is the same, plus what DLIO does not report) and per_epoch_stats.json."""
+`EpochRecord`; rank 0 gathers them and builds summary.json and per_epoch_stats.json.
+
+Fields named as DLIO's mean what they mean in the released DLIO 2.0.0 package (same formula,
+units, type). What DLIO does not report has names of its own: bytes storage really returned,
+read latency, where the time went (storage stalls, waiting for slower ranks) and the emulator's
+own overhead per step (sleep overshoot, barrier wake-up past the last rank's arrival, loop time),
+kept apart from storage."""
 
 from __future__ import annotations
 
@@ -9,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..training import EpochTrace
+from ..training import COMPUTED, SYNCED, EpochTrace
 from . import latency
 from .au import block_metrics
 
@@ -27,41 +32,84 @@ class EpochRecord:
     end: float
     block_seconds: float
     au_percentage: float
-    samples_per_second: float
+    au_without_barrier_percentage: float
+    samples_per_second: float           # DLIO 2.0.0: steps * batch / block time
+    au_span_samples_per_second: float   # measured steps * batch / AU's denominator
+    au_span_seconds: float
+    au_span_bytes_read: int             # bytes returned for the measured steps' batches
     wait_seconds: float
     compute_seconds: float
     sync_seconds: float
-    compute_overshoot_ms: float  # mean of slept minus planned compute time per step
+    storage_stall_seconds: float        # waiting for batches that were not complete yet
+    sync_imbalance_seconds: float       # in the barrier, until the last rank arrived
+    overshoot_us_per_step: float        # compute wait returning past its deadline
+    sync_wakeup_us_per_step: float      # barrier returning past the last rank's arrival
+    loop_us_per_step: float             # from batch complete (or step start) to compute start
     bytes_requested: int
     bytes_read: int
     read_ops: int
     requests: int
-    latency_p50_ms: float
-    latency_p99_ms: float
     latency_hist: np.ndarray
 
+    @property
+    def overhead_us_per_step(self) -> float:
+        return self.overshoot_us_per_step + self.sync_wakeup_us_per_step + self.loop_us_per_step
 
-def condense(trace: EpochTrace, rank: int, batch_size: int, exclude_start: int,
-             exclude_end: int, clock_offset_ns: int) -> EpochRecord:
-    """Compute this rank's metrics for one epoch; clock_offset_ns maps monotonic to wall."""
-    block = block_metrics(trace.wait_ns / 1e9, trace.compute_ns / 1e9, trace.block_seconds,
+
+def _mean_us(values: np.ndarray) -> float:
+    return float(np.mean(values)) / 1e3 if len(values) else 0.0
+
+
+def condense(trace: EpochTrace, last_arrival: np.ndarray | None, rank: int, batch_size: int,
+             bytes_requested: int, exclude_start: int, exclude_end: int,
+             clock_offset_ns: int) -> EpochRecord:
+    """This rank's metrics for one epoch. `last_arrival` is the latest arrival at each step's
+    barrier over all ranks (this rank's clock), None without barriers; clock_offset_ns maps the
+    monotonic clock to wall time."""
+    sync = trace.sync_ns
+    block = block_metrics(trace.wait_ns / 1e9, trace.compute_ns / 1e9,
+                          trace.planned_compute_ns / 1e9, sync / 1e9, trace.block_seconds,
                           batch_size, exclude_start, exclude_end)
-    lat = trace.lat_ns
-    p50, p99 = (np.percentile(lat, [50, 99]) / 1e6) if len(lat) else (0.0, 0.0)
+    if last_arrival is None:
+        wakeup = imbalance = np.zeros(trace.steps, dtype=np.int64)
+    else:
+        wakeup = np.maximum(trace.column(SYNCED) - last_arrival, 0)
+        imbalance = sync - wakeup
+    measured = slice(block.first, block.last + 1)
     return EpochRecord(
         epoch=trace.epoch, rank=rank, steps=trace.steps,
         start=(trace.block_start_ns + clock_offset_ns) / 1e9,
         end=(trace.block_end_ns + clock_offset_ns) / 1e9,
         block_seconds=trace.block_seconds, au_percentage=block.au_percentage,
+        au_without_barrier_percentage=block.au_without_barrier_percentage,
         samples_per_second=block.samples_per_second,
+        au_span_samples_per_second=block.au_span_samples_per_second,
+        au_span_seconds=block.measured_seconds,
+        au_span_bytes_read=int(trace.step_bytes[measured].sum()),
         wait_seconds=float(trace.wait_ns.sum()) / 1e9,
         compute_seconds=float(trace.compute_ns.sum()) / 1e9,
-        sync_seconds=float(trace.sync_ns.sum()) / 1e9,
-        compute_overshoot_ms=float(np.mean(trace.compute_ns - trace.planned_compute_ns)) / 1e6
-        if trace.steps else 0.0,
-        bytes_requested=trace.bytes_requested, bytes_read=trace.bytes_read,
-        read_ops=trace.read_ops, requests=trace.requests, latency_p50_ms=float(p50),
-        latency_p99_ms=float(p99), latency_hist=latency.histogram(lat))
+        sync_seconds=float(sync.sum()) / 1e9,
+        storage_stall_seconds=float(trace.stall_ns.sum()) / 1e9,
+        sync_imbalance_seconds=float(imbalance.sum()) / 1e9,
+        overshoot_us_per_step=_mean_us(trace.overshoot_ns[trace.planned_compute_ns > 0]),
+        sync_wakeup_us_per_step=_mean_us(wakeup) if trace.synchronised else 0.0,
+        loop_us_per_step=_mean_us(trace.loop_ns),
+        bytes_requested=bytes_requested, bytes_read=int(trace.step_bytes.sum()),
+        read_ops=int(trace.step_read_ops.sum()), requests=trace.requests,
+        latency_hist=latency.histogram(trace.lat_ns))
+
+
+def last_arrivals(comm, trace: EpochTrace, clock_offset_ns: int) -> np.ndarray | None:
+    """Collectively: each step's latest barrier arrival over all ranks, on this rank's clock
+    (clock_offset_ns: this rank's monotonic clock minus the reference clock)."""
+    if not trace.synchronised:
+        return None
+    from mpi4py import MPI
+
+    mine = trace.column(COMPUTED) - clock_offset_ns
+    latest = np.empty_like(mine)
+    comm.Allreduce(np.ascontiguousarray(mine), latest, op=MPI.MAX)
+    return latest + clock_offset_ns
 
 
 def _spread(values) -> dict:
@@ -76,18 +124,41 @@ def _iso(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class EpochSummary:
-    """All ranks' view of one epoch."""
+    """All ranks' view of one epoch. `record_length` is DLIO's record length in bytes (for its
+    MB/s, which is samples/s x record length)."""
 
     epoch: int
     records: list[EpochRecord]
+    record_length: float
+
+    def _mean(self, field: str) -> float:
+        return float(np.mean([getattr(r, field) for r in self.records]))
 
     @property
     def au_percentage(self) -> float:  # mean over ranks (DLIO)
-        return float(np.mean([r.au_percentage for r in self.records]))
+        return self._mean("au_percentage")
+
+    @property
+    def au_without_barrier_percentage(self) -> float:
+        return self._mean("au_without_barrier_percentage")
 
     @property
     def samples_per_second(self) -> float:  # sum over ranks (DLIO)
         return float(np.sum([r.samples_per_second for r in self.records]))
+
+    @property
+    def au_span_samples_per_second(self) -> float:
+        return float(np.sum([r.au_span_samples_per_second for r in self.records]))
+
+    @property
+    def dlio_mb_per_second(self) -> float:  # DLIO: samples/s x record length / 2^20
+        return self.samples_per_second * self.record_length / MIB
+
+    @property
+    def read_mib_per_second(self) -> float:
+        """Bytes storage returned for the measured steps' batches over AU's span, all ranks."""
+        return float(sum(r.au_span_bytes_read / r.au_span_seconds
+                         for r in self.records if r.au_span_seconds > 0)) / MIB
 
     @property
     def seconds(self) -> float:  # slowest rank's block
@@ -98,8 +169,8 @@ class EpochSummary:
         return sum(r.bytes_read for r in self.records)
 
     @property
-    def mib_per_second(self) -> float:  # bytes actually read over the epoch's wall time
-        return self.bytes_read / MIB / self.seconds if self.seconds > 0 else 0.0
+    def overhead_us_per_step(self) -> float:
+        return float(np.mean([r.overhead_us_per_step for r in self.records]))
 
     def latency_hist(self) -> np.ndarray:
         return np.sum([r.latency_hist for r in self.records], axis=0)
@@ -112,14 +183,18 @@ class EpochSummary:
             "duration": round(self.seconds, 6),
             "steps": self.records[0].steps,
             "au_percentage": self.au_percentage,
+            "au_without_barrier_percentage": self.au_without_barrier_percentage,
             "throughput_samples_per_second": self.samples_per_second,
-            "io_MB_per_second": self.mib_per_second,
+            "au_span_throughput_samples_per_second": self.au_span_samples_per_second,
+            "io_MB_per_second": self.dlio_mb_per_second,
+            "bytes_read_MiB_per_second": self.read_mib_per_second,
             "bytes_read": self.bytes_read,
             "bytes_requested": sum(r.bytes_requested for r in self.records),
             "read_ops": sum(r.read_ops for r in self.records),
             "requests": sum(r.requests for r in self.records),
             "read_latency_p50_ms": latency.percentile_ns(hist, 50) / 1e6,
             "read_latency_p99_ms": latency.percentile_ns(hist, 99) / 1e6,
+            "emulator_overhead_us_per_step": self.overhead_us_per_step,
             "per_rank": [
                 {k: v for k, v in asdict(r).items() if k not in ("latency_hist", "epoch")}
                 for r in self.records],
@@ -127,24 +202,30 @@ class EpochSummary:
 
 
 def phase_metrics(phase: str, epochs: list[EpochSummary], au_target: float) -> dict:
-    """The `<phase>_*` metrics (phase "train" or "eval") over a phase's epochs: DLIO's fields,
-    then what DLIO does not report (bytes really transferred, latency, where time went)."""
+    """The `<phase>_*` metrics (phase "train" or "eval") over a phase's epochs: DLIO's fields
+    first, then ours."""
     if not epochs:
         return {}
     au = [e.au_percentage for e in epochs]
     thr = [e.samples_per_second for e in epochs]
-    mbs = [e.mib_per_second for e in epochs]
+    record_length = epochs[0].record_length
     records = [r for e in epochs for r in e.records]
     ranks = sorted({r.rank for r in records})
 
-    def per_rank(field: str) -> dict:
+    def per_rank_sum(field: str) -> dict:
         return _spread([sum(getattr(r, field) for r in records if r.rank == rank)
                         for rank in ranks])
 
-    rank_au = [float(np.mean([r.au_percentage for r in records if r.rank == rank]))
-               for rank in ranks]
+    def per_rank_mean(field: str) -> dict:
+        return _spread([np.mean([getattr(r, field) for r in records if r.rank == rank])
+                        for rank in ranks])
+
     hist = np.sum([e.latency_hist() for e in epochs], axis=0)
+    no_barrier = [e.au_without_barrier_percentage for e in epochs]
+    span_thr = [e.au_span_samples_per_second for e in epochs]
+    read_rate = [e.read_mib_per_second for e in epochs]
     return {
+        # DLIO 2.0.0's fields, its formulas
         f"{phase}_au_percentage": au,
         f"{phase}_au_mean_percentage": float(np.mean(au)),
         f"{phase}_au_stdev_percentage": float(np.std(au)),
@@ -152,19 +233,34 @@ def phase_metrics(phase: str, epochs: list[EpochSummary], au_target: float) -> d
         f"{phase}_throughput_samples_per_second": thr,
         f"{phase}_throughput_mean_samples_per_second": float(np.mean(thr)),
         f"{phase}_throughput_stdev_samples_per_second": float(np.std(thr)),
-        f"{phase}_io_mean_MB_per_second": float(np.mean(mbs)),
-        f"{phase}_io_stdev_MB_per_second": float(np.std(mbs)),
+        f"{phase}_io_mean_MB_per_second": float(np.mean(thr)) * record_length / MIB,
+        f"{phase}_io_stdev_MB_per_second": float(np.std(thr)) * record_length / MIB,
+        # ours
+        f"{phase}_au_without_barrier_percentage": no_barrier,
+        f"{phase}_au_without_barrier_mean_percentage": float(np.mean(no_barrier)),
+        f"{phase}_au_span_throughput_samples_per_second": span_thr,
+        f"{phase}_au_span_throughput_mean_samples_per_second": float(np.mean(span_thr)),
+        f"{phase}_bytes_read_MiB_per_second": read_rate,
+        f"{phase}_bytes_read_mean_MiB_per_second": float(np.mean(read_rate)),
         f"{phase}_bytes_read": int(sum(r.bytes_read for r in records)),
         f"{phase}_bytes_requested": int(sum(r.bytes_requested for r in records)),
         f"{phase}_read_ops": int(sum(r.read_ops for r in records)),
         f"{phase}_requests": int(sum(r.requests for r in records)),
         f"{phase}_read_latency_p50_ms": latency.percentile_ns(hist, 50) / 1e6,
         f"{phase}_read_latency_p99_ms": latency.percentile_ns(hist, 99) / 1e6,
-        f"{phase}_wait_seconds_per_rank": per_rank("wait_seconds"),
-        f"{phase}_compute_seconds_per_rank": per_rank("compute_seconds"),
-        f"{phase}_sync_seconds_per_rank": per_rank("sync_seconds"),
-        f"{phase}_bytes_read_per_rank": per_rank("bytes_read"),
-        f"{phase}_au_percentage_per_rank": _spread(rank_au),
+        f"{phase}_wait_seconds_per_rank": per_rank_sum("wait_seconds"),
+        f"{phase}_compute_seconds_per_rank": per_rank_sum("compute_seconds"),
+        f"{phase}_sync_seconds_per_rank": per_rank_sum("sync_seconds"),
+        f"{phase}_storage_stall_seconds_per_rank": per_rank_sum("storage_stall_seconds"),
+        f"{phase}_sync_imbalance_seconds_per_rank": per_rank_sum("sync_imbalance_seconds"),
+        f"{phase}_bytes_read_per_rank": per_rank_sum("bytes_read"),
+        f"{phase}_au_percentage_per_rank": per_rank_mean("au_percentage"),
+        f"{phase}_emulator_overhead_us_per_step": {
+            "sleep_overshoot": per_rank_mean("overshoot_us_per_step"),
+            "sync_wakeup": per_rank_mean("sync_wakeup_us_per_step"),
+            "loop": per_rank_mean("loop_us_per_step"),
+            "total": per_rank_mean("overhead_us_per_step"),
+        },
     }
 
 
@@ -181,18 +277,21 @@ def _rows(phase: str, epochs: list[EpochSummary]) -> list[str]:
     for e in epochs:
         j = e.to_json()
         rows.append(
-            f"{phase:>5} {e.epoch:>5} {e.au_percentage:>7.2f} {e.samples_per_second:>11.1f} "
-            f"{e.mib_per_second:>9.1f} {max(r.wait_seconds for r in e.records):>8.3f} "
+            f"{phase:>5} {e.epoch:>5} {e.au_percentage:>7.2f} "
+            f"{e.au_without_barrier_percentage:>7.2f} {e.samples_per_second:>11.1f} "
+            f"{e.read_mib_per_second:>9.1f} {max(r.wait_seconds for r in e.records):>8.3f} "
             f"{max(r.compute_seconds for r in e.records):>9.3f} "
             f"{max(r.sync_seconds for r in e.records):>8.3f} "
+            f"{e.overhead_us_per_step:>8.1f} "
             f"{j['read_latency_p50_ms']:>8.3f} {j['read_latency_p99_ms']:>8.3f}")
     return rows
 
 
 def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: dict) -> str:
     """The short table rank 0 prints."""
-    rows = [f"{'phase':>5} {'epoch':>5} {'AU %':>7} {'samples/s':>11} {'MiB/s':>9} "
-            f"{'wait s':>8} {'compute s':>9} {'sync s':>8} {'p50 ms':>8} {'p99 ms':>8}",
+    rows = [f"{'phase':>5} {'epoch':>5} {'AU %':>7} {'AU-sync':>7} {'samples/s':>11} "
+            f"{'MiB/s':>9} {'wait s':>8} {'compute s':>9} {'sync s':>8} {'ovh us':>8} "
+            f"{'p50 ms':>8} {'p99 ms':>8}",
             *_rows("train", train), *_rows("eval", evals)]
     m = summary["metric"]
     for phase in ("train", "eval"):
@@ -202,7 +301,9 @@ def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: 
             f"{phase} AU {m[f'{phase}_au_mean_percentage']:.2f} % (stdev "
             f"{m[f'{phase}_au_stdev_percentage']:.2f}) -> {m[f'{phase}_au_meet_expectation']}; "
             f"{m[f'{phase}_throughput_mean_samples_per_second']:.1f} samples/s; "
-            f"{m[f'{phase}_io_mean_MB_per_second']:.1f} MiB/s read "
+            f"{m[f'{phase}_bytes_read_mean_MiB_per_second']:.1f} MiB/s read "
             f"({m[f'{phase}_bytes_read'] / MIB:.1f} MiB in {m[f'{phase}_read_ops']} reads)")
-    rows.append("(wait/compute/sync: slowest rank's total per epoch)")
+    rows.append("(AU-sync: AU without the per-step barrier; MiB/s: bytes storage returned over "
+                "AU's span; wait/compute/sync: slowest rank's total; ovh: the emulator's own "
+                "time per step)")
     return "\n".join(rows)
