@@ -89,6 +89,16 @@ void dio_fill_random(void *buf, size_t n, uint64_t seed);
 int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                      uint32_t *crc, const char *path, dio_error *err);
 
+/* syncfs(2): flush everything written to the file system holding fd.  0 or -errno. */
+int dio_syncfs(int fd);
+
+/* ------------------------------------------------------------------ shuffling */
+
+/* out[i] = pi(in[i]) for i < count, where pi is a pseudo-random permutation of [0, n)
+ * chosen by seed (the same seed and n always give the same pi), n < 2^64; in and out may be
+ * the same array.  Returns 0, or -EINVAL if a value of in is not within [0, n). */
+int dio_permute(uint64_t n, uint64_t seed, const int64_t *in, int64_t count, int64_t *out);
+
 /* ------------------------------------------------------------------ direct I/O */
 
 /* Alignment O_DIRECT needs for path: statx STATX_DIOALIGN where the kernel reports it,
@@ -111,7 +121,8 @@ typedef struct dio_engine_config {
     int      nthreads;    /* worker threads (read_threads); 0 = the caller reads inside dio_engine_next */
     int      prefetch;    /* batches read ahead of the one being consumed (prefetch_size, >= 0) */
     int      odirect;     /* open O_DIRECT; extents and buffers aligned to align */
-    int      fd_cache;    /* descriptors kept open per thread (>= 1); LRU/direct-mapped */
+    int      fd_cache;    /* descriptors kept open per engine (>= 1), split evenly over the
+                           * threads, each an LRU cache; used by requests outside an access */
     uint32_t align;       /* O_DIRECT alignment in bytes (power of two); 0 = 4096 */
 } dio_engine_config;
 
@@ -121,27 +132,78 @@ dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err);
 /* Stop the threads (abandoning any epoch in flight), close descriptors, free buffers. */
 void dio_engine_destroy(dio_engine *e);
 
-/* Set the file table; requests name files by index into it.  Paths are copied.
- * Only between epochs (an epoch in flight is abandoned first). Closes cached descriptors. */
+/* Set the file table as a list; requests name files by index into it.  Paths are copied.
+ * Abandons an epoch in flight and closes every descriptor. */
 int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths, dio_error *err);
 
-/* Start an epoch of nbatches batches: batch b covers requests [batch_start[b], batch_start[b+1])
- * of the arrays file_idx/offset/length (nreq = batch_start[nbatches]); these arrays are copied.
- * Outputs (each NULL or nreq entries, owned by the caller, which must keep them alive until the
- * epoch ends or a new one starts):
- *   req_buf_off - filled before return: where request i's bytes begin in its batch buffer;
+/* The file table as a naming formula (no per-file memory): file i is
+ * <folder>/<i mod subfolders, sub_digits wide>/<stem><i, digits wide><tail> when
+ * subfolders > 1, else <folder>/<stem><i, digits wide><tail> (DLIO's names).  Strings are
+ * copied.  Abandons an epoch in flight and closes every descriptor. */
+typedef struct dio_file_pattern {
+    int64_t     nfiles;
+    const char *folder;
+    int64_t     subfolders;
+    int         sub_digits;  /* 1..20 */
+    const char *stem;
+    int         digits;      /* 1..20 */
+    const char *tail;
+} dio_file_pattern;
+int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_error *err);
+
+/* Abandon an epoch in flight and close every descriptor the engine holds (what a loader does
+ * with the files it kept open when an epoch ends). */
+void dio_engine_close_files(dio_engine *e);
+
+/* posix_fadvise(POSIX_FADV_DONTNEED) each of files[0..n) (indices into the file table), so
+ * that their pages leave the page cache; each is opened (O_NONBLOCK) and closed for it, which
+ * the counters do not count.  Abandons an epoch in flight.  Returns 0 or -errno. */
+int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_error *err);
+
+/* Request flags.  An access is a run of requests of one batch on one file, from a request
+ * with DIO_REQ_OPEN to one with DIO_REQ_CLOSE (the same request may carry both): one thread
+ * executes it in order on a descriptor opened (and fstat'ed) for it, as a loader opening,
+ * probing, reading and closing a file does.  Requests outside accesses use cached
+ * descriptors. */
+#define DIO_REQ_OPEN   1u  /* open a fresh descriptor (and fstat it) before this request */
+#define DIO_REQ_CLOSE  2u  /* close the access's descriptor after this request */
+#define DIO_REQ_FSTAT  4u  /* one more fstat before this request */
+#define DIO_REQ_TO_EOF 8u  /* the read may stop at the end of the file (a loader asking for a
+                            * buffer's worth near EOF); reaching EOF earlier than that is an
+                            * error as usual */
+
+/* One epoch of requests: batch b covers requests [batch_start[b], batch_start[b+1]).  The
+ * arrays are copied by dio_engine_start_epoch.  batch_start[0] must be 0 and batch_start must
+ * not decrease; empty batches are allowed.  Zero-length requests are allowed (no pread;
+ * their flags still act). */
+typedef struct dio_epoch_plan {
+    int64_t         nbatches;
+    const int64_t  *batch_start; /* nbatches + 1 */
+    const int64_t  *file_idx;    /* nreq = batch_start[nbatches] entries each */
+    const int64_t  *offset;
+    const int64_t  *length;
+    const uint32_t *flags;       /* DIO_REQ_*; NULL = none */
+} dio_epoch_plan;
+
+/* Per-request outputs, each NULL or nreq entries, owned by the caller, which must keep them
+ * alive until the epoch ends or a new one starts:
+ *   req_buf_off - filled by dio_engine_start_epoch: where request i's bytes begin in its batch
+ *                 buffer (64-byte aligned, or the align-aligned extent with O_DIRECT:
+ *                 [floor(off/align)*align, ceil((off+len)/align)*align));
  *   lat_ns      - filled as requests complete: pread latency of request i (all its calls);
  *   nread       - filled as requests complete: bytes transferred for request i (with O_DIRECT
- *                 the aligned extent, clipped at end of file).
- * Any epoch still in flight is abandoned first.
- * batch_start[0] must be 0 and batch_start must not decrease; empty batches are allowed.
- * Zero-length requests are allowed: no open, no pread, lat_ns = nread = 0.  A request naming a
- * file outside the table or with a negative offset/length fails the call with -EINVAL (and no
- * epoch is started).  Buffer placement: 64-byte aligned, or align-aligned extents with
- * O_DIRECT ([floor(off/align)*align, ceil((off+len)/align)*align)). */
-int dio_engine_start_epoch(dio_engine *e, int64_t nbatches, const int64_t *batch_start,
-                           const int64_t *file_idx, const int64_t *offset, const int64_t *length,
-                           int64_t *req_buf_off, int64_t *lat_ns, int64_t *nread, dio_error *err);
+ *                 the aligned extent, clipped at end of file). */
+typedef struct dio_epoch_outputs {
+    int64_t *req_buf_off;
+    int64_t *lat_ns;
+    int64_t *nread;
+} dio_epoch_outputs;
+
+/* Start an epoch (out may be NULL).  Any epoch still in flight is abandoned first.  A request
+ * naming a file outside the table, with a negative offset/length, or breaking an access fails
+ * the call with -EINVAL before anything is abandoned. */
+int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *plan,
+                           const dio_epoch_outputs *out, dio_error *err);
 
 typedef struct dio_batch {
     int64_t  index;           /* batch number within the epoch */
@@ -175,6 +237,7 @@ void dio_engine_wake(dio_engine *e);
 typedef struct dio_engine_counters {
     int64_t opens;            /* open() calls since create */
     int64_t closes;           /* close() calls since create (cache evictions included) */
+    int64_t stats;            /* fstat() calls since create (one per open, DIO_REQ_FSTAT) */
     int64_t bytes_read;       /* bytes transferred since create */
     int64_t read_ops;         /* pread calls since create */
 } dio_engine_counters;

@@ -11,19 +11,18 @@
  *
  * Work distribution: requests are ordered by batch, and one cursor (under the mutex) hands
  * out chunks of consecutive requests of one batch (up to CHUNK_MAX_REQ requests or about
- * CHUNK_MAX_BYTES, at least one).  A worker reads its chunk without the lock, then adds the
- * chunk to its batch's completed count under the lock; the consumer sleeps on done_cv until
- * its batch is complete or failed.  So the per-request cost is a pread, two clock reads and a
- * direct-mapped descriptor-cache lookup; locks are taken per chunk.
+ * CHUNK_MAX_BYTES, at least one, never splitting an access: DIO_REQ_OPEN .. DIO_REQ_CLOSE).
+ * A worker reads its chunk without the lock, then adds it to its batch's completed count
+ * under the lock; the consumer sleeps on done_cv until its batch is complete or failed.
+ *
+ * Descriptors: a request inside an access uses the descriptor its DIO_REQ_OPEN opened;
+ * any other request uses its thread's LRU cache (dio_fdcache.c).  Caches are only touched by
+ * their owner while it reads a chunk (counted in `inflight`), so with inflight == 0 and the
+ * mutex held the API thread may clear them (set_files, close_files, destroy).
  *
  * Errors: the first failure (lowest batch) is kept with its message; the cursor stops, and
  * dio_engine_next returns -errno for that batch and for every later call until a new epoch
  * starts (the error is sticky).  Batches before the failed one are delivered normally.
- *
- * Descriptors: each thread owns a direct-mapped cache of fd_cache descriptors keyed by file
- * index (no locking); an eviction closes the old descriptor.  Caches are only touched by their
- * owner while it reads a chunk (counted in `inflight`), so with inflight == 0 and the mutex
- * held the API thread may flush them (set_files, destroy).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -38,6 +37,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "dio_fdcache.h"
 #include "dio_internal.h"
 
 #define CHUNK_MAX_REQ 64
@@ -46,15 +46,17 @@
 #define MAX_THREADS 4096
 #define PLACE_ALIGN 64               /* request placement in a batch buffer without O_DIRECT */
 #define HUGE_ALIGN ((size_t)2 << 20)
+#define PATH_MAX_LEN 4096
 
 typedef struct req {
-    int64_t file;    /* index into the file table */
-    int64_t rd_off;  /* file offset of the extent read (aligned down with O_DIRECT) */
-    int64_t rd_len;  /* bytes of the extent (aligned up with O_DIRECT) */
-    int64_t need;    /* bytes of the extent that must arrive: (offset + length) - rd_off */
-    int64_t buf_pos; /* where the extent starts in the batch buffer */
-    int64_t off;     /* the request as planned, for messages */
-    int64_t len;
+    int64_t  file;    /* index into the file table */
+    int64_t  rd_off;  /* file offset of the extent read (aligned down with O_DIRECT) */
+    int64_t  rd_len;  /* bytes of the extent (aligned up with O_DIRECT) */
+    int64_t  need;    /* bytes of the extent that must arrive: (offset + length) - rd_off */
+    int64_t  buf_pos; /* where the extent starts in the batch buffer */
+    int64_t  off;     /* the request as planned, for messages */
+    int64_t  len;
+    uint32_t flags;   /* DIO_REQ_* */
 } req;
 
 typedef struct batch_state {
@@ -67,22 +69,31 @@ typedef struct batch_state {
     int64_t ready_ns;
 } batch_state;
 
-typedef struct fd_ent {
-    int64_t file; /* -1 = empty */
-    int fd;
-} fd_ent;
-
 typedef struct worker {
     dio_engine *e;
     pthread_t tid;
     int started;
-    fd_ent *cache;
-    dio_error err; /* this thread's last failure, copied into the engine under the lock */
+    fd_cache cache;
+    int access_fd;       /* descriptor of the access in progress, -1 if none */
+    int64_t access_file;
+    int64_t access_size; /* its st_size */
+    char path[PATH_MAX_LEN]; /* a pattern file's name, formatted here */
+    dio_error err;       /* this thread's last failure, copied into the engine under the lock */
 } worker;
 
 typedef struct chunk_result {
     int64_t ndone, bytes, ops, end_ns;
 } chunk_result;
+
+/* How file indices become paths: a list, or DLIO's naming formula. */
+typedef struct file_table {
+    int64_t nfiles;
+    char **paths;        /* explicit list (NULL with a pattern) */
+    char *folder;        /* pattern: <folder>/[<sub>/]<stem><index><tail> */
+    int64_t subfolders;  /* > 1: subfolder index mod subfolders, zero-padded */
+    int sub_digits, digits;
+    char *stem, *tail;
+} file_table;
 
 struct dio_engine {
     dio_engine_config cfg;
@@ -99,8 +110,7 @@ struct dio_engine {
     int nworkers;
     worker self; /* the caller's reader when nthreads == 0 */
 
-    int64_t nfiles;
-    char **paths;
+    file_table files;
 
     /* the epoch */
     int active;
@@ -127,65 +137,80 @@ struct dio_engine {
     size_t *slot_cap;
 
     /* counters (atomics) */
-    int64_t opens, closes, bytes_read, read_ops;
+    int64_t opens, closes, stats, bytes_read, read_ops;
 };
+
+/* ------------------------------------------------------------------ file table */
+
+static void table_free(file_table *t)
+{
+    if (t->paths)
+        for (int64_t i = 0; i < t->nfiles; i++)
+            free(t->paths[i]);
+    free(t->paths);
+    free(t->folder);
+    free(t->stem);
+    free(t->tail);
+    memset(t, 0, sizeof *t);
+}
+
+/* The path of file `file`; pattern names are formatted into buf (PATH_MAX_LEN bytes). */
+static const char *file_path(const file_table *t, int64_t file, char *buf)
+{
+    if (t->paths)
+        return t->paths[file];
+    if (t->subfolders > 1)
+        snprintf(buf, PATH_MAX_LEN, "%s/%0*lld/%s%0*lld%s", t->folder, t->sub_digits,
+                 (long long)(file % t->subfolders), t->stem, t->digits, (long long)file,
+                 t->tail);
+    else
+        snprintf(buf, PATH_MAX_LEN, "%s/%s%0*lld%s", t->folder, t->stem, t->digits,
+                 (long long)file, t->tail);
+    return buf;
+}
 
 /* ------------------------------------------------------------------ descriptors */
 
-static void cache_flush(dio_engine *e, worker *w)
+static void close_counted(int fd, void *arg)
 {
-    if (!w->cache)
-        return;
-    for (int i = 0; i < e->cfg.fd_cache; i++) {
-        if (w->cache[i].fd >= 0) {
-            close(w->cache[i].fd);
-            __atomic_fetch_add(&e->closes, 1, __ATOMIC_RELAXED);
-        }
-        w->cache[i].fd = -1;
-        w->cache[i].file = -1;
-    }
+    dio_engine *e = arg;
+    close(fd);
+    __atomic_fetch_add(&e->closes, 1, __ATOMIC_RELAXED);
 }
 
-static int cache_init(dio_engine *e, worker *w)
+static void flush_worker(dio_engine *e, worker *w)
+{
+    fd_cache_clear(&w->cache, close_counted, e);
+    if (w->access_fd >= 0)
+        close_counted(w->access_fd, e);
+    w->access_fd = -1;
+}
+
+static int worker_init(dio_engine *e, worker *w, int cache_cap)
 {
     w->e = e;
-    w->cache = malloc(sizeof(fd_ent) * (size_t)e->cfg.fd_cache);
-    if (!w->cache)
-        return -ENOMEM;
-    for (int i = 0; i < e->cfg.fd_cache; i++) {
-        w->cache[i].fd = -1;
-        w->cache[i].file = -1;
-    }
-    return 0;
+    w->access_fd = -1;
+    return fd_cache_init(&w->cache, cache_cap);
 }
 
-static int get_fd(dio_engine *e, worker *w, int64_t file, dio_error *err)
+/* Open file `file` as this engine reads (O_NONBLOCK: a FIFO or device in the dataset fails
+ * below instead of blocking the thread, and with it the job, forever), fstat it, check it is
+ * a regular file (and, with O_DIRECT, on a file system doing real direct I/O).  On EMFILE
+ * the thread gives back its least recently used cached descriptors and tries again. */
+static int open_file(dio_engine *e, worker *w, int64_t file, int64_t *size, dio_error *err)
 {
-    fd_ent *ent = &w->cache[file % e->cfg.fd_cache];
-    const char *path;
-    int flags, fd, retried = 0;
-    if (DIO_LIKELY(ent->file == file))
-        return ent->fd;
-    if (ent->fd >= 0) {
-        close(ent->fd);
-        __atomic_fetch_add(&e->closes, 1, __ATOMIC_RELAXED);
-        ent->fd = -1;
-        ent->file = -1;
-    }
-    path = e->paths[file];
-    /* O_NONBLOCK: no effect on regular files, but a FIFO or device in the dataset must fail
-     * below instead of blocking this thread (and with it the whole job) forever. */
-    flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (e->cfg.odirect ? O_DIRECT : 0);
+    const char *path = file_path(&e->files, file, w->path);
+    int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (e->cfg.odirect ? O_DIRECT : 0), fd;
+    struct stat st;
     for (;;) {
         fd = open(path, flags);
         if (fd >= 0)
             break;
-        int er = errno;
+        int er = errno, victim;
         if (er == EINTR)
             continue;
-        if ((er == EMFILE || er == ENFILE) && !retried) {
-            cache_flush(e, w); /* out of descriptors: give back ours and try once more */
-            retried = 1;
+        if ((er == EMFILE || er == ENFILE) && (victim = fd_cache_evict(&w->cache)) >= 0) {
+            close_counted(victim, e);
             continue;
         }
         if (e->cfg.odirect && er == EINVAL)
@@ -193,23 +218,86 @@ static int get_fd(dio_engine *e, worker *w, int64_t file, dio_error *err)
         return dio_fail(err, er, path, "open %s: %s", path, strerror(er));
     }
     __atomic_fetch_add(&e->opens, 1, __ATOMIC_RELAXED);
-    struct stat st;
+    __atomic_fetch_add(&e->stats, 1, __ATOMIC_RELAXED);
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        __atomic_fetch_add(&e->closes, 1, __ATOMIC_RELAXED);
+        close_counted(fd, e);
         return dio_fail(err, EINVAL, path, "open %s: not a regular file", path);
     }
     if (e->cfg.odirect && dio_odirect_fs_check(fd) != 0) {
-        close(fd);
-        __atomic_fetch_add(&e->closes, 1, __ATOMIC_RELAXED);
+        close_counted(fd, e);
         return dio_fail_odirect(err, EINVAL, path, DIO_WHY_EMULATED);
     }
-    ent->file = file;
+    *size = (int64_t)st.st_size;
+    return fd;
+}
+
+/* The descriptor for a request outside an access: from the thread's cache, else opened. */
+static int cached_fd(dio_engine *e, worker *w, int64_t file, int64_t *size, dio_error *err)
+{
+    fd_entry *ent = fd_cache_find(&w->cache, file);
+    int fd, victim;
+    if (DIO_LIKELY(ent != NULL)) {
+        *size = ent->size;
+        return ent->fd;
+    }
+    fd = open_file(e, w, file, size, err);
+    if (fd < 0)
+        return fd;
+    ent = fd_cache_insert(&w->cache, file, &victim);
+    if (victim >= 0)
+        close_counted(victim, e);
     ent->fd = fd;
+    ent->size = *size;
     return fd;
 }
 
 /* ------------------------------------------------------------------ reading */
+
+static int read_failed(dio_engine *e, worker *w, const req *q, int er, int64_t at, int64_t want)
+{
+    const char *path = file_path(&e->files, q->file, w->path);
+    if (e->cfg.odirect && er == EINVAL)
+        return dio_fail_odirect(&w->err, er, path, NULL);
+    return dio_fail(&w->err, er, path, "pread %s at offset %lld (%lld bytes): %s", path,
+                    (long long)at, (long long)want, strerror(er));
+}
+
+/* Read one request into dst (the descriptor fd, whose file has `size` bytes); *got, *ops. */
+static int read_request(dio_engine *e, worker *w, const req *q, int fd, int64_t size,
+                        char *dst, int64_t *got, int64_t *ops)
+{
+    *got = *ops = 0;
+    while (*got < q->rd_len) {
+        int64_t want = q->rd_len - *got < PREAD_MAX ? q->rd_len - *got : PREAD_MAX;
+        ssize_t n = pread(fd, dst + *got, (size_t)want, (off_t)(q->rd_off + *got));
+        if (DIO_LIKELY(n > 0)) {
+            ++*ops;
+            *got += n;
+            if (DIO_UNLIKELY(n < want && *got >= q->need))
+                break; /* O_DIRECT extent clipped at end of file: no pread to see EOF */
+            continue;
+        }
+        if (n == 0) {
+            ++*ops;
+            break; /* end of file */
+        }
+        if (errno == EINTR)
+            continue;
+        ++*ops;
+        return read_failed(e, w, q, errno, q->rd_off + *got, want);
+    }
+    if (DIO_UNLIKELY(*got < q->need) &&
+        !((q->flags & DIO_REQ_TO_EOF) && q->rd_off + *got == size)) {
+        const char *path = file_path(&e->files, q->file, w->path);
+        int64_t have = *got - (q->off - q->rd_off);
+        return dio_fail(&w->err, EIO, path,
+                        "short read of %s at offset %lld: expected %lld bytes, got %lld "
+                        "(the file ends before offset + length)",
+                        path, (long long)q->off, (long long)q->len,
+                        (long long)(have < 0 ? 0 : have));
+    }
+    return 0;
+}
 
 /* Read requests [first, last) of batch b into its slot.  Never takes the lock. */
 static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_t last,
@@ -220,67 +308,51 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
     r->ndone = r->bytes = r->ops = r->end_ns = 0;
     for (int64_t i = first; i < last; i++) {
         const req *q = &e->reqs[i];
-        int64_t got = 0, ops = 0, t0, t1;
-        char *dst;
-        int fd;
-        if (DIO_UNLIKELY(q->rd_len == 0)) { /* zero-length request: nothing to transfer */
-            if (lat)
-                lat[i] = 0;
-            if (nread)
-                nread[i] = 0;
-            r->ndone++;
-            continue;
+        int64_t got = 0, ops = 0, size = -1, t0, t1;
+        int fd, rc = 0;
+        if (q->flags & DIO_REQ_OPEN) {
+            fd = open_file(e, w, q->file, &w->access_size, &w->err);
+            if (fd < 0)
+                return fd;
+            w->access_fd = fd;
+            w->access_file = q->file;
         }
-        fd = get_fd(e, w, q->file, &w->err);
-        if (DIO_UNLIKELY(fd < 0))
-            return fd;
-        dst = base + q->buf_pos;
-        t0 = dio_now_ns();
-        while (got < q->rd_len) {
-            int64_t want = q->rd_len - got < PREAD_MAX ? q->rd_len - got : PREAD_MAX;
-            ssize_t n = pread(fd, dst + got, (size_t)want, (off_t)(q->rd_off + got));
-            if (DIO_LIKELY(n > 0)) {
-                ops++;
-                got += n;
-                if (DIO_UNLIKELY(n < want && got >= q->need))
-                    break; /* O_DIRECT extent clipped at end of file: no pread to see EOF */
-                continue;
-            }
-            if (n == 0) {
-                ops++;
-                break; /* end of file */
-            }
-            int er = errno;
-            if (er == EINTR)
-                continue;
-            ops++;
-            r->bytes += got;
-            r->ops += ops;
-            const char *path = e->paths[q->file];
-            if (e->cfg.odirect && er == EINVAL)
-                return dio_fail_odirect(&w->err, er, path, NULL);
-            return dio_fail(&w->err, er, path,
-                            "pread %s at offset %lld (%lld bytes): %s", path,
-                            (long long)(q->rd_off + got), (long long)want, strerror(er));
+        if (w->access_fd >= 0) {
+            fd = w->access_fd;
+            size = w->access_size;
+        } else if (q->rd_len > 0 || (q->flags & DIO_REQ_FSTAT)) {
+            fd = cached_fd(e, w, q->file, &size, &w->err);
+            if (fd < 0)
+                return fd;
+        } else {
+            fd = -1; /* zero-length request outside an access: nothing to do */
         }
-        t1 = dio_now_ns();
+        if ((q->flags & DIO_REQ_FSTAT) && fd >= 0) {
+            struct stat st;
+            __atomic_fetch_add(&e->stats, 1, __ATOMIC_RELAXED);
+            if (fstat(fd, &st) == 0)
+                size = (int64_t)st.st_size;
+        }
+        t0 = t1 = 0;
+        if (q->rd_len > 0) {
+            t0 = dio_now_ns();
+            rc = read_request(e, w, q, fd, size, base + q->buf_pos, &got, &ops);
+            t1 = dio_now_ns();
+        }
+        r->bytes += got;
+        r->ops += ops;
+        if (q->flags & DIO_REQ_CLOSE || (rc < 0 && w->access_fd >= 0)) {
+            close_counted(w->access_fd, e);
+            w->access_fd = -1;
+        }
+        if (rc < 0)
+            return rc;
         if (lat)
             lat[i] = t1 - t0;
         if (nread)
             nread[i] = got;
-        r->bytes += got;
-        r->ops += ops;
-        r->end_ns = t1;
-        if (DIO_UNLIKELY(got < q->need)) {
-            int64_t have = got - (q->off - q->rd_off);
-            const char *path = e->paths[q->file];
-            if (have < 0)
-                have = 0;
-            return dio_fail(&w->err, EIO, path,
-                            "short read of %s at offset %lld: expected %lld bytes, got %lld "
-                            "(the file ends before offset + length)",
-                            path, (long long)q->off, (long long)q->len, (long long)have);
-        }
+        if (t1 > r->end_ns)
+            r->end_ns = t1;
         r->ndone++;
     }
     return 0;
@@ -290,6 +362,7 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
 static int claim(dio_engine *e, int64_t *b, int64_t *first, int64_t *last)
 {
     int64_t i, end, bytes = 0;
+    int in_access = 0;
     if (!e->active || e->cursor >= e->nreq)
         return 0;
     while (e->batches[e->cur_batch].end <= e->cursor)
@@ -300,9 +373,14 @@ static int claim(dio_engine *e, int64_t *b, int64_t *first, int64_t *last)
     *first = i = e->cursor;
     end = e->batches[e->cur_batch].end;
     do {
-        bytes += e->reqs[i].rd_len;
+        const req *q = &e->reqs[i];
+        if (q->flags & DIO_REQ_OPEN)
+            in_access = 1;
+        if (q->flags & DIO_REQ_CLOSE)
+            in_access = 0;
+        bytes += q->rd_len;
         i++;
-    } while (i < end && i - *first < CHUNK_MAX_REQ && bytes < CHUNK_MAX_BYTES);
+    } while (i < end && (in_access || (i - *first < CHUNK_MAX_REQ && bytes < CHUNK_MAX_BYTES)));
     *last = e->cursor = i;
     e->inflight++;
     return 1;
@@ -380,13 +458,24 @@ static void abandon_epoch(dio_engine *e)
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Abandon the epoch and close every descriptor the threads hold. */
+static void close_all(dio_engine *e)
+{
+    abandon_epoch(e);
+    pthread_mutex_lock(&e->mu);
+    for (int i = 0; i < e->nworkers; i++)
+        flush_worker(e, &e->workers[i]);
+    flush_worker(e, &e->self);
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* ------------------------------------------------------------------ lifecycle */
 
 dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err)
 {
     dio_engine *e;
     sigset_t all, old;
-    int rc;
+    int rc, per_thread;
     dio_clear_error(err);
     if (!cfg) {
         dio_fail(err, EINVAL, "", "engine: no configuration");
@@ -397,7 +486,8 @@ dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err)
         (cfg->align & (cfg->align - 1)) != 0 || cfg->align > (1u << 30)) {
         dio_fail(err, EINVAL, "",
                  "engine: invalid configuration (threads %d, prefetch %d, fd_cache %d, "
-                 "align %u): threads 0..%d, prefetch >= 0, fd_cache >= 1, align a power of two",
+                 "align %u): threads 0..%d, prefetch 0..2^20, fd_cache 1..2^24, align a "
+                 "power of two",
                  cfg->nthreads, cfg->prefetch, cfg->fd_cache, cfg->align, MAX_THREADS);
         return NULL;
     }
@@ -415,16 +505,18 @@ dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err)
                                                                  : PLACE_ALIGN;
     e->wait_batch = -1;
     e->err_batch = INT64_MAX;
+    e->self.access_fd = -1;
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work_cv, NULL);
     pthread_cond_init(&e->done_cv, NULL);
     e->slot = calloc((size_t)e->nslots, sizeof *e->slot);
     e->slot_cap = calloc((size_t)e->nslots, sizeof *e->slot_cap);
     e->workers = calloc((size_t)(cfg->nthreads > 0 ? cfg->nthreads : 1), sizeof *e->workers);
-    if (!e->slot || !e->slot_cap || !e->workers || cache_init(e, &e->self) != 0)
+    per_thread = cfg->fd_cache / (cfg->nthreads > 0 ? cfg->nthreads : 1);
+    if (!e->slot || !e->slot_cap || !e->workers || worker_init(e, &e->self, cfg->fd_cache) != 0)
         goto nomem;
     for (int i = 0; i < cfg->nthreads; i++)
-        if (cache_init(e, &e->workers[i]) != 0)
+        if (worker_init(e, &e->workers[i], per_thread) != 0)
             goto nomem;
     /* workers block all signals: they are delivered to the application's threads */
     sigfillset(&all);
@@ -449,15 +541,6 @@ nomem:
     return NULL;
 }
 
-static void free_paths(char **paths, int64_t n)
-{
-    if (!paths)
-        return;
-    for (int64_t i = 0; i < n; i++)
-        free(paths[i]);
-    free(paths);
-}
-
 void dio_engine_destroy(dio_engine *e)
 {
     if (!e)
@@ -473,12 +556,12 @@ void dio_engine_destroy(dio_engine *e)
     if (e->workers) {
         int n = e->cfg.nthreads > 0 ? e->cfg.nthreads : 1;
         for (int i = 0; i < n; i++) {
-            cache_flush(e, &e->workers[i]);
-            free(e->workers[i].cache);
+            flush_worker(e, &e->workers[i]);
+            fd_cache_free(&e->workers[i].cache);
         }
     }
-    cache_flush(e, &e->self);
-    free(e->self.cache);
+    flush_worker(e, &e->self);
+    fd_cache_free(&e->self.cache);
     free(e->workers);
     if (e->slot)
         for (int i = 0; i < e->nslots; i++)
@@ -487,43 +570,100 @@ void dio_engine_destroy(dio_engine *e)
     free(e->slot_cap);
     free(e->reqs);
     free(e->batches);
-    free_paths(e->paths, e->nfiles);
+    table_free(&e->files);
     pthread_cond_destroy(&e->work_cv);
     pthread_cond_destroy(&e->done_cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
 
+/* Install a new file table (the old epoch's file indices mean nothing with it). */
+static void install_files(dio_engine *e, file_table *t)
+{
+    close_all(e);
+    pthread_mutex_lock(&e->mu);
+    table_free(&e->files);
+    e->files = *t;
+    pthread_mutex_unlock(&e->mu);
+}
+
 int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths, dio_error *err)
 {
-    char **copy;
+    file_table t = {0};
     dio_clear_error(err);
     if (!e || nfiles < 0 || (nfiles > 0 && !paths))
         return dio_fail(err, EINVAL, "", "set_files: invalid arguments");
-    copy = calloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *copy);
-    if (!copy)
+    t.nfiles = nfiles;
+    t.paths = calloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *t.paths);
+    if (!t.paths)
         return dio_fail(err, ENOMEM, "", "set_files: out of memory (%lld files)",
                         (long long)nfiles);
     for (int64_t i = 0; i < nfiles; i++) {
         if (!paths[i]) {
-            free_paths(copy, i);
+            table_free(&t);
             return dio_fail(err, EINVAL, "", "set_files: path %lld is NULL", (long long)i);
         }
-        copy[i] = strdup(paths[i]);
-        if (!copy[i]) {
-            free_paths(copy, i);
+        if (!(t.paths[i] = strdup(paths[i]))) {
+            table_free(&t);
             return dio_fail(err, ENOMEM, "", "set_files: out of memory");
         }
     }
-    abandon_epoch(e); /* the old epoch's file indices mean nothing with the new table */
-    pthread_mutex_lock(&e->mu);
-    for (int i = 0; i < e->nworkers; i++)
-        cache_flush(e, &e->workers[i]);
-    cache_flush(e, &e->self);
-    free_paths(e->paths, e->nfiles);
-    e->paths = copy;
-    e->nfiles = nfiles;
-    pthread_mutex_unlock(&e->mu);
+    install_files(e, &t);
+    return 0;
+}
+
+int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_error *err)
+{
+    file_table t = {0};
+    dio_clear_error(err);
+    if (!e || !p || p->nfiles < 0 || !p->folder || !p->stem || !p->tail || p->digits < 1 ||
+        p->digits > 20 || p->sub_digits < 1 || p->sub_digits > 20)
+        return dio_fail(err, EINVAL, "", "set_file_pattern: invalid arguments");
+    t.nfiles = p->nfiles;
+    t.subfolders = p->subfolders;
+    t.sub_digits = p->sub_digits;
+    t.digits = p->digits;
+    t.folder = strdup(p->folder);
+    t.stem = strdup(p->stem);
+    t.tail = strdup(p->tail);
+    if (!t.folder || !t.stem || !t.tail) {
+        table_free(&t);
+        return dio_fail(err, ENOMEM, "", "set_file_pattern: out of memory");
+    }
+    install_files(e, &t);
+    return 0;
+}
+
+void dio_engine_close_files(dio_engine *e)
+{
+    if (e)
+        close_all(e);
+}
+
+int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_error *err)
+{
+    char buf[PATH_MAX_LEN];
+    dio_clear_error(err);
+    if (!e || n < 0 || (n > 0 && !files))
+        return dio_fail(err, EINVAL, "", "drop_cache: invalid arguments");
+    abandon_epoch(e);
+    for (int64_t i = 0; i < n; i++) {
+        const char *path;
+        struct stat st;
+        int fd, rc;
+        if (files[i] < 0 || files[i] >= e->files.nfiles)
+            return dio_fail(err, EINVAL, "", "drop_cache: file %lld is not in the table",
+                            (long long)files[i]);
+        path = file_path(&e->files, files[i], buf);
+        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        if (fd < 0)
+            return dio_fail(err, errno, path, "open %s: %s", path, strerror(errno));
+        rc = fstat(fd, &st) == 0 && S_ISREG(st.st_mode)
+                 ? posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) : 0;
+        close(fd);
+        if (rc != 0)
+            return dio_fail(err, rc, path, "posix_fadvise %s: %s", path, strerror(rc));
+    }
     return 0;
 }
 
@@ -582,64 +722,97 @@ static int grow_slots(dio_engine *e, int64_t need, dio_error *err)
     return 0;
 }
 
-int dio_engine_start_epoch(dio_engine *e, int64_t nbatches, const int64_t *batch_start,
-                           const int64_t *file_idx, const int64_t *offset, const int64_t *length,
-                           int64_t *req_buf_off, int64_t *lat_ns, int64_t *nread, dio_error *err)
+/* Check a plan before anything is abandoned: batch bounds, file indices, extents, accesses
+ * (DIO_REQ_OPEN .. DIO_REQ_CLOSE within one batch, on one file, not nested). */
+static int check_plan(dio_engine *e, const dio_epoch_plan *p, dio_error *err)
+{
+    const int64_t *bs = p->batch_start;
+    char buf[PATH_MAX_LEN];
+    int64_t nreq, al = e->ext_align;
+    if (p->nbatches < 0 || !bs)
+        return dio_fail(err, EINVAL, "", "start_epoch: invalid arguments");
+    if (bs[0] != 0)
+        return dio_fail(err, EINVAL, "", "start_epoch: batch_start[0] is %lld, not 0",
+                        (long long)bs[0]);
+    for (int64_t b = 0; b < p->nbatches; b++)
+        if (bs[b + 1] < bs[b])
+            return dio_fail(err, EINVAL, "",
+                            "start_epoch: batch_start decreases at batch %lld (%lld -> %lld)",
+                            (long long)b, (long long)bs[b], (long long)bs[b + 1]);
+    nreq = bs[p->nbatches];
+    if (nreq > 0 && (!p->file_idx || !p->offset || !p->length))
+        return dio_fail(err, EINVAL, "", "start_epoch: missing request arrays");
+    for (int64_t b = 0, i = 0; b < p->nbatches; b++) {
+        int64_t access_file = -1;
+        for (; i < bs[b + 1]; i++) {
+            int64_t f = p->file_idx[i], off = p->offset[i], len = p->length[i];
+            uint32_t fl = p->flags ? p->flags[i] : 0;
+            if (f < 0 || f >= e->files.nfiles)
+                return dio_fail(err, EINVAL, "",
+                                "start_epoch: request %lld names file %lld, but the file table "
+                                "has %lld files", (long long)i, (long long)f,
+                                (long long)e->files.nfiles);
+            if (off < 0 || len < 0 || off > INT64_MAX / 2 - len - al) {
+                const char *path = file_path(&e->files, f, buf);
+                return dio_fail(err, EINVAL, path,
+                                "start_epoch: request %lld on %s has an invalid extent (offset "
+                                "%lld, length %lld)", (long long)i, path, (long long)off,
+                                (long long)len);
+            }
+            if (((fl & DIO_REQ_OPEN) && access_file >= 0) ||
+                (!(fl & DIO_REQ_OPEN) && access_file >= 0 && f != access_file) ||
+                ((fl & DIO_REQ_CLOSE) && access_file < 0 && !(fl & DIO_REQ_OPEN)))
+                return dio_fail(err, EINVAL, "",
+                                "start_epoch: request %lld breaks an access (open .. close on "
+                                "one file within one batch)", (long long)i);
+            if (fl & DIO_REQ_OPEN)
+                access_file = f;
+            if (fl & DIO_REQ_CLOSE)
+                access_file = -1;
+        }
+        if (access_file >= 0)
+            return dio_fail(err, EINVAL, "",
+                            "start_epoch: an access of batch %lld is not closed", (long long)b);
+    }
+    return 0;
+}
+
+int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *p, const dio_epoch_outputs *out,
+                           dio_error *err)
 {
     int64_t nreq, footprint = 0, al, pa;
     int rc;
     dio_clear_error(err);
-    if (!e || nbatches < 0 || !batch_start)
+    if (!e || !p)
         return dio_fail(err, EINVAL, "", "start_epoch: invalid arguments");
-    if (batch_start[0] != 0)
-        return dio_fail(err, EINVAL, "", "start_epoch: batch_start[0] is %lld, not 0",
-                        (long long)batch_start[0]);
-    for (int64_t b = 0; b < nbatches; b++)
-        if (batch_start[b + 1] < batch_start[b])
-            return dio_fail(err, EINVAL, "",
-                            "start_epoch: batch_start decreases at batch %lld (%lld -> %lld)",
-                            (long long)b, (long long)batch_start[b],
-                            (long long)batch_start[b + 1]);
-    nreq = batch_start[nbatches];
-    if (nreq > 0 && (!file_idx || !offset || !length))
-        return dio_fail(err, EINVAL, "", "start_epoch: missing request arrays");
-    al = e->ext_align;
-    for (int64_t i = 0; i < nreq; i++) {
-        if (file_idx[i] < 0 || file_idx[i] >= e->nfiles)
-            return dio_fail(err, EINVAL, "",
-                            "start_epoch: request %lld names file %lld, but the file table has "
-                            "%lld files",
-                            (long long)i, (long long)file_idx[i], (long long)e->nfiles);
-        if (offset[i] < 0 || length[i] < 0 || offset[i] > INT64_MAX / 2 - length[i] - al)
-            return dio_fail(err, EINVAL, e->paths[file_idx[i]],
-                            "start_epoch: request %lld on %s has an invalid extent (offset "
-                            "%lld, length %lld)",
-                            (long long)i, e->paths[file_idx[i]], (long long)offset[i],
-                            (long long)length[i]);
-    }
+    if ((rc = check_plan(e, p, err)) < 0)
+        return rc;
+    nreq = p->batch_start[p->nbatches];
 
     abandon_epoch(e);
 
     if (grow((void **)&e->reqs, &e->reqs_cap, nreq > 0 ? nreq : 1, sizeof(req)) != 0 ||
-        grow((void **)&e->batches, &e->batches_cap, nbatches > 0 ? nbatches : 1,
+        grow((void **)&e->batches, &e->batches_cap, p->nbatches > 0 ? p->nbatches : 1,
              sizeof(batch_state)) != 0)
         return dio_fail(err, ENOMEM, "", "start_epoch: out of memory (%lld requests)",
                         (long long)nreq);
 
     /* place each request's extent in its batch buffer */
+    al = e->ext_align;
     pa = e->place_align;
-    for (int64_t b = 0; b < nbatches; b++) {
+    for (int64_t b = 0; b < p->nbatches; b++) {
         batch_state *bs = &e->batches[b];
         int64_t pos = 0, asked = 0;
         memset(bs, 0, sizeof *bs);
-        bs->start = batch_start[b];
-        bs->end = batch_start[b + 1];
+        bs->start = p->batch_start[b];
+        bs->end = p->batch_start[b + 1];
         for (int64_t i = bs->start; i < bs->end; i++) {
             req *q = &e->reqs[i];
-            int64_t off = offset[i], len = length[i];
-            q->file = file_idx[i];
+            int64_t off = p->offset[i], len = p->length[i];
+            q->file = p->file_idx[i];
             q->off = off;
             q->len = len;
+            q->flags = p->flags ? p->flags[i] : 0;
             if (len == 0) {
                 q->rd_off = off;
                 q->rd_len = q->need = 0;
@@ -653,8 +826,8 @@ int dio_engine_start_epoch(dio_engine *e, int64_t nbatches, const int64_t *batch
                 return dio_fail(err, ENOMEM, "", "start_epoch: batch %lld is too large",
                                 (long long)b);
             q->buf_pos = pos;
-            if (req_buf_off)
-                req_buf_off[i] = pos + (off - q->rd_off);
+            if (out && out->req_buf_off)
+                out->req_buf_off[i] = pos + (off - q->rd_off);
             pos += q->rd_len;
             asked += len;
         }
@@ -668,10 +841,10 @@ int dio_engine_start_epoch(dio_engine *e, int64_t nbatches, const int64_t *batch
         return rc;
 
     pthread_mutex_lock(&e->mu);
-    e->nbatches = nbatches;
+    e->nbatches = p->nbatches;
     e->nreq = nreq;
-    e->out_lat = lat_ns;
-    e->out_nread = nread;
+    e->out_lat = out ? out->lat_ns : NULL;
+    e->out_nread = out ? out->nread : NULL;
     e->cursor = 0;
     e->cur_batch = 0;
     e->next_batch = 0;
@@ -782,6 +955,7 @@ void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out)
     }
     out->opens = __atomic_load_n(&e->opens, __ATOMIC_RELAXED);
     out->closes = __atomic_load_n(&e->closes, __ATOMIC_RELAXED);
+    out->stats = __atomic_load_n(&e->stats, __ATOMIC_RELAXED);
     out->bytes_read = __atomic_load_n(&e->bytes_read, __ATOMIC_RELAXED);
     out->read_ops = __atomic_load_n(&e->read_ops, __ATOMIC_RELAXED);
 }

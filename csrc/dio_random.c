@@ -144,3 +144,8 @@ int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size
         *crc = sum;
     return 0;
 }
+
+int dio_syncfs(int fd)
+{
+    return syncfs(fd) == 0 ? 0 : -errno;
+}

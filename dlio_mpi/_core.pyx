@@ -37,6 +37,8 @@ cdef extern from "dio.h" nogil:
     void dio_fill_random(void *buf, size_t n, uint64_t seed)
     int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                          uint32_t *crc, const char *path, dio_error *err)
+    int dio_syncfs(int fd)
+    int dio_permute(uint64_t n, uint64_t seed, const int64_t *inp, int64_t count, int64_t *out)
     int dio_odirect_alignment(const char *path, uint32_t *mem_align, uint32_t *offset_align,
                               dio_error *err)
     int dio_probe_odirect(const char *path, dio_error *err)
@@ -51,14 +53,41 @@ cdef extern from "dio.h" nogil:
         int fd_cache
         uint32_t align
 
+    ctypedef struct dio_file_pattern:
+        int64_t nfiles
+        const char *folder
+        int64_t subfolders
+        int sub_digits
+        const char *stem
+        int digits
+        const char *tail
+
+    ctypedef struct dio_epoch_plan:
+        int64_t nbatches
+        const int64_t *batch_start
+        const int64_t *file_idx
+        const int64_t *offset
+        const int64_t *length
+        const uint32_t *flags
+
+    ctypedef struct dio_epoch_outputs:
+        int64_t *req_buf_off
+        int64_t *lat_ns
+        int64_t *nread
+
     dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err)
     void dio_engine_destroy(dio_engine *e)
     int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths,
                              dio_error *err)
-    int dio_engine_start_epoch(dio_engine *e, int64_t nbatches, const int64_t *batch_start,
-                               const int64_t *file_idx, const int64_t *offset,
-                               const int64_t *length, int64_t *req_buf_off, int64_t *lat_ns,
-                               int64_t *nread, dio_error *err)
+    int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_error *err)
+    void dio_engine_close_files(dio_engine *e)
+    int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_error *err)
+    int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *plan,
+                               const dio_epoch_outputs *out, dio_error *err)
+    uint32_t DIO_REQ_OPEN
+    uint32_t DIO_REQ_CLOSE
+    uint32_t DIO_REQ_FSTAT
+    uint32_t DIO_REQ_TO_EOF
 
     ctypedef struct dio_batch:
         int64_t index
@@ -77,6 +106,7 @@ cdef extern from "dio.h" nogil:
     ctypedef struct dio_engine_counters:
         int64_t opens
         int64_t closes
+        int64_t stats
         int64_t bytes_read
         int64_t read_ops
 
@@ -243,6 +273,31 @@ def write_random(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, p
     return c
 
 
+def syncfs(int fd):
+    """syncfs(2): flush everything written to the file system that holds fd."""
+    cdef int rc
+    with nogil:
+        rc = dio_syncfs(fd)
+    if rc < 0:
+        import os
+        raise OSError(-rc, os.strerror(-rc))
+
+
+# ---------------------------------------------------------------------------- shuffling
+
+def permute(uint64_t n, seed, int64_t[::1] values not None):
+    """Replace each value x of the int64 array by pi(x), pi the seeded pseudo-random
+    permutation of [0, n)."""
+    cdef uint64_t s = <uint64_t>(seed & U64_MASK)
+    cdef int64_t count = values.shape[0]
+    cdef int64_t *p = &values[0] if count > 0 else NULL
+    cdef int rc
+    with nogil:
+        rc = dio_permute(n, s, p, count, p)
+    if rc < 0:
+        raise ValueError(f"permute: a value is not within [0, {n})")
+
+
 # ---------------------------------------------------------------------------- direct I/O
 
 def odirect_alignment(path):
@@ -313,10 +368,16 @@ cdef class Batch:
                 f"read_ops={self.read_ops}, data_len={self.data_len})")
 
 
+REQ_OPEN = DIO_REQ_OPEN
+REQ_CLOSE = DIO_REQ_CLOSE
+REQ_FSTAT = DIO_REQ_FSTAT
+REQ_TO_EOF = DIO_REQ_TO_EOF
+
+
 cdef class Engine:
     """The read engine: `threads` reader threads (0 = read inside next()), `prefetch` batches
     read ahead of the one being consumed, optional O_DIRECT with extents aligned to `align`
-    (0 = 4096), `fd_cache` descriptors kept open per thread.
+    (0 = 4096), `fd_cache` descriptors kept open (split over the threads, each an LRU).
 
     Use from one thread at a time.  Usage per epoch: start_epoch(...), then next() until it
     returns None."""
@@ -412,53 +473,99 @@ cdef class Engine:
     def start_epoch(self, const int64_t[::1] batch_start not None,
                     const int64_t[::1] file_idx not None, const int64_t[::1] offset not None,
                     const int64_t[::1] length not None, int64_t[::1] req_buf_off=None,
-                    int64_t[::1] lat_ns=None, int64_t[::1] nread=None):
+                    int64_t[::1] lat_ns=None, int64_t[::1] nread=None,
+                    const uint32_t[::1] flags=None):
         """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
-        (file_idx, offset, length) (contiguous int64 arrays; copied).  Optional int64 outputs
-        of one entry per request, kept referenced by the engine for the epoch:
-        req_buf_off (filled now: where request i's bytes start in its batch's data),
-        lat_ns and nread (filled as requests complete: pread latency, bytes transferred,
-        with O_DIRECT the aligned extent clipped at end of file).  Zero-length requests are
-        allowed: they transfer nothing.  Any epoch in flight is abandoned first."""
+        (file_idx, offset, length) (contiguous int64 arrays; copied), with optional uint32
+        `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT, REQ_TO_EOF).  Optional int64 outputs of one
+        entry per request, kept referenced by the engine for the epoch: req_buf_off (filled
+        now: where request i's bytes start in its batch's data), lat_ns and nread (filled as
+        requests complete: pread latency, bytes transferred, with O_DIRECT the aligned extent
+        clipped at end of file).  Any epoch in flight is abandoned first."""
         self._ready()
-        cdef Py_ssize_t nbatches = batch_start.shape[0] - 1
-        cdef int64_t nreq
+        cdef dio_epoch_plan plan
+        cdef dio_epoch_outputs outs
         cdef dio_error err
         cdef int rc
-        cdef const int64_t *fp = NULL
-        cdef const int64_t *op = NULL
-        cdef const int64_t *lp = NULL
-        cdef int64_t *bp = NULL
-        cdef int64_t *tp = NULL
-        cdef int64_t *np_ = NULL
-        if nbatches < 0:
+        cdef int64_t nreq
+        if batch_start.shape[0] < 1:
             raise ValueError("batch_start needs nbatches + 1 entries (at least one)")
-        nreq = batch_start[nbatches]
+        nreq = batch_start[batch_start.shape[0] - 1]
         for name, arr in (("file_idx", file_idx), ("offset", offset), ("length", length)):
             if arr.shape[0] != nreq:
                 raise ValueError(f"{name} has {arr.shape[0]} entries, batch_start says {nreq}")
-        for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread)):
+        for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread),
+                          ("flags", flags)):
             if arr is not None and arr.shape[0] != nreq:
                 raise ValueError(f"{name} has {arr.shape[0]} entries, expected {nreq}")
+        plan.nbatches = batch_start.shape[0] - 1
+        plan.batch_start = &batch_start[0]
+        plan.file_idx = plan.offset = plan.length = NULL
+        plan.flags = NULL
+        outs.req_buf_off = outs.lat_ns = outs.nread = NULL
         if nreq > 0:
-            fp = &file_idx[0]
-            op = &offset[0]
-            lp = &length[0]
+            plan.file_idx = &file_idx[0]
+            plan.offset = &offset[0]
+            plan.length = &length[0]
+            if flags is not None:
+                plan.flags = &flags[0]
             if req_buf_off is not None:
-                bp = &req_buf_off[0]
+                outs.req_buf_off = &req_buf_off[0]
             if lat_ns is not None:
-                tp = &lat_ns[0]
+                outs.lat_ns = &lat_ns[0]
             if nread is not None:
-                np_ = &nread[0]
+                outs.nread = &nread[0]
         _clear(&err)
         with nogil:
-            rc = dio_engine_start_epoch(self.e, nbatches, &batch_start[0], fp, op, lp, bp, tp,
-                                        np_, &err)
+            rc = dio_engine_start_epoch(self.e, &plan, &outs, &err)
         # Hold the memoryviews: their buffer exports keep the arrays alive and unresizable while
         # the threads write into them.  On failure keep the previous ones: the C call may have
         # failed before abandoning the epoch in flight.
         if rc == 0:
             self._outs = (req_buf_off, lat_ns, nread)
+        _check(rc, &err)
+
+    def set_file_pattern(self, int64_t nfiles, folder, int64_t subfolders, int sub_digits,
+                         stem, int digits, tail):
+        """Set the file table as DLIO's naming formula: file i is
+        folder/[<i mod subfolders>/]<stem><i><tail>, zero-padded to sub_digits and digits."""
+        self._ready()
+        cdef bytes bfolder = _fspath(folder), bstem = _fspath(stem), btail = _fspath(tail)
+        cdef dio_file_pattern p
+        cdef dio_error err
+        cdef int rc
+        p.nfiles = nfiles
+        p.folder = bfolder
+        p.subfolders = subfolders
+        p.sub_digits = sub_digits
+        p.stem = bstem
+        p.digits = digits
+        p.tail = btail
+        _clear(&err)
+        with nogil:
+            rc = dio_engine_set_file_pattern(self.e, &p, &err)
+        if rc == 0:
+            self._outs = None
+        _check(rc, &err)
+
+    def close_files(self):
+        """Abandon an epoch in flight and close every descriptor the engine holds."""
+        self._ready()
+        with nogil:
+            dio_engine_close_files(self.e)
+        self._outs = None
+
+    def drop_cache(self, const int64_t[::1] files not None):
+        """posix_fadvise(DONTNEED) the given files (indices into the file table)."""
+        self._ready()
+        cdef dio_error err
+        cdef int rc
+        cdef int64_t n = files.shape[0]
+        cdef const int64_t *p = &files[0] if n > 0 else NULL
+        _clear(&err)
+        with nogil:
+            rc = dio_engine_drop_cache(self.e, p, n, &err)
+        self._outs = None
         _check(rc, &err)
 
     def next(self, bint defer_wake=False):
@@ -504,10 +611,10 @@ cdef class Engine:
                 dio_engine_wake(self.e)
 
     def counters(self):
-        """Totals since the engine was created: opens, closes, bytes_read, read_ops."""
+        """Totals since the engine was created: opens, closes, stats, bytes_read, read_ops."""
         cdef dio_engine_counters c
         if self.e == NULL:
             raise ValueError("the engine is closed")
         dio_engine_get_counters(self.e, &c)
-        return {"opens": c.opens, "closes": c.closes, "bytes_read": c.bytes_read,
-                "read_ops": c.read_ops}
+        return {"opens": c.opens, "closes": c.closes, "stats": c.stats,
+                "bytes_read": c.bytes_read, "read_ops": c.read_ops}

@@ -1,6 +1,10 @@
 """The dataset a workload describes: DLIO's file naming and folder layout, the shape of each
-file's samples (drawn so that sizes never depend on the rank count), and the byte layout table
-the planner turns samples into extents with."""
+file's samples (drawn so that sizes never depend on the rank count) and the byte layouts the
+planner turns samples into extents with.
+
+Everything here is computed, not listed, so that a split of 10^7 files costs a few bytes per
+file at most: names come from a formula, per-file shapes are kept as int32 dims (or one row
+when all files are alike), and layouts are derived from the dims for the files a batch needs."""
 
 from __future__ import annotations
 
@@ -14,23 +18,60 @@ from .formats import FileLayout, Format, SampleSpec, get_format
 
 SPLITS = ("train", "valid")
 SHAPE_SEED = 10  # DLIO seeds its global NumPy RNG with 10 before drawing file shapes
+SHAPE_CHUNK = 1 << 20  # draws at a time (an even number keeps the normal stream intact)
 _EXACT_FROM = 2**32 - 2**20  # payloads from here on may need ZIP64 records: no shortcut
+COLUMNS = ("size", "data_offset", "sample_step", "sample_span", "sample_bytes")
+
+
+@dataclass(frozen=True)
+class FileNaming:
+    """DLIO's names of one split's files: <root>/<split>/[<sub>/]<prefix>_<i>_of_<N>.<ext>,
+    i zero-padded to the digits of N, the subfolder (i mod S, only when S > 1) to the digits
+    of S."""
+
+    root: str
+    split: str
+    count: int
+    subfolders: int
+    prefix: str
+    extension: str
+
+    def relpath(self, index: int) -> str:
+        name = f"{self.prefix}_{index:0{len(str(self.count))}d}_of_{self.count}.{self.extension}"
+        if self.subfolders > 1:
+            sub = f"{index % self.subfolders:0{len(str(self.subfolders))}d}"
+            return os.path.join(self.split, sub, name)
+        return os.path.join(self.split, name)
+
+    def path(self, index: int) -> str:
+        return os.path.join(self.root, self.relpath(index))
+
+    def folders(self) -> list[str]:
+        """The folders the files live in."""
+        top = os.path.join(self.root, self.split)
+        if self.subfolders > 1:
+            width = len(str(self.subfolders))
+            return [os.path.join(top, f"{s:0{width}d}")
+                    for s in range(min(self.subfolders, self.count))]
+        return [top]
+
+    def pattern(self) -> tuple[str, int, int, str, int, str]:
+        """The naming as the C engine's file pattern: (folder, subfolders, subfolder digits,
+        stem before the index, index digits, rest of the name)."""
+        return (os.path.join(self.root, self.split), self.subfolders,
+                len(str(self.subfolders)), f"{self.prefix}_", len(str(self.count)),
+                f"_of_{self.count}.{self.extension}")
 
 
 def file_relpath(split: str, index: int, count: int, subfolders: int, prefix: str,
                  extension: str) -> str:
-    """DLIO's name of file `index` of `count`: <split>/[<sub>/]<prefix>_<i>_of_<N>.<ext>, the
-    index zero-padded to the digits of N, the subfolder (index mod S, only when S > 1) to the
-    digits of S."""
-    name = f"{prefix}_{index:0{len(str(count))}d}_of_{count}.{extension}"
-    if subfolders > 1:
-        return os.path.join(split, f"{index % subfolders:0{len(str(subfolders))}d}", name)
-    return os.path.join(split, name)
+    """DLIO's name of file `index` of `count` (see FileNaming)."""
+    return FileNaming("", split, count, subfolders, prefix, extension).relpath(index)
 
 
 @dataclass(frozen=True)
-class LayoutTable:
-    """Byte layouts of all files of a split, one array entry per file (see FileLayout)."""
+class Layouts:
+    """Byte layouts of some files (see FileLayout), one array entry per file."""
 
     size: np.ndarray
     data_offset: np.ndarray
@@ -39,102 +80,193 @@ class LayoutTable:
     sample_bytes: np.ndarray
 
     @staticmethod
-    def from_layouts(layouts: list[FileLayout]) -> LayoutTable:
-        cols = np.array([[lay.size, lay.data_offset, lay.sample_step, lay.sample_span,
-                          lay.sample_bytes] for lay in layouts], dtype=np.int64).reshape(-1, 5)
-        return LayoutTable(*(np.ascontiguousarray(cols[:, k]) for k in range(5)))
+    def from_columns(cols: np.ndarray) -> Layouts:
+        return Layouts(*(np.ascontiguousarray(cols[:, k]) for k in range(len(COLUMNS))))
 
-    def to_array(self) -> np.ndarray:
-        return np.stack([self.size, self.data_offset, self.sample_step, self.sample_span,
-                         self.sample_bytes], axis=1)
+
+class LayoutTable:
+    """Byte layouts of all files of a split, looked up for the files a batch needs."""
+
+    count: int
+
+    def take(self, files: np.ndarray) -> Layouts:
+        """The layouts of `files` (file indices), in that order."""
+        raise NotImplementedError
+
+    def total(self, column: str) -> int:
+        """The exact sum of a column over all files (Python int: no overflow)."""
+        raise NotImplementedError
+
+    def layout(self, index: int) -> FileLayout:
+        lay = self.take(np.array([index], dtype=np.int64))
+        return FileLayout(*(int(getattr(lay, c)[0]) for c in COLUMNS))
+
+
+class ListedLayouts(LayoutTable):
+    """Layouts listed file by file (probed from files another tool wrote)."""
+
+    def __init__(self, cols: np.ndarray) -> None:
+        self.cols = np.asarray(cols, dtype=np.int64).reshape(-1, len(COLUMNS))
+        self.count = len(self.cols)
 
     @staticmethod
-    def from_array(cols: np.ndarray) -> LayoutTable:
-        return LayoutTable(*(np.ascontiguousarray(cols[:, k]) for k in range(5)))
+    def from_layouts(layouts: list[FileLayout]) -> ListedLayouts:
+        return ListedLayouts(np.array([[getattr(lay, c) for c in COLUMNS] for lay in layouts],
+                                      dtype=np.int64))
+
+    def take(self, files: np.ndarray) -> Layouts:
+        return Layouts.from_columns(self.cols[files])
+
+    def total(self, column: str) -> int:
+        return int(self.cols[:, COLUMNS.index(column)].sum(dtype=object))
+
+
+class ComputedLayouts(LayoutTable):
+    """Layouts of the files this tool writes (or DLIO writes: same shapes, same headers),
+    derived from each file's sample dims. A format's header only changes length with the
+    number of digits of the dims (and with ZIP64 past 4 GiB), so one exact `format.layout`
+    per class of digit counts gives every file's header; files near or past 4 GiB are computed
+    one by one. `dims` has one row per file, or one row shared by all."""
+
+    def __init__(self, count: int, dims: np.ndarray, dtype: str, samples_per_file: int,
+                 sample_layout: str, fmt: Format) -> None:
+        self.count, self.dims = count, np.asarray(dims)
+        self.dtype, self.samples, self.sample_layout, self.format = (
+            dtype, samples_per_file, sample_layout, fmt)
+        self.itemsize = np.dtype(dtype).itemsize
+        self._classes: dict[tuple, tuple[int, int, bool]] = {}
+
+    def _spec(self, dims) -> SampleSpec:
+        return SampleSpec(tuple(int(d) for d in dims), self.dtype, self.samples,
+                          self.sample_layout)
+
+    def _class(self, key: tuple, dims) -> tuple[int, int, bool]:
+        """(header bytes before the payload, bytes after it, strided) of a digit class."""
+        if key not in self._classes:
+            spec = self._spec(dims)
+            lay = self.format.layout(spec)
+            payload = spec.sample_bytes * self.samples
+            self._classes[key] = (lay.data_offset, lay.size - lay.data_offset - payload,
+                                  lay.sample_step != lay.sample_bytes)
+        return self._classes[key]
+
+    def _columns(self, dims: np.ndarray) -> np.ndarray:
+        dims = np.asarray(dims, dtype=np.int64)
+        elements = dims.prod(axis=1)
+        sample_bytes = elements * self.itemsize
+        payload = sample_bytes * self.samples
+        digits = np.floor(np.log10(np.maximum(dims, 1))).astype(np.int64) + 1
+        keys = digits @ (11 ** np.arange(dims.shape[1], dtype=np.int64))  # < 11: digit counts
+        classes, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        table = np.array([self._class(tuple(digits[i]), dims[i]) for i in first],
+                         dtype=np.int64).reshape(len(classes), 3)
+        head, tail, strided = table[inverse, 0], table[inverse, 1], table[inverse, 2] != 0
+        step = np.where(strided, self.itemsize, sample_bytes)
+        span = np.where(strided, ((elements - 1) * self.samples + 1) * self.itemsize,
+                        sample_bytes)
+        cols = np.stack([head + payload + tail, head, step, span, sample_bytes], axis=1)
+        for i in np.flatnonzero(payload >= _EXACT_FROM):  # ZIP64 and friends: no shortcut
+            lay = self.format.layout(self._spec(dims[i]))
+            cols[i] = [getattr(lay, c) for c in COLUMNS]
+        return cols
+
+    def take(self, files: np.ndarray) -> Layouts:
+        if len(self.dims) == 1:
+            row = self._columns(self.dims)
+            return Layouts.from_columns(np.broadcast_to(row, (len(files), len(COLUMNS))))
+        return Layouts.from_columns(self._columns(self.dims[np.asarray(files)]))
+
+    def total(self, column: str) -> int:
+        k = COLUMNS.index(column)
+        if len(self.dims) == 1:
+            return int(self._columns(self.dims)[0, k]) * self.count
+        return sum(int(self._columns(self.dims[i:i + SHAPE_CHUNK])[:, k].sum(dtype=object))
+                   for i in range(0, len(self.dims), SHAPE_CHUNK))
+
+
+class ShiftedLayouts(LayoutTable):
+    """Computed layouts of files another tool wrote with the same shapes but a constant
+    difference in header bytes before the payload and in file size (np.savez's ZIP64 fields
+    and int64 labels, for DLIO's npz)."""
+
+    def __init__(self, base: LayoutTable, offset_delta: int, size_delta: int) -> None:
+        self.base, self.offset_delta, self.size_delta = base, offset_delta, size_delta
+        self.count = base.count
+
+    def take(self, files: np.ndarray) -> Layouts:
+        lay = self.base.take(files)
+        return Layouts(lay.size + self.size_delta, lay.data_offset + self.offset_delta,
+                       lay.sample_step, lay.sample_span, lay.sample_bytes)
+
+    def total(self, column: str) -> int:
+        delta = {"size": self.size_delta, "data_offset": self.offset_delta}.get(column, 0)
+        return self.base.total(column) + delta * self.count
 
 
 @dataclass(frozen=True)
 class DatasetSplit:
-    """One split (train or valid): its files, their absolute paths and per-file sample specs."""
+    """One split (train or valid): its file naming and per-file sample dims."""
 
     name: str
-    root: str                  # data folder (storage_root applied)
-    relpaths: tuple[str, ...]  # file paths relative to root
-    shapes: np.ndarray         # (files, ndim) sample shape of each file
+    naming: FileNaming
+    dims: np.ndarray           # (files, ndim) int32, or (1, ndim) when all files are alike
     dtype: str
     samples_per_file: int
     sample_layout: str
     format: Format
 
     @property
+    def root(self) -> str:
+        return self.naming.root
+
+    @property
     def num_files(self) -> int:
-        return len(self.relpaths)
+        return self.naming.count
 
     @property
     def num_samples(self) -> int:
         return self.num_files * self.samples_per_file
 
     def path(self, index: int) -> str:
-        return os.path.join(self.root, self.relpaths[index])
+        return self.naming.path(index)
 
     def paths(self) -> list[str]:
-        return [os.path.join(self.root, rel) for rel in self.relpaths]
+        """Every file's path (O(files): for small splits and tests)."""
+        return [self.naming.path(i) for i in range(self.num_files)]
+
+    def file_dims(self, index: int) -> tuple[int, ...]:
+        return tuple(int(d) for d in self.dims[0 if len(self.dims) == 1 else index])
 
     def spec(self, index: int) -> SampleSpec:
-        return SampleSpec(tuple(int(d) for d in self.shapes[index]), self.dtype,
-                          self.samples_per_file, self.sample_layout)
+        return SampleSpec(self.file_dims(index), self.dtype, self.samples_per_file,
+                          self.sample_layout)
 
-    def expected_layouts(self) -> LayoutTable:
-        """Layouts of the files as this tool generates them (no I/O), vectorised: a format's
-        headers only change length with the number of digits of the shape's dims (and with
-        ZIP64 past 4 GiB), so one exact `format.layout` call per such class of files gives
-        the header size of all of them; files near or past 4 GiB are computed one by one."""
-        if self.num_files == 0:
-            return LayoutTable.from_layouts([])
-        shapes = np.asarray(self.shapes, dtype=np.int64)
-        itemsize = np.dtype(self.dtype).itemsize
-        elements = shapes.prod(axis=1)
-        sample_bytes = elements * itemsize
-        payload = sample_bytes * self.samples_per_file
-        exact = payload >= _EXACT_FROM
-        digits = np.floor(np.log10(np.maximum(shapes, 1))).astype(np.int64) + 1
-        keys = np.concatenate([digits, exact[:, None].astype(np.int64)], axis=1)
-        _, first, inverse = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-        inverse = inverse.reshape(-1)
-        size = np.empty(self.num_files, dtype=np.int64)
-        offset = np.empty(self.num_files, dtype=np.int64)
-        strided = np.zeros(self.num_files, dtype=bool)
-        for cls, rep in enumerate(first):
-            members = inverse == cls
-            layout = self.format.layout(self.spec(int(rep)))
-            offset[members] = layout.data_offset
-            size[members] = layout.size - payload[rep] + payload[members]
-            strided[members] = layout.sample_step != layout.sample_bytes
-        step = np.where(strided, itemsize, sample_bytes)
-        span = np.where(strided, ((elements - 1) * self.samples_per_file + 1) * itemsize,
-                        sample_bytes)
-        table = LayoutTable(size, offset, step, span, sample_bytes)
-        for index in np.flatnonzero(exact):  # ZIP64 and friends: no shortcut
-            lay = self.format.layout(self.spec(int(index)))
-            table.size[index], table.data_offset[index] = lay.size, lay.data_offset
-            table.sample_step[index], table.sample_span[index] = lay.sample_step, lay.sample_span
-            table.sample_bytes[index] = lay.sample_bytes
-        return table
+    def expected_layouts(self, sample_layout: str | None = None) -> ComputedLayouts:
+        """Layouts of the files as generated (no I/O), with samples on `sample_layout`'s axis
+        (default: the configured one)."""
+        return ComputedLayouts(self.num_files, self.dims, self.dtype, self.samples_per_file,
+                               sample_layout or self.sample_layout, self.format)
 
 
 def sample_shapes(dataset, total_files: int) -> np.ndarray:
-    """Per-file sample shapes for `total_files` files (train first, then valid), as DLIO draws
+    """Per-file sample dims for `total_files` files (train first, then valid), as DLIO draws
     them: record_dims if given, else a square side int(sqrt(L)) with, when a stdev is set, two
-    Normal(side, stdev/2/sqrt(L)) draws per file from a RNG seeded to 10, truncated and >= 1."""
+    Normal(side, stdev/2/sqrt(L)) draws per file from a RNG seeded to 10, truncated and >= 1.
+    Returns one row shared by all files when they are all alike, else int32 rows (drawn in
+    chunks: the legacy normal stream does not depend on how the draws are split)."""
     if dataset.record_dims:
-        return np.tile(np.asarray(dataset.record_dims, dtype=np.int64), (total_files, 1))
+        return np.asarray([dataset.record_dims], dtype=np.int64)
     length = float(dataset.record_length_bytes)
     side = int(math.sqrt(length))
-    if dataset.record_length_bytes_stdev > 0:
-        stdev = dataset.record_length_bytes_stdev / 2 / math.sqrt(length)
-        draws = np.random.RandomState(SHAPE_SEED).normal(side, stdev, 2 * total_files)
-        return np.maximum(draws.astype(np.int64), 1).reshape(total_files, 2)
-    return np.full((total_files, 2), max(side, 1), dtype=np.int64)
+    if dataset.record_length_bytes_stdev <= 0 or total_files == 0:
+        return np.full((1, 2), max(side, 1), dtype=np.int64)
+    stdev = dataset.record_length_bytes_stdev / 2 / math.sqrt(length)
+    rng = np.random.RandomState(SHAPE_SEED)
+    dims = np.empty(2 * total_files, dtype=np.int32)
+    for start in range(0, 2 * total_files, SHAPE_CHUNK):
+        draws = rng.normal(side, stdev, min(SHAPE_CHUNK, 2 * total_files - start))
+        dims[start:start + len(draws)] = np.clip(draws, 1, 2**31 - 1).astype(np.int32)
+    return dims.reshape(total_files, 2)
 
 
 def describe_dataset(cfg) -> dict[str, DatasetSplit]:
@@ -144,14 +276,14 @@ def describe_dataset(cfg) -> dict[str, DatasetSplit]:
     root = os.path.join(cfg.storage.storage_root, ds.data_folder)
     counts = {"train": ds.num_files_train, "valid": ds.num_files_eval}
     subfolders = {"train": ds.num_subfolders_train, "valid": ds.num_subfolders_eval}
-    shapes = sample_shapes(ds, counts["train"] + counts["valid"])
+    dims = sample_shapes(ds, counts["train"] + counts["valid"])
     splits, start = {}, 0
     for split in SPLITS:
         count = counts[split]
-        rel = tuple(file_relpath(split, i, count, subfolders[split], ds.file_prefix,
-                                 fmt.extension) for i in range(count))
-        splits[split] = DatasetSplit(split, root, rel, shapes[start:start + count],
-                                     np.dtype(ds.record_element_type).str,
+        naming = FileNaming(root, split, count, subfolders[split], ds.file_prefix,
+                            fmt.extension)
+        own = dims if len(dims) == 1 else dims[start:start + count]
+        splits[split] = DatasetSplit(split, naming, own, np.dtype(ds.record_element_type).str,
                                      ds.num_samples_per_file, ds.sample_layout, fmt)
         start += count
     return splits

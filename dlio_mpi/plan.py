@@ -67,11 +67,11 @@ def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_r
     if split.num_samples == 0:
         return 0
     if mode == "sample":
-        per_split = int(layouts.sample_span.sum()) * split.samples_per_file
+        per_split = layouts.total("sample_span") * split.samples_per_file
     elif mode == "file":
-        per_split = int(layouts.size.sum()) * split.samples_per_file
+        per_split = layouts.total("size") * split.samples_per_file
     else:
-        per_split = int(layouts.size.sum())
+        per_split = layouts.total("size")
     return per_split * samples_read // split.num_samples
 
 
@@ -148,7 +148,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         layouts = {name: split.expected_layouts() for name, split in splits.items()}
         train = splits["train"]
         files, samples = train.num_files, train.num_samples
-        dataset_bytes = sum(int(table.size.sum()) for table in layouts.values())
+        dataset_bytes = sum(table.total("size") for table in layouts.values())
         if cfg.workflow.train:
             steps = _train_steps(cfg, train, ranks)
             _check_measurable(steps, cfg, "training")

@@ -1,11 +1,19 @@
-"""Turns a rank's shard of sample ids into batches of read requests (file, offset, length) that
-the C engine executes without Python.
+"""Turns a rank's shard of sample ids into batches of read requests (file, offset, length,
+flags) that the C engine executes without Python.
 
-Read modes (reader.read_mode):
+What is read (reader.read_mode):
 - sample:    the exact extent of each sample (what a careful loader reads);
 - file:      the whole file for every sample, like np.load in DLIO's on_demand mode;
 - file_once: the whole file the first time one of its samples is needed in the epoch, later
-             samples of that file come from memory (DLIO's memory mode)."""
+             samples of that file come from memory (DLIO's memory mode).
+How files are opened (reader.access):
+- loader: as the real loader does it. A whole-file load, and any read of a file holding one
+          sample, is an access of its own: open, probe and read with the system calls of the
+          format's loader (np.load's for npy/npz; DLIO's O_DIRECT readers: one aligned read),
+          close. Files holding many samples read by extent are opened once per reader thread
+          and epoch and closed when the epoch ends.
+- lean:   descriptors cached across epochs and one read per request, no probing (the "file
+          handle caching" optimisation of large training runs)."""
 
 from __future__ import annotations
 
@@ -13,20 +21,48 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .dataset import LayoutTable
+from . import _core
+from .dataset import Layouts, LayoutTable
+from .formats.loader import WholeFileReads
 
 READ_MODES = ("sample", "file", "file_once")
+ACCESS_MODES = ("loader", "lean")
+
+
+def one_read_per_file(lay: Layouts) -> WholeFileReads:
+    """A single read of each whole file (DLIO's O_DIRECT readers; formats without a model)."""
+    n = len(lay.size)
+    return WholeFileReads(np.arange(n + 1, dtype=np.int64), np.zeros(n, dtype=np.int64),
+                          lay.size.astype(np.int64), np.ones(n, dtype=bool),
+                          np.zeros(n, dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    """How the planner lays out accesses: reader.access, and the loader's read model."""
+
+    access: str = "lean"
+    odirect: bool = False
+    blksize: int = 4096  # st_blksize of the data: buffered loaders read in units of it
+    format_reads: object = None  # fmt.loader_reads(layouts, blksize) or None
+
+    def whole_file(self, lay: Layouts) -> WholeFileReads:
+        if self.odirect or self.format_reads is None:
+            return one_read_per_file(lay)
+        return self.format_reads(lay, self.blksize)
 
 
 @dataclass(frozen=True)
 class ReadPlan:
     """One epoch of one rank: batch b issues requests [batch_start[b], batch_start[b+1])."""
 
-    sample_ids: np.ndarray   # ids consumed, in order (steps * batch_size)
-    batch_start: np.ndarray  # (steps + 1,)
-    file_idx: np.ndarray     # (requests,)
+    sample_ids: np.ndarray     # ids consumed, in order (steps * batch_size)
+    batch_start: np.ndarray    # (steps + 1,)
+    file_idx: np.ndarray       # (requests,)
     offset: np.ndarray
     length: np.ndarray
+    flags: np.ndarray          # uint32 _core.REQ_* per request
+    batch_payload: np.ndarray  # sample payload bytes each batch delivers (steps,)
 
     @property
     def steps(self) -> int:
@@ -36,30 +72,70 @@ class ReadPlan:
     def bytes_requested(self) -> int:
         return int(self.length.sum())
 
+    @property
+    def payload_bytes(self) -> int:
+        return int(self.batch_payload.sum())
+
+    def files(self) -> np.ndarray:
+        """The distinct files this plan reads."""
+        return np.unique(self.file_idx)
+
+
+def _batches_of(owner_step: np.ndarray, steps: int) -> np.ndarray:
+    """batch_start of requests ordered by step, `owner_step` the step of each request."""
+    counts = np.bincount(owner_step, minlength=steps)
+    return np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+
+
+def _whole_file_accesses(files: np.ndarray, lay: Layouts, policy: AccessPolicy):
+    """Requests of whole-file loads of `files` (in order): (owner load index per request,
+    offset, length, flags)."""
+    if policy.access == "lean":
+        n = len(files)
+        return (np.arange(n), np.zeros(n, dtype=np.int64), lay.size.astype(np.int64),
+                np.zeros(n, dtype=np.uint32))
+    model = policy.whole_file(lay)
+    counts = np.diff(model.start)
+    owner = np.repeat(np.arange(len(files)), counts)
+    flags = np.where(model.to_eof, _core.REQ_TO_EOF, 0).astype(np.uint32)
+    first, last = model.start[:-1], model.start[1:] - 1
+    flags[first] |= _core.REQ_OPEN
+    flags[last] |= _core.REQ_CLOSE
+    for k in range(1, int(model.extra_fstats.max(initial=0)) + 1):  # on the 2nd, 3rd... read
+        more = model.extra_fstats >= k
+        flags[np.minimum(first[more] + k, last[more])] |= _core.REQ_FSTAT
+    return owner, model.offset, model.length, flags
+
 
 def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file: int,
-               layouts: LayoutTable, mode: str) -> ReadPlan:
+               layouts: LayoutTable, mode: str, policy: AccessPolicy = AccessPolicy()
+               ) -> ReadPlan:
     """Requests for the first steps*batch_size ids of `shard`."""
     ids = np.ascontiguousarray(shard[: steps * batch_size], dtype=np.int64)
     files = ids // samples_per_file
-    batch_start = np.arange(steps + 1, dtype=np.int64) * batch_size
-    if mode == "sample":
-        index = ids % samples_per_file
-        offset = layouts.data_offset[files] + index * layouts.sample_step[files]
-        length = layouts.sample_span[files]
-    elif mode == "file":
-        offset = np.zeros(len(ids), dtype=np.int64)
-        length = layouts.size[files]
-    elif mode == "file_once":
+    step_of = np.arange(len(ids), dtype=np.int64) // batch_size
+    if mode == "file_once":
         _, first = np.unique(files, return_index=True)
         first.sort()
-        files = files[first]
-        offset = np.zeros(len(first), dtype=np.int64)
-        length = layouts.size[files]
-        per_batch = np.bincount(first // batch_size, minlength=steps)
-        batch_start = np.concatenate(([0], np.cumsum(per_batch))).astype(np.int64)
-    else:
+        files, step_of = files[first], step_of[first]
+    elif mode not in ("sample", "file"):
         raise ValueError(f"unknown read mode {mode!r}; expected one of {READ_MODES}")
-    return ReadPlan(ids, batch_start, np.ascontiguousarray(files, dtype=np.int64),
+    lay = layouts.take(files)
+    per_file_payload = lay.sample_bytes * samples_per_file
+    whole = mode != "sample" or (samples_per_file == 1 and policy.access == "loader")
+    if whole:
+        owner, offset, length, flags = _whole_file_accesses(files, lay, policy)
+        file_idx, req_step = files[owner], step_of[owner]
+        payload = per_file_payload if mode != "sample" else lay.sample_bytes
+    else:
+        index = ids % samples_per_file
+        offset = lay.data_offset + index * lay.sample_step
+        length, file_idx, req_step = lay.sample_span, files, step_of
+        flags = np.zeros(len(ids), dtype=np.uint32)
+        payload = lay.sample_bytes
+    batch_payload = np.bincount(step_of, weights=payload, minlength=steps).astype(np.int64)
+    return ReadPlan(ids, _batches_of(req_step, steps),
+                    np.ascontiguousarray(file_idx, dtype=np.int64),
                     np.ascontiguousarray(offset, dtype=np.int64),
-                    np.ascontiguousarray(length, dtype=np.int64))
+                    np.ascontiguousarray(length, dtype=np.int64),
+                    np.ascontiguousarray(flags, dtype=np.uint32), batch_payload)

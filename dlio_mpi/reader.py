@@ -6,28 +6,41 @@ from __future__ import annotations
 import numpy as np
 
 from . import _core
+from .catalog import SplitFiles
 from .planner import ReadPlan
 
 
 class NativeReader:
-    """Reads planned batches of one split with the C engine."""
+    """Reads planned batches of one split with the C engine.
 
-    def __init__(self, paths: list[str], read_threads: int, prefetch_size: int, odirect: bool,
-                 fd_cache_size: int) -> None:
+    close_at_epoch_end: close every descriptor when an epoch ends, as a loader closes the files
+    it kept open (reader.access: loader); else descriptors stay cached across epochs (lean).
+    drop_page_cache: before each epoch, posix_fadvise(DONTNEED) the files it will read, so
+    that the page cache cannot serve them."""
+
+    def __init__(self, files: SplitFiles, read_threads: int, prefetch_size: int, odirect: bool,
+                 fd_cache_size: int, close_at_epoch_end: bool = True,
+                 drop_page_cache: bool = False) -> None:
         align = 0
-        if odirect and paths:
-            _core.probe_odirect(paths[0])  # a clear error before training if refused
-            align = max(_core.odirect_alignment(paths[0]))
+        if odirect and files.count:
+            first = files.path(0)
+            _core.probe_odirect(first)  # a clear error before training if refused
+            align = max(_core.odirect_alignment(first))
         self._engine = _core.Engine(read_threads, prefetch_size, odirect, fd_cache_size, align)
-        self._engine.set_files(paths)
+        files.attach(self._engine)
+        self.close_at_epoch_end, self.drop_page_cache = close_at_epoch_end, drop_page_cache
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per request of the current epoch
+
+    def prepare_epoch(self, plan: ReadPlan) -> None:
+        """Work before the epoch's clock starts: drop the plan's files from the page cache."""
+        if self.drop_page_cache:
+            self._engine.drop_cache(plan.files())
 
     def start_epoch(self, plan: ReadPlan) -> None:
         """Hand the engine an epoch of requests; its threads start prefetching at once."""
-        nreq = len(plan.offset)
-        self.lat_ns = np.zeros(nreq, dtype=np.int64)
+        self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
         self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
-                                 None, self.lat_ns, None)
+                                 None, self.lat_ns, None, plan.flags)
 
     def next_batch(self):
         """Wait (GIL released) for the next batch; None at the end of the epoch. The slot of
@@ -40,6 +53,11 @@ class NativeReader:
         """Let the readers refill the slot next_batch released (call once the step's clock
         has started)."""
         self._engine.wake()
+
+    def end_epoch(self) -> None:
+        """After the last batch: close the files a loader would close."""
+        if self.close_at_epoch_end:
+            self._engine.close_files()
 
     def counters(self) -> dict:
         return self._engine.counters()

@@ -19,13 +19,14 @@ from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import UserError, check_all, on_root
+from .formats.loader import NpyLoads, NpzLoads, zip_facts
 from .generate import generate
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
 from .pacing import Pacing, make_pacing
 from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
-from .planner import plan_reads
+from .planner import AccessPolicy, plan_reads
 from .reader import NativeReader
-from .sharding import ShuffleSpec, epoch_order, scatter_shards
+from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_shard
 from .topology import Topology, discover, emulated_ranks_per_node
 from .training import run_epoch
 
@@ -89,25 +90,46 @@ class Phase:
     step_time: TimeSpec
     barrier: bool
     pacing: Pacing
+    policy: AccessPolicy
+
+
+def _loader_model(split: DatasetSplit, facts):
+    """np.load's reads of whole files for npy and npz; one read per file otherwise."""
+    if split.format.name == "npy":
+        return NpyLoads()
+    if split.format.name == "npz":
+        return NpzLoads(facts, np.dtype(split.dtype).itemsize, split.samples_per_file)
+    return None
+
+
+def _blksize(path: str) -> int:
+    try:
+        return os.stat(path).st_blksize or 4096
+    except OSError:
+        return 4096
 
 
 def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     """Find the phase's files and start its engine (collectively)."""
     train = name == "train"
-    split_name = "train" if train else "valid"
-    split = plan.splits[split_name]
-    files = locate_split(comm, cfg, split, plan.layouts[split_name])
+    split = plan.splits["train" if train else "valid"]
+    files = locate_split(comm, cfg, split)
     rd = cfg.reader
-    reader = check_all(comm, lambda: NativeReader(files.paths, rd.read_threads, rd.prefetch_size,
-                                                  rd.odirect, rd.fd_cache_size))
+    blksize, facts = on_root(comm, lambda: (_blksize(files.path(0)),
+                                            zip_facts(files.path(0))
+                                            if split.format.name == "npz" else None))
+    policy = AccessPolicy(rd.access, rd.odirect, blksize, _loader_model(split, facts))
+    reader = check_all(comm, lambda: NativeReader(
+        files, rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
+        close_at_epoch_end=rd.access == "loader", drop_page_cache=rd.drop_page_cache))
     if train:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
                                  cfg.train.seed_change_epoch),
                      plan.steps_per_epoch, rd.batch_size, cfg.train.computation_time, True,
-                     pacing)
+                     pacing, policy)
     return Phase(name, split, files, reader, ShuffleSpec(), plan.eval_steps_per_epoch,
-                 rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing)
+                 rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing, policy)
 
 
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
@@ -115,11 +137,11 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
     """One epoch of a phase on every rank; the gathered summary on rank 0, else None."""
     rank = comm.Get_rank()
     split = phase.split
-    order = epoch_order(split.num_files, split.samples_per_file, phase.shuffle, epoch) \
-        if rank == 0 else None
-    shard = scatter_shards(comm, order, phase.steps * phase.batch)
+    shuffle = epoch_shuffle(phase.shuffle, epoch, draw_entropy(comm, phase.shuffle))
+    shard = rank_shard(split.num_files, split.samples_per_file, shuffle, rank,
+                       phase.steps * phase.batch)
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
-                       phase.files.layouts, resolve_read_mode(cfg))
+                       phase.files.layouts, resolve_read_mode(cfg), phase.policy)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier)
     if cfg.output.access_log:
@@ -136,7 +158,7 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
     summary = EpochSummary(epoch, records, dlio_record_length(cfg.dataset))
     print(f"{phase.name} epoch {epoch}: AU {summary.au_percentage:.2f} %, "
           f"{summary.samples_per_second:.1f} samples/s, "
-          f"{summary.read_mib_per_second:.1f} MiB/s read, {summary.seconds:.2f} s, "
+          f"{summary.transfer_mib_per_second:.1f} MiB/s read, {summary.seconds:.2f} s, "
           f"emulator overhead {summary.overhead_us_per_step:.1f} us/step", flush=True)
     return summary
 

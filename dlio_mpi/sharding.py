@@ -1,17 +1,25 @@
 """Who reads which samples, epoch by epoch.
 
-Rank 0 draws the epoch's order of all samples (file_shuffle permutes files, sample_shuffle
-permutes samples) and scatters contiguous blocks of it, so every rank gets the same number of
-steps and, across ranks, every kept sample is read exactly once per epoch. drop_last is decided
-globally: the last T mod (P*B) samples of the epoch's order are not read."""
+An epoch's order of all T samples is a seeded bijection of positions to sample ids, computed
+pointwise (a Feistel permutation in the C core): file_shuffle permutes files (their samples stay
+together and in order), sample_shuffle then permutes the resulting order of all samples. Rank r
+reads the contiguous positions [r*S, (r+1)*S) with S = steps * batch, so every rank runs the same
+number of steps, across ranks every kept sample is read exactly once per epoch, and drop_last is
+global: the last T mod (P*B) positions are not read. Each rank computes only its own slice: no
+rank ever holds the whole order (O(T/P) memory), and nothing is communicated but, for
+"random" shuffles, one seed drawn by rank 0."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
 
+from . import _core
+
 SHUFFLE_MODES = ("off", "seed", "random")
+FILE_STREAM, SAMPLE_STREAM = 0, 1
 
 
 @dataclass(frozen=True)
@@ -23,38 +31,66 @@ class ShuffleSpec:
     seed: int = 123
     seed_change_epoch: bool = True
 
-    def rng(self, mode: str, epoch: int, stream: int) -> np.random.Generator:
-        """Generator for one shuffle: seeded (seed [+ epoch]) or from OS entropy (random)."""
-        if mode == "random":
-            return np.random.default_rng()
-        seed = self.seed + epoch if self.seed_change_epoch else self.seed
-        return np.random.default_rng([seed, stream])
+    @property
+    def draws_randomly(self) -> bool:
+        return "random" in (self.file_shuffle, self.sample_shuffle)
 
 
-def epoch_order(num_files: int, samples_per_file: int, shuffle: ShuffleSpec,
-                epoch: int) -> np.ndarray:
-    """Global sample ids (file * samples_per_file + index) in the order they are consumed."""
-    files = np.arange(num_files, dtype=np.int64)
-    if shuffle.file_shuffle != "off":
-        files = shuffle.rng(shuffle.file_shuffle, epoch, 0).permutation(files)
-    order = (files[:, None] * samples_per_file
-             + np.arange(samples_per_file, dtype=np.int64)[None, :]).ravel()
-    if shuffle.sample_shuffle != "off":
-        order = shuffle.rng(shuffle.sample_shuffle, epoch, 1).permutation(order)
-    return order
+@dataclass(frozen=True)
+class EpochShuffle:
+    """The permutation keys of one epoch; None leaves that level in order."""
+
+    file_key: int | None = None
+    sample_key: int | None = None
+
+
+def _key(seed: int, stream: int) -> int:
+    return int(np.random.SeedSequence([seed & (2**63 - 1), stream]).generate_state(
+        1, np.uint64)[0])
+
+
+def epoch_shuffle(spec: ShuffleSpec, epoch: int, entropy: int = 0) -> EpochShuffle:
+    """The keys of `epoch`: from the seed (plus the epoch when seed_change_epoch) for "seed",
+    from `entropy` (drawn once per epoch by rank 0, see draw_entropy) for "random"."""
+    seed = spec.seed + epoch if spec.seed_change_epoch else spec.seed
+
+    def key(mode: str, stream: int) -> int | None:
+        if mode == "off":
+            return None
+        return _key(entropy if mode == "random" else seed, stream)
+
+    return EpochShuffle(key(spec.file_shuffle, FILE_STREAM),
+                        key(spec.sample_shuffle, SAMPLE_STREAM))
+
+
+def draw_entropy(comm, spec: ShuffleSpec) -> int:
+    """Collectively: rank 0's fresh random seed for a "random" shuffle (0 when not needed)."""
+    if not spec.draws_randomly:
+        return 0
+    return comm.bcast(int.from_bytes(os.urandom(8), "little") if comm.Get_rank() == 0
+                      else None, root=0)
+
+
+def order_slice(num_files: int, samples_per_file: int, shuffle: EpochShuffle, start: int,
+                count: int) -> np.ndarray:
+    """Sample ids (file * samples_per_file + index) at positions [start, start + count) of the
+    epoch's order."""
+    ids = np.arange(start, start + count, dtype=np.int64)
+    if shuffle.sample_key is not None:
+        _core.permute(num_files * samples_per_file, shuffle.sample_key, ids)
+    if shuffle.file_key is not None:
+        files, within = np.divmod(ids, samples_per_file)
+        _core.permute(num_files, shuffle.file_key, files)
+        ids = files * samples_per_file + within
+    return ids
+
+
+def rank_shard(num_files: int, samples_per_file: int, shuffle: EpochShuffle, rank: int,
+               per_rank: int) -> np.ndarray:
+    """The ids rank `rank` reads this epoch, in order: positions [rank, rank + 1) * per_rank."""
+    return order_slice(num_files, samples_per_file, shuffle, rank * per_rank, per_rank)
 
 
 def steps_per_epoch(total_samples: int, ranks: int, batch_size: int) -> int:
     """floor(samples per rank / batch): the same on every rank."""
     return total_samples // ranks // batch_size
-
-
-def scatter_shards(comm, order: np.ndarray | None, per_rank: int) -> np.ndarray:
-    """Scatter the first ranks*per_rank ids of `order` (significant on rank 0 only) in
-    contiguous blocks; returns this rank's block."""
-    shard = np.empty(per_rank, dtype=np.int64)
-    send = None
-    if comm.Get_rank() == 0:
-        send = np.ascontiguousarray(order[: per_rank * comm.Get_size()], dtype=np.int64)
-    comm.Scatter(send, shard, root=0)
-    return shard

@@ -33,6 +33,10 @@ class EpochTrace:
     planned_compute_ns: np.ndarray
     step_bytes: np.ndarray     # bytes storage returned for each step's batch
     step_read_ops: np.ndarray  # read calls for each step's batch
+    payload_bytes: int         # sample bytes the batches delivered (headers etc. excluded)
+    opens: int                 # file opens, closes and fstats of the epoch
+    closes: int
+    stats: int
     requests: int
     lat_ns: np.ndarray         # per request
     sample_ids: np.ndarray     # what this rank consumed, in order
@@ -88,6 +92,8 @@ def run_epoch(comm, reader, plan: ReadPlan, compute_s: np.ndarray, epoch: int, p
     now, wait_until = _core.now_ns, pacing.pacer.wait_until
     next_batch, resume = reader.next_batch, reader.resume
     barrier_ = StepBarrier(comm, pacing.sync_spin_ns) if barrier else None
+    reader.prepare_epoch(plan)
+    before = reader.counters()
     comm.Barrier()  # all ranks open the block together ...
     start = block_start = now()
     reader.start_epoch(plan)  # ... and read nothing ahead outside it (counted in step 0's wait)
@@ -108,10 +114,14 @@ def run_epoch(comm, reader, plan: ReadPlan, compute_s: np.ndarray, epoch: int, p
         barrier_.close()
     if next_batch() is not None:
         raise RuntimeError("engine returned more batches than planned")
+    reader.end_epoch()
+    after = reader.counters()
     table = np.array(rows, dtype=np.int64).reshape(steps, 8)
     return EpochTrace(
         epoch=epoch, block_start_ns=block_start, block_end_ns=block_end,
         stamps=np.ascontiguousarray(table[:, :6]), planned_compute_ns=planned,
         step_bytes=table[:, 6].copy(), step_read_ops=table[:, 7].copy(),
+        payload_bytes=plan.payload_bytes, opens=after["opens"] - before["opens"],
+        closes=after["closes"] - before["closes"], stats=after["stats"] - before["stats"],
         requests=len(plan.offset), lat_ns=reader.lat_ns.copy(), sample_ids=plan.sample_ids,
         synchronised=barrier)

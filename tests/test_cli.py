@@ -26,9 +26,15 @@ def test_run_writes_results(tmp_path):
                 "train_read_latency_p99_ms", "train_wait_seconds_per_rank"):
         assert key in metric, key
     assert len(metric["train_au_percentage"]) == 2
-    # demo reads npz whole files (DLIO's on_demand): 8 files of 64x64 bytes + headers, 2 epochs
-    assert metric["train_bytes_read"] == 2 * 8 * os.path.getsize(
-        tmp_path / "data" / "train" / "img_0_of_8.npz")
+    # demo reads npz whole files (DLIO's on_demand) as np.load does: per sample an open, the
+    # reads of the header, zip directory and payload, a close; 8 files of 64x64 bytes, 2 epochs
+    size = os.path.getsize(tmp_path / "data" / "train" / "img_0_of_8.npz")
+    assert metric["train_bytes_read"] == 2 * 8 * 64 * 64  # sample bytes only
+    assert metric["train_bytes_transferred"] >= 2 * 8 * size
+    assert metric["train_metadata_bytes_read"] == \
+        metric["train_bytes_transferred"] - metric["train_bytes_read"]
+    assert metric["train_file_opens"] == metric["train_file_closes"] == 2 * 8
+    assert metric["train_file_stats"] >= 2 * 8
     assert set(json.loads((out / "per_epoch_stats.json").read_text())) == {"1", "2"}
     assert (out / "config.yaml").exists()
     assert "train AU" in res.stdout
@@ -63,16 +69,30 @@ def test_validate_prints_the_plan_without_touching_storage(tmp_path):
 
 
 def test_a_failing_rank_ends_the_job_promptly(tmp_path):
+    from dlio_mpi.catalog import spot_indices
+
     over = workload_overrides(tmp_path, dataset__format="npy", reader__read_mode="sample",
                               train__epochs=1, reader__sample_shuffle="off",
-                              reader__file_shuffle="off")
+                              reader__file_shuffle="off", dataset__num_files_train=40)
     assert run_cli(["generate", "demo", *over]).returncode == 0
-    victim = tmp_path / "data" / "train" / "img_7_of_8.npy"  # no shuffle: read by rank 1
+    # no shuffle: rank 1 reads files 20..39; pick one the start-up spot checks do not look at
+    index = max(set(range(20, 40)) - set(spot_indices(40)))
+    victim = tmp_path / "data" / "train" / f"img_{index:02d}_of_40.npy"
     os.truncate(victim, 200)
     res = run_cli(["run", "demo", *over, "workflow.generate_data=false"], timeout=60)
     assert res.returncode != 0
     assert "rank 1" in res.stderr and str(victim) in res.stderr, \
         f"rc={res.returncode}\nstderr:\n{res.stderr}\nstdout:\n{res.stdout}"
+
+
+def test_a_changed_file_is_caught_by_the_start_up_spot_checks(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="npy")
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    victim = tmp_path / "data" / "train" / "img_7_of_8.npy"
+    os.truncate(victim, 200)
+    res = run_cli(["run", "demo", *over, "workflow.generate_data=false"], timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.count(f"{victim} has 200 bytes") == 1, res.stderr
 
 
 def test_odirect_reads_aligned_extents(tmp_path):
@@ -94,7 +114,11 @@ def test_odirect_reads_aligned_extents(tmp_path):
     extents = [(header + i * 10000, header + (i + 1) * 10000) for i in range(2)]
     per_file = sum(min(-(-end // align) * align, size) - start // align * align
                    for start, end in extents)
-    assert metric["train_bytes_read"] == 2 * 8 * per_file
+    assert metric["train_bytes_transferred"] == 2 * 8 * per_file
+    assert metric["train_bytes_read"] == 2 * 16 * 10000
+    # 2 samples per file read by extent: each file opened once per epoch (both samples go to
+    # the one reader thread) and closed when the epoch ends
+    assert metric["train_file_opens"] == metric["train_file_closes"] == 2 * 8
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs a tmpfs at /dev/shm")
@@ -123,16 +147,16 @@ def test_npz_samples_read_by_extent_match_numpy(tmp_path, odirect):
     from dlio_mpi.dataset import describe_dataset
 
     split = describe_dataset(load_config("demo", over))["train"]
-    layouts = split.expected_layouts()
     align = max(_core.odirect_alignment(split.path(0))) if odirect else 0
     engine = _core.Engine(2, 1, odirect, 4, align)
     engine.set_files(split.paths())
     files = np.array([0, 5, 7], dtype=np.int64)
     index = np.array([2, 0, 1], dtype=np.int64)
-    offset = layouts.data_offset[files] + index * layouts.sample_step[files]
+    layouts = split.expected_layouts().take(files)
+    offset = layouts.data_offset + index * layouts.sample_step
     buf_off = np.zeros(3, dtype=np.int64)
     engine.start_epoch(np.array([0, 3], dtype=np.int64), files, offset,
-                       layouts.sample_span[files], buf_off)
+                       layouts.sample_span, buf_off)
     batch = engine.next()
     data = bytes(batch.data)
     for k in range(3):

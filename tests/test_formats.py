@@ -9,6 +9,14 @@ import numpy as np
 import pytest
 
 from dlio_mpi.formats import SampleSpec, get_format
+from dlio_mpi.formats.base import StagedWrites, tmp_name
+
+
+def write(fmt, path, spec, seed) -> int:
+    staged = StagedWrites()
+    size = fmt.write(path, spec, seed, staged)
+    staged.commit()
+    return size
 
 
 def read_extent(path, layout, index) -> bytes:
@@ -25,7 +33,7 @@ def test_array_formats_load_with_numpy_and_extents_match(tmp_path, fmt_name, sha
     fmt = get_format(fmt_name)
     spec = SampleSpec(shape, dtype, samples)
     path = str(tmp_path / f"f.{fmt.extension}")
-    size = fmt.write(path, spec, seed=7)
+    size = write(fmt, path, spec, 7)
     layout = fmt.layout(spec)
     assert size == layout.size == (tmp_path / f"f.{fmt.extension}").stat().st_size
     loaded = np.load(path)
@@ -37,21 +45,24 @@ def test_array_formats_load_with_numpy_and_extents_match(tmp_path, fmt_name, sha
         assert list(loaded["y"]) == [0] * samples
         with zipfile.ZipFile(path) as archive:
             assert archive.testzip() is None  # CRCs are right
-    assert fmt.probe(path, "first_axis") == layout
+    stored = fmt.probe(path)
+    assert stored.layout(stored.as_samples(samples, "first_axis")) == layout
 
 
 def test_last_axis_layout_covers_strided_samples(tmp_path):
     fmt = get_format("npy")
     spec = SampleSpec((3, 4), "uint8", 5, "last_axis")
     path = str(tmp_path / "f.npy")
-    fmt.write(path, spec, seed=1)
+    write(fmt, path, spec, 1)
     array = np.load(path)
     assert array.shape == (3, 4, 5)
     layout = fmt.layout(spec)
     for i in range(5):
         extent = np.frombuffer(read_extent(path, layout, i), dtype=np.uint8)
         assert np.array_equal(extent[:: 5], array[..., i].ravel())
-    assert fmt.probe(path, "last_axis") == layout
+    stored = fmt.probe(path)
+    assert stored.as_samples(5, "first_axis").layout == "last_axis"  # detected from the header
+    assert stored.layout(stored.as_samples(5, "first_axis")) == layout
 
 
 def test_probe_reads_numpy_savez_files(tmp_path):
@@ -59,7 +70,8 @@ def test_probe_reads_numpy_savez_files(tmp_path):
     x = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
     path = str(tmp_path / "dlio.npz")
     np.savez(path, x=x, y=np.zeros(4))
-    layout = get_format("npz").probe(path, "last_axis")
+    stored = get_format("npz").probe(path)
+    layout = stored.layout(stored.as_samples(4, "first_axis"))
     for i in range(4):
         extent = np.frombuffer(read_extent(path, layout, i), dtype=np.uint8)
         assert np.array_equal(extent[::4], x[..., i].ravel())
@@ -69,25 +81,48 @@ def test_indexed_binary_writes_index_files(tmp_path):
     fmt = get_format("indexed_binary")
     spec = SampleSpec((10,), "uint8", 6)
     path = str(tmp_path / "f.indexed_binary")
-    assert fmt.write(path, spec, seed=3) == 60
+    assert write(fmt, path, spec, 3) == 60
     offsets = np.fromfile(path + ".off.idx", dtype=np.uint64)
     sizes = np.fromfile(path + ".sz.idx", dtype=np.uint64)
     assert list(offsets) == [0, 10, 20, 30, 40, 50] and list(sizes) == [10] * 6
-    assert fmt.probe(path, "first_axis") == fmt.layout(spec)
+    stored = fmt.probe(path)
+    assert stored.layout(stored.as_samples(6, "first_axis")) == fmt.layout(spec)
 
 
 def test_payload_depends_only_on_seed(tmp_path):
     fmt = get_format("npy")
     spec = SampleSpec((64,), "uint8", 2)
     a, b, c = (str(tmp_path / f"{n}.npy") for n in "abc")
-    fmt.write(a, spec, seed=5)
-    fmt.write(b, spec, seed=5)
-    fmt.write(c, spec, seed=6)
+    write(fmt, a, spec, 5)
+    write(fmt, b, spec, 5)
+    write(fmt, c, spec, 6)
     assert np.array_equal(np.load(a), np.load(b))
     assert not np.array_equal(np.load(a), np.load(c))
 
 
 def test_write_leaves_no_temporary_file(tmp_path):
     fmt = get_format("npz")
-    fmt.write(str(tmp_path / "f.npz"), SampleSpec((4,), "uint8", 2), seed=1)
+    write(fmt, str(tmp_path / "f.npz"), SampleSpec((4,), "uint8", 2), 1)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.npz"]
+
+
+def test_samples_on_no_axis_are_refused():
+    from dlio_mpi.formats import StoredArray
+
+    stored = StoredArray(1000, 128, (3, 4, 5), "|u1")
+    with pytest.raises(ValueError, match="no axis of dataset.num_samples_per_file=2"):
+        stored.as_samples(2, "first_axis")
+    assert stored.as_samples(3, "last_axis").layout == "first_axis"  # only the first fits
+
+
+def test_staged_files_get_their_names_only_on_commit(tmp_path):
+    fmt = get_format("indexed_binary")
+    staged = StagedWrites()
+    path = str(tmp_path / "f.indexed_binary")
+    fmt.write(path, SampleSpec((10,), "uint8", 2), 1, staged)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [tmp_name(path).rsplit("/", 1)[1], "f.indexed_binary.off.idx.tmp",
+         "f.indexed_binary.sz.idx.tmp"])
+    staged.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "f.indexed_binary", "f.indexed_binary.off.idx", "f.indexed_binary.sz.idx"]

@@ -74,6 +74,7 @@ def _trace(rows, planned, synchronised=True):
                       block_end_ns=int(stamps[-1, 5]), stamps=stamps,
                       planned_compute_ns=np.asarray(planned, dtype=np.int64) * 1000,
                       step_bytes=np.full(steps, 100), step_read_ops=np.ones(steps, np.int64),
+                      payload_bytes=90 * steps, opens=steps, closes=steps, stats=2 * steps,
                       requests=steps, lat_ns=np.full(steps, 1000),
                       sample_ids=np.arange(steps), synchronised=synchronised)
 
@@ -95,7 +96,8 @@ def test_condense_splits_steps_into_storage_stall_overhead_and_imbalance():
     assert record.sync_seconds == pytest.approx((14 + 6) * 1e-6)
     assert record.overhead_us_per_step == pytest.approx(3.5 + 1.5 + 4)
     assert record.au_percentage == pytest.approx(100 * 200 / 260)
-    assert record.bytes_read == 200 and record.read_ops == 2
+    assert record.bytes_read == 180 and record.bytes_transferred == 200
+    assert record.read_ops == 2 and record.opens == record.closes == 2 and record.stats == 4
 
 
 def test_dlio_io_field_is_samples_per_second_times_record_length():

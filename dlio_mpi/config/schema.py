@@ -273,8 +273,17 @@ class Reader:
     # (DLIO on_demand); 'file_once': each file once per epoch, samples served from memory (DLIO
     # memory); 'auto': read_type decides, except indexed_binary/mmap_indexed_binary/hdf5 -> sample
     read_mode: str = key("auto", "str", choices=("auto", "sample", "file", "file_once"))
-    # ours: open file descriptors kept per rank (LRU)
-    fd_cache_size: int = key(256, "int", minimum=1)
+    # ours: how files are opened. 'loader': as the real loader (a whole-file load or a read of
+    # a one-sample file opens, probes and closes the file with the loader's system calls;
+    # many-sample files read by extent stay open per reader thread until the epoch ends);
+    # 'lean': descriptors cached across epochs and one read per request
+    access: str = key("loader", "str", choices=("loader", "lean"))
+    # ours: descriptors kept open per rank for reads outside whole-file loads, split evenly
+    # over the reader threads, each a least-recently-used cache
+    fd_cache_size: int = key(256, "int", minimum=1, maximum=2**24)
+    # ours: before each epoch, posix_fadvise(DONTNEED) the files it will read, so that the
+    # page cache cannot serve them
+    drop_page_cache: bool = key(False, "bool")
 
 
 # --------------------------------------------------------------------------- train, evaluation

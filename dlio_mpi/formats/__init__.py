@@ -7,7 +7,7 @@ computed from the generation parameters or probed from an existing file's header
 
 from __future__ import annotations
 
-from .base import FileLayout, Format, SampleSpec
+from .base import FileLayout, Format, SampleSpec, StoredArray
 from .indexed_binary import IndexedBinaryFormat
 from .npy import NpyFormat
 from .npz import NpzFormat
@@ -27,4 +27,5 @@ def get_format(name: str) -> Format:
     return _REGISTRY[name]
 
 
-__all__ = ["FileLayout", "Format", "SampleSpec", "get_format", "implemented_formats"]
+__all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "get_format",
+           "implemented_formats"]

@@ -65,9 +65,35 @@ class FileLayout:
         return FileLayout(size, data_offset, step, span, spec.sample_bytes)
 
 
+@dataclass(frozen=True)
+class StoredArray:
+    """What a file's header says it holds: an array of `shape` and `dtype` whose bytes start
+    at data_offset (indexed formats: (samples, sample_bytes) of uint8)."""
+
+    size: int
+    data_offset: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    def as_samples(self, samples: int, preferred: str) -> SampleSpec:
+        """The stored array read as `samples` samples: on the first axis or on the last one,
+        whichever holds that many (`preferred` when both do); ValueError when neither does."""
+        shape = self.shape
+        first = len(shape) > 0 and shape[0] == samples
+        last = len(shape) > 0 and shape[-1] == samples
+        if first and (not last or preferred == "first_axis"):
+            return SampleSpec(tuple(shape[1:]), self.dtype, samples, "first_axis")
+        if last:
+            return SampleSpec(tuple(shape[:-1]), self.dtype, samples, "last_axis")
+        raise ValueError(f"holds an array of shape {shape}, which has no axis of "
+                         f"dataset.num_samples_per_file={samples} samples")
+
+    def layout(self, spec: SampleSpec) -> FileLayout:
+        return FileLayout.for_array(spec, self.data_offset, self.size)
+
+
 class Format(Protocol):
-    """One dataset format. `write` must leave `path` complete or absent: it writes temporary
-    names and renames them last (the data file after any side files)."""
+    """One dataset format: its layouts, how it writes and probes files."""
 
     name: str
     extension: str
@@ -76,13 +102,14 @@ class Format(Protocol):
         """Byte layout of a file this format writes for `spec` (no I/O)."""
         ...
 
-    def write(self, path: str, spec: SampleSpec, seed: int) -> int:
-        """Write one complete file with pseudo-random payload from `seed`; return its size."""
+    def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
+        """Write one file (and its side files) with pseudo-random payload from `seed` through
+        `staged`, which completes them on commit; return the data file's size."""
         ...
 
-    def probe(self, path: str, layout: str) -> FileLayout:
-        """Layout of an existing file, read from its header (for data we did not generate);
-        `layout` says which array axis indexes samples."""
+    def probe(self, path: str) -> StoredArray:
+        """What an existing file holds, read from its header (for data we did not generate);
+        ValueError if it cannot be read by extent."""
         ...
 
     def side_files(self, path: str) -> list[str]:
@@ -95,16 +122,49 @@ def tmp_name(path: str) -> str:
     return path + ".tmp"
 
 
+class StagedWrites:
+    """Files written under temporary names and completed together: commit() flushes them to
+    storage with one syncfs (one journal commit for many small files, where an fsync each
+    costs one per file) and only then renames each to its final name, in the order written
+    (a data file's side files before it). A crash leaves only .tmp files, which a rerun
+    overwrites; a final name never exposes data that is not on disk."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[str, str]] = []
+        self.bytes = 0
+
+    def write(self, path: str, fill) -> int:
+        """Create `path`.tmp, let `fill(fd)` write it; return its size."""
+        tmp = tmp_name(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            fill(fd)
+            size = os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+        self.pending.append((tmp, path))
+        self.bytes += size
+        return size
+
+    def commit(self) -> None:
+        if not self.pending:
+            return
+        from .. import _core
+
+        fd = os.open(self.pending[0][0], os.O_RDONLY)
+        try:
+            _core.syncfs(fd)
+        finally:
+            os.close(fd)
+        for tmp, path in self.pending:
+            os.replace(tmp, path)
+        self.pending.clear()
+        self.bytes = 0
+
+
 def write_atomically(path: str, fill) -> int:
-    """Create `path`.tmp, let `fill(fd)` write it, flush it to storage, then rename it to
-    `path`; return the size. A crash leaves only the .tmp file, which a rerun overwrites."""
-    tmp = tmp_name(path)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        fill(fd)
-        os.fsync(fd)  # the rename below must never expose a file whose data is not on disk
-        size = os.fstat(fd).st_size
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+    """Write one file under a temporary name, flush it, rename it; return the size."""
+    staged = StagedWrites()
+    size = staged.write(path, fill)
+    staged.commit()
     return size

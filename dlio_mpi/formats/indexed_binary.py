@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, SampleSpec, write_atomically
+from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
 
 
 class IndexedBinaryFormat:
@@ -21,29 +21,30 @@ class IndexedBinaryFormat:
         size = spec.samples * spec.sample_bytes
         return FileLayout(size, 0, spec.sample_bytes, spec.sample_bytes, spec.sample_bytes)
 
-    def write(self, path: str, spec: SampleSpec, seed: int) -> int:
+    def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         offsets = np.arange(spec.samples, dtype=np.uint64) * np.uint64(spec.sample_bytes)
         sizes = np.full(spec.samples, spec.sample_bytes, dtype=np.uint64)
         off_path, sz_path = self.side_files(path)
         # Index files first: the data file's rename is what marks the set complete.
-        write_atomically(off_path, lambda fd: os.write(fd, offsets.tobytes()))
-        write_atomically(sz_path, lambda fd: os.write(fd, sizes.tobytes()))
+        staged.write(off_path, lambda fd: os.write(fd, offsets.tobytes()))
+        staged.write(sz_path, lambda fd: os.write(fd, sizes.tobytes()))
         payload = spec.samples * spec.sample_bytes
-        return write_atomically(
+        return staged.write(
             path, lambda fd: _core.write_random(fd, 0, payload, seed, 0, path))
 
-    def probe(self, path: str, layout: str) -> FileLayout:
+    def probe(self, path: str) -> StoredArray:
         off_path, sz_path = self.side_files(path)
         offsets = np.fromfile(off_path, dtype=np.uint64)
         sizes = np.fromfile(sz_path, dtype=np.uint64)
         if len(offsets) == 0 or len(offsets) != len(sizes):
-            raise ValueError(f"{off_path} and {sz_path} disagree or are empty")
+            raise ValueError(f"has index files {off_path} and {sz_path} that disagree or are "
+                             "empty")
         step = int(sizes[0])
         expected = np.arange(len(offsets), dtype=np.uint64) * np.uint64(step) + offsets[0]
         if not (np.all(sizes == sizes[0]) and np.array_equal(offsets, expected)):
-            raise ValueError(f"{path}: samples of unequal size or not back to back are not "
+            raise ValueError("has samples of unequal size or not back to back, which is not "
                              "supported yet")
-        return FileLayout(os.stat(path).st_size, int(offsets[0]), step, step, step)
+        return StoredArray(os.stat(path).st_size, int(offsets[0]), (len(offsets), step), "|u1")
 
     def side_files(self, path: str) -> list[str]:
         return [path + ".off.idx", path + ".sz.idx"]

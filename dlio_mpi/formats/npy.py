@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, SampleSpec, write_atomically
+from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
 
 
 def npy_header(spec: SampleSpec) -> bytes:
@@ -35,16 +35,12 @@ def parse_npy_header(fp) -> tuple[tuple[int, ...], np.dtype, bool, int]:
     return tuple(shape), dtype, fortran, fp.tell() - start
 
 
-def spec_from_array(
-    shape: tuple[int, ...], dtype: np.dtype, fortran: bool, layout: str
-) -> SampleSpec:
-    """Interpret a stored array as samples. Which axis indexes samples cannot be read from the
-    file, so the caller says (dataset.sample_layout: DLIO writes last_axis)."""
-    if fortran or len(shape) < 1:
-        raise ValueError("Fortran-ordered and 0-d arrays are not supported")
-    if layout == "last_axis":
-        return SampleSpec(tuple(shape[:-1]), dtype.str, int(shape[-1]), "last_axis")
-    return SampleSpec(tuple(shape[1:]), dtype.str, int(shape[0]), "first_axis")
+def stored_array(fp, size: int, header_start: int) -> StoredArray:
+    """The npy array whose header starts at fp's position (header_start in the file)."""
+    shape, dtype, fortran, header = parse_npy_header(fp)
+    if fortran:
+        raise ValueError("is a Fortran-ordered array, which cannot be read by sample extent")
+    return StoredArray(size, header_start + header, tuple(int(d) for d in shape), dtype.str)
 
 
 class NpyFormat:
@@ -57,20 +53,18 @@ class NpyFormat:
         header = len(npy_header(spec))
         return FileLayout.for_array(spec, header, header + spec.samples * spec.sample_bytes)
 
-    def write(self, path: str, spec: SampleSpec, seed: int) -> int:
+    def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         header = npy_header(spec)
 
         def fill(fd: int) -> None:
             os.write(fd, header)
             _core.write_random(fd, len(header), spec.samples * spec.sample_bytes, seed, 0, path)
 
-        return write_atomically(path, fill)
+        return staged.write(path, fill)
 
-    def probe(self, path: str, layout: str) -> FileLayout:
+    def probe(self, path: str) -> StoredArray:
         with open(path, "rb") as fp:
-            shape, dtype, fortran, header = parse_npy_header(fp)
-            size = os.fstat(fp.fileno()).st_size
-        return FileLayout.for_array(spec_from_array(shape, dtype, fortran, layout), header, size)
+            return stored_array(fp, os.fstat(fp.fileno()).st_size, 0)
 
     def side_files(self, path: str) -> list[str]:
         return []

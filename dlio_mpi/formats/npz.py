@@ -14,8 +14,8 @@ import zipfile
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, SampleSpec, write_atomically
-from .npy import npy_header, parse_npy_header, spec_from_array
+from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .npy import npy_header, stored_array
 
 _LOCAL = struct.Struct("<IHHHHHIIIHH")          # local file header, 30 bytes
 _CENTRAL = struct.Struct("<IHHHHHHIIIHHHHHII")  # central directory header, 46 bytes
@@ -78,7 +78,7 @@ class NpzFormat:
         size = cd_offset + cd_size + len(_end_records(2, cd_offset, cd_size))
         return FileLayout.for_array(spec, x_local + len(x_header), size)
 
-    def write(self, path: str, spec: SampleSpec, seed: int) -> int:
+    def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         x_header = npy_header(spec)
         payload = spec.samples * spec.sample_bytes
         x_size = len(x_header) + payload
@@ -99,24 +99,21 @@ class NpzFormat:
             tail = y_local + y + central + _end_records(2, cd_offset, len(central))
             os.pwrite(fd, tail, y_offset)
 
-        return write_atomically(path, fill)
+        return staged.write(path, fill)
 
-    def probe(self, path: str, layout: str) -> FileLayout:
+    def probe(self, path: str) -> StoredArray:
         with zipfile.ZipFile(path) as archive:
             info = archive.getinfo("x.npy")
             if info.compress_type != zipfile.ZIP_STORED:
-                raise ValueError(f"{path}: x.npy is compressed; only stored npz can be read "
-                                 "by extent (use reader.read_mode: file)")
+                raise ValueError("has a compressed x.npy, which cannot be read by sample extent "
+                                 "(reader.read_mode: file reads whole files)")
         with open(path, "rb") as fp:
             fp.seek(info.header_offset)
             local = fp.read(_LOCAL.size)
             name_len, extra_len = struct.unpack("<HH", local[26:30])
             member = info.header_offset + _LOCAL.size + name_len + extra_len
             fp.seek(member)
-            shape, dtype, fortran, header = parse_npy_header(fp)
-            size = os.fstat(fp.fileno()).st_size
-        spec = spec_from_array(shape, dtype, fortran, layout)
-        return FileLayout.for_array(spec, member + header, size)
+            return stored_array(fp, os.fstat(fp.fileno()).st_size, member)
 
     def side_files(self, path: str) -> list[str]:
         return []

@@ -36,7 +36,7 @@ class EpochRecord:
     samples_per_second: float           # DLIO 2.0.0: steps * batch / block time
     au_span_samples_per_second: float   # measured steps * batch / AU's denominator
     au_span_seconds: float
-    au_span_bytes_read: int             # bytes returned for the measured steps' batches
+    au_span_bytes_transferred: int             # bytes returned for the measured steps' batches
     wait_seconds: float
     compute_seconds: float
     sync_seconds: float
@@ -46,9 +46,13 @@ class EpochRecord:
     sync_wakeup_us_per_step: float      # barrier returning past the last rank's arrival
     loop_us_per_step: float             # from batch complete (or step start) to compute start
     bytes_requested: int
-    bytes_read: int
+    bytes_read: int                     # sample bytes delivered
+    bytes_transferred: int              # everything storage returned (headers, alignment...)
     read_ops: int
     requests: int
+    opens: int
+    closes: int
+    stats: int
     latency_hist: np.ndarray
 
     @property
@@ -85,7 +89,7 @@ def condense(trace: EpochTrace, last_arrival: np.ndarray | None, rank: int, batc
         samples_per_second=block.samples_per_second,
         au_span_samples_per_second=block.au_span_samples_per_second,
         au_span_seconds=block.measured_seconds,
-        au_span_bytes_read=int(trace.step_bytes[measured].sum()),
+        au_span_bytes_transferred=int(trace.step_bytes[measured].sum()),
         wait_seconds=float(trace.wait_ns.sum()) / 1e9,
         compute_seconds=float(trace.compute_ns.sum()) / 1e9,
         sync_seconds=float(sync.sum()) / 1e9,
@@ -94,8 +98,10 @@ def condense(trace: EpochTrace, last_arrival: np.ndarray | None, rank: int, batc
         overshoot_us_per_step=_mean_us(trace.overshoot_ns[trace.planned_compute_ns > 0]),
         sync_wakeup_us_per_step=_mean_us(wakeup) if trace.synchronised else 0.0,
         loop_us_per_step=_mean_us(trace.loop_ns),
-        bytes_requested=bytes_requested, bytes_read=int(trace.step_bytes.sum()),
+        bytes_requested=bytes_requested, bytes_read=trace.payload_bytes,
+        bytes_transferred=int(trace.step_bytes.sum()),
         read_ops=int(trace.step_read_ops.sum()), requests=trace.requests,
+        opens=trace.opens, closes=trace.closes, stats=trace.stats,
         latency_hist=latency.histogram(trace.lat_ns))
 
 
@@ -155,9 +161,9 @@ class EpochSummary:
         return self.samples_per_second * self.record_length / MIB
 
     @property
-    def read_mib_per_second(self) -> float:
+    def transfer_mib_per_second(self) -> float:
         """Bytes storage returned for the measured steps' batches over AU's span, all ranks."""
-        return float(sum(r.au_span_bytes_read / r.au_span_seconds
+        return float(sum(r.au_span_bytes_transferred / r.au_span_seconds
                          for r in self.records if r.au_span_seconds > 0)) / MIB
 
     @property
@@ -187,11 +193,17 @@ class EpochSummary:
             "throughput_samples_per_second": self.samples_per_second,
             "au_span_throughput_samples_per_second": self.au_span_samples_per_second,
             "io_MB_per_second": self.dlio_mb_per_second,
-            "bytes_read_MiB_per_second": self.read_mib_per_second,
+            "transfer_MiB_per_second": self.transfer_mib_per_second,
             "bytes_read": self.bytes_read,
+            "metadata_bytes_read": sum(r.bytes_transferred - r.bytes_read
+                                       for r in self.records),
+            "bytes_transferred": sum(r.bytes_transferred for r in self.records),
             "bytes_requested": sum(r.bytes_requested for r in self.records),
             "read_ops": sum(r.read_ops for r in self.records),
             "requests": sum(r.requests for r in self.records),
+            "file_opens": sum(r.opens for r in self.records),
+            "file_closes": sum(r.closes for r in self.records),
+            "file_stats": sum(r.stats for r in self.records),
             "read_latency_p50_ms": latency.percentile_ns(hist, 50) / 1e6,
             "read_latency_p99_ms": latency.percentile_ns(hist, 99) / 1e6,
             "emulator_overhead_us_per_step": self.overhead_us_per_step,
@@ -223,7 +235,7 @@ def phase_metrics(phase: str, epochs: list[EpochSummary], au_target: float) -> d
     hist = np.sum([e.latency_hist() for e in epochs], axis=0)
     no_barrier = [e.au_without_barrier_percentage for e in epochs]
     span_thr = [e.au_span_samples_per_second for e in epochs]
-    read_rate = [e.read_mib_per_second for e in epochs]
+    read_rate = [e.transfer_mib_per_second for e in epochs]
     return {
         # DLIO 2.0.0's fields, its formulas
         f"{phase}_au_percentage": au,
@@ -240,12 +252,20 @@ def phase_metrics(phase: str, epochs: list[EpochSummary], au_target: float) -> d
         f"{phase}_au_without_barrier_mean_percentage": float(np.mean(no_barrier)),
         f"{phase}_au_span_throughput_samples_per_second": span_thr,
         f"{phase}_au_span_throughput_mean_samples_per_second": float(np.mean(span_thr)),
-        f"{phase}_bytes_read_MiB_per_second": read_rate,
-        f"{phase}_bytes_read_mean_MiB_per_second": float(np.mean(read_rate)),
+        f"{phase}_transfer_MiB_per_second": read_rate,
+        f"{phase}_transfer_mean_MiB_per_second": float(np.mean(read_rate)),
         f"{phase}_bytes_read": int(sum(r.bytes_read for r in records)),
+        f"{phase}_metadata_bytes_read": int(sum(r.bytes_transferred - r.bytes_read
+                                                for r in records)),
+        f"{phase}_bytes_transferred": int(sum(r.bytes_transferred for r in records)),
         f"{phase}_bytes_requested": int(sum(r.bytes_requested for r in records)),
         f"{phase}_read_ops": int(sum(r.read_ops for r in records)),
         f"{phase}_requests": int(sum(r.requests for r in records)),
+        f"{phase}_file_opens": int(sum(r.opens for r in records)),
+        f"{phase}_file_closes": int(sum(r.closes for r in records)),
+        f"{phase}_file_stats": int(sum(r.stats for r in records)),
+        f"{phase}_file_opens_per_rank": per_rank_sum("opens"),
+        f"{phase}_read_ops_per_rank": per_rank_sum("read_ops"),
         f"{phase}_read_latency_p50_ms": latency.percentile_ns(hist, 50) / 1e6,
         f"{phase}_read_latency_p99_ms": latency.percentile_ns(hist, 99) / 1e6,
         f"{phase}_wait_seconds_per_rank": per_rank_sum("wait_seconds"),
@@ -279,7 +299,7 @@ def _rows(phase: str, epochs: list[EpochSummary]) -> list[str]:
         rows.append(
             f"{phase:>5} {e.epoch:>5} {e.au_percentage:>7.2f} "
             f"{e.au_without_barrier_percentage:>7.2f} {e.samples_per_second:>11.1f} "
-            f"{e.read_mib_per_second:>9.1f} {max(r.wait_seconds for r in e.records):>8.3f} "
+            f"{e.transfer_mib_per_second:>9.1f} {max(r.wait_seconds for r in e.records):>8.3f} "
             f"{max(r.compute_seconds for r in e.records):>9.3f} "
             f"{max(r.sync_seconds for r in e.records):>8.3f} "
             f"{e.overhead_us_per_step:>8.1f} "
@@ -301,8 +321,9 @@ def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: 
             f"{phase} AU {m[f'{phase}_au_mean_percentage']:.2f} % (stdev "
             f"{m[f'{phase}_au_stdev_percentage']:.2f}) -> {m[f'{phase}_au_meet_expectation']}; "
             f"{m[f'{phase}_throughput_mean_samples_per_second']:.1f} samples/s; "
-            f"{m[f'{phase}_bytes_read_mean_MiB_per_second']:.1f} MiB/s read "
-            f"({m[f'{phase}_bytes_read'] / MIB:.1f} MiB in {m[f'{phase}_read_ops']} reads)")
+            f"{m[f'{phase}_transfer_mean_MiB_per_second']:.1f} MiB/s read "
+            f"({m[f'{phase}_bytes_transferred'] / MIB:.1f} MiB in {m[f'{phase}_read_ops']} "
+            f"reads, {m[f'{phase}_file_opens']} opens)")
     rows.append("(AU-sync: AU without the per-step barrier; MiB/s: bytes storage returned over "
                 "AU's span; wait/compute/sync: slowest rank's total; ovh: the emulator's own "
                 "time per step)")
