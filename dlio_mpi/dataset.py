@@ -19,8 +19,11 @@ from .formats import FileLayout, Format, SampleSpec, get_format
 SPLITS = ("train", "valid")
 SHAPE_SEED = 10  # DLIO seeds its global NumPy RNG with 10 before drawing file shapes
 SHAPE_CHUNK = 1 << 20  # draws at a time (an even number keeps the normal stream intact)
-_EXACT_FROM = 2**32 - 2**20  # payloads from here on may need ZIP64 records: no shortcut
+# Payloads near 4 GiB may need some ZIP64 records and not others: computed one by one. Past
+# that band every offset of the file needs them, and the header lengths are a class again.
+_EXACT_FROM, _EXACT_TO = 2**32 - 2**20, 2**32 + 2**20
 COLUMNS = ("size", "data_offset", "sample_step", "sample_span", "sample_bytes")
+_POWERS_OF_TEN = 10 ** np.arange(1, 19, dtype=np.int64)
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,7 @@ class ComputedLayouts(LayoutTable):
             dtype, samples_per_file, sample_layout, fmt)
         self.itemsize = np.dtype(dtype).itemsize
         self._classes: dict[tuple, tuple[int, int, bool]] = {}
+        self._totals: dict[str, int] | None = None
 
     def _spec(self, dims) -> SampleSpec:
         return SampleSpec(tuple(int(d) for d in dims), self.dtype, self.samples,
@@ -150,25 +154,67 @@ class ComputedLayouts(LayoutTable):
                                   lay.sample_step != lay.sample_bytes)
         return self._classes[key]
 
-    def _columns(self, dims: np.ndarray) -> np.ndarray:
+    def _digit_classes(self, dims: np.ndarray, elements: np.ndarray):
+        """Each file's class (the digit count of each dim, and whether it is past the 4 GiB
+        band): (head, tail, strided per class; each file's class index)."""
+        digits = np.searchsorted(_POWERS_OF_TEN, dims, side="right")  # digits - 1 per dim
+        past = elements * (self.itemsize * self.samples) >= _EXACT_TO
+        digits = np.concatenate([digits, past[:, None].astype(np.int64)], axis=1)
+        keys = digits @ (21 ** np.arange(digits.shape[1], dtype=np.int64))
+        if len(keys) and keys.max() < 1 << 20:  # few digit classes: a lookup, not a sort
+            seen = np.bincount(keys)
+            classes = np.flatnonzero(seen)
+            lookup = np.zeros(len(seen), dtype=np.int64)
+            lookup[classes] = np.arange(len(classes))
+            inverse = lookup[keys]
+            first = np.zeros(len(classes), dtype=np.int64)
+            first[inverse] = np.arange(len(keys))  # some member of each class: all alike
+        else:
+            classes, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+        table = np.array([self._class(tuple(digits[i]), dims[i]) for i in first],
+                         dtype=np.int64).reshape(len(classes), 3)
+        return table, inverse.reshape(-1)
+
+    def _columns(self, dims: np.ndarray, exact: bool = True) -> np.ndarray:
+        """The layout columns of files with these dims (exact: files near or past 4 GiB
+        computed one by one)."""
         dims = np.asarray(dims, dtype=np.int64)
         elements = dims.prod(axis=1)
         sample_bytes = elements * self.itemsize
         payload = sample_bytes * self.samples
-        digits = np.floor(np.log10(np.maximum(dims, 1))).astype(np.int64) + 1
-        keys = digits @ (11 ** np.arange(dims.shape[1], dtype=np.int64))  # < 11: digit counts
-        classes, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
-        table = np.array([self._class(tuple(digits[i]), dims[i]) for i in first],
-                         dtype=np.int64).reshape(len(classes), 3)
+        table, inverse = self._digit_classes(dims, elements)
         head, tail, strided = table[inverse, 0], table[inverse, 1], table[inverse, 2] != 0
         step = np.where(strided, self.itemsize, sample_bytes)
         span = np.where(strided, ((elements - 1) * self.samples + 1) * self.itemsize,
                         sample_bytes)
         cols = np.stack([head + payload + tail, head, step, span, sample_bytes], axis=1)
-        for i in np.flatnonzero(payload >= _EXACT_FROM):  # ZIP64 and friends: no shortcut
+        band = (payload >= _EXACT_FROM) & (payload < _EXACT_TO)
+        for i in np.flatnonzero(band) if exact else ():  # some ZIP64 records, not others
             lay = self.format.layout(self._spec(dims[i]))
             cols[i] = [getattr(lay, c) for c in COLUMNS]
         return cols
+
+    def _chunk_sums(self, dims: np.ndarray) -> list[int]:
+        """The column sums of some files without building their columns (the same formulas
+        as _columns, summed class by class)."""
+        dims = np.asarray(dims, dtype=np.int64)
+        elements = dims.prod(axis=1)
+        table, inverse = self._digit_classes(dims, elements)
+        per_class = np.bincount(inverse, minlength=len(table))
+        head = int(per_class @ table[:, 0])
+        tail = int(per_class @ table[:, 1])
+        strided = bool(table[:, 2].any())  # the axis and sample count decide, not the class
+        n, count, item = len(elements), int(elements.sum()), self.itemsize
+        span = ((count - n) * self.samples + n) * item if strided else count * item
+        sums = [head + tail + count * item * self.samples, head,
+                n * item if strided else count * item, span, count * item]
+        payload = elements * item * self.samples
+        big = np.flatnonzero((payload >= _EXACT_FROM) & (payload < _EXACT_TO))
+        if len(big):  # swap the shortcut values of the ZIP64 files for the exact ones
+            rough = self._columns(dims[big], exact=False)
+            exact = self._columns(dims[big])
+            sums = [a + int(b) for a, b in zip(sums, exact.sum(axis=0) - rough.sum(axis=0))]
+        return sums
 
     def take(self, files: np.ndarray) -> Layouts:
         if len(self.dims) == 1:
@@ -177,11 +223,17 @@ class ComputedLayouts(LayoutTable):
         return Layouts.from_columns(self._columns(self.dims[np.asarray(files)]))
 
     def total(self, column: str) -> int:
-        k = COLUMNS.index(column)
-        if len(self.dims) == 1:
-            return int(self._columns(self.dims)[0, k]) * self.count
-        return sum(int(self._columns(self.dims[i:i + SHAPE_CHUNK])[:, k].sum(dtype=object))
-                   for i in range(0, len(self.dims), SHAPE_CHUNK))
+        if self._totals is None:  # every column in one pass, chunk by chunk (int64 sums of
+            # a chunk cannot overflow; the chunks add up as Python ints)
+            if len(self.dims) == 1:
+                sums = [int(v) * self.count for v in self._columns(self.dims)[0]]
+            else:
+                sums = [0] * len(COLUMNS)
+                for i in range(0, len(self.dims), SHAPE_CHUNK):
+                    part = self._chunk_sums(self.dims[i:i + SHAPE_CHUNK])
+                    sums = [a + b for a, b in zip(sums, part)]
+            self._totals = dict(zip(COLUMNS, sums))
+        return self._totals[column]
 
 
 class ShiftedLayouts(LayoutTable):

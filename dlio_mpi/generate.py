@@ -59,7 +59,8 @@ def generate(comm, cfg, splits: dict[str, DatasetSplit],
         lists them) and create the folders."""
         manifest = read_manifest(root) if os.path.isdir(root) else None
         ours = manifest is not None and not differing_params(manifest, params)
-        folders = {f for s in splits.values() if s.num_files for f in s.naming.folders()}
+        # both split folders, even an empty valid/: DLIO lists it whatever num_files_eval is
+        folders = {f for s in splits.values() for f in s.naming.folders()}
         for folder in sorted(folders):
             os.makedirs(folder, exist_ok=True)
         if manifest is not None and not ours:
