@@ -168,9 +168,6 @@ int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_er
 #define DIO_REQ_OPEN   1u  /* open a fresh descriptor (and fstat it) before this request */
 #define DIO_REQ_CLOSE  2u  /* close the access's descriptor after this request */
 #define DIO_REQ_FSTAT  4u  /* one more fstat before this request */
-#define DIO_REQ_TO_EOF 8u  /* the read may stop at the end of the file (a loader asking for a
-                            * buffer's worth near EOF); reaching EOF earlier than that is an
-                            * error as usual */
 
 /* One epoch of requests: batch b covers requests [batch_start[b], batch_start[b+1]).  The
  * arrays are copied by dio_engine_start_epoch.  batch_start[0] must be 0 and batch_start must
@@ -181,7 +178,11 @@ typedef struct dio_epoch_plan {
     const int64_t  *batch_start; /* nbatches + 1 */
     const int64_t  *file_idx;    /* nreq = batch_start[nbatches] entries each */
     const int64_t  *offset;
-    const int64_t  *length;
+    const int64_t  *length;      /* bytes the read asks for */
+    const int64_t  *expect;      /* bytes that must arrive; NULL = length.  Less than length
+                                  * only for a read that reaches the end of the file (a loader
+                                  * asking for a buffer's worth near EOF): then exactly expect
+                                  * bytes must arrive (the file ends there) */
     const uint32_t *flags;       /* DIO_REQ_*; NULL = none */
 } dio_epoch_plan;
 

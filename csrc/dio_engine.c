@@ -52,11 +52,12 @@ typedef struct req {
     int64_t  file;    /* index into the file table */
     int64_t  rd_off;  /* file offset of the extent read (aligned down with O_DIRECT) */
     int64_t  rd_len;  /* bytes of the extent (aligned up with O_DIRECT) */
-    int64_t  need;    /* bytes of the extent that must arrive: (offset + length) - rd_off */
+    int64_t  need;    /* bytes of the extent that must arrive: (offset + expect) - rd_off */
     int64_t  buf_pos; /* where the extent starts in the batch buffer */
     int64_t  off;     /* the request as planned, for messages */
     int64_t  len;
     uint32_t flags;   /* DIO_REQ_* */
+    int      to_eof;  /* expect < len: exactly need bytes arrive, the file ends there */
 } req;
 
 typedef struct batch_state {
@@ -76,7 +77,6 @@ typedef struct worker {
     fd_cache cache;
     int access_fd;       /* descriptor of the access in progress, -1 if none */
     int64_t access_file;
-    int64_t access_size; /* its st_size */
     char path[PATH_MAX_LEN]; /* a pattern file's name, formatted here */
     dio_error err;       /* this thread's last failure, copied into the engine under the lock */
 } worker;
@@ -197,7 +197,7 @@ static int worker_init(dio_engine *e, worker *w, int cache_cap)
  * below instead of blocking the thread, and with it the job, forever), fstat it, check it is
  * a regular file (and, with O_DIRECT, on a file system doing real direct I/O).  On EMFILE
  * the thread gives back its least recently used cached descriptors and tries again. */
-static int open_file(dio_engine *e, worker *w, int64_t file, int64_t *size, dio_error *err)
+static int open_file(dio_engine *e, worker *w, int64_t file, dio_error *err)
 {
     const char *path = file_path(&e->files, file, w->path);
     int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (e->cfg.odirect ? O_DIRECT : 0), fd;
@@ -227,27 +227,23 @@ static int open_file(dio_engine *e, worker *w, int64_t file, int64_t *size, dio_
         close_counted(fd, e);
         return dio_fail_odirect(err, EINVAL, path, DIO_WHY_EMULATED);
     }
-    *size = (int64_t)st.st_size;
     return fd;
 }
 
 /* The descriptor for a request outside an access: from the thread's cache, else opened. */
-static int cached_fd(dio_engine *e, worker *w, int64_t file, int64_t *size, dio_error *err)
+static int cached_fd(dio_engine *e, worker *w, int64_t file, dio_error *err)
 {
     fd_entry *ent = fd_cache_find(&w->cache, file);
     int fd, victim;
-    if (DIO_LIKELY(ent != NULL)) {
-        *size = ent->size;
+    if (DIO_LIKELY(ent != NULL))
         return ent->fd;
-    }
-    fd = open_file(e, w, file, size, err);
+    fd = open_file(e, w, file, err);
     if (fd < 0)
         return fd;
     ent = fd_cache_insert(&w->cache, file, &victim);
     if (victim >= 0)
         close_counted(victim, e);
     ent->fd = fd;
-    ent->size = *size;
     return fd;
 }
 
@@ -262,9 +258,9 @@ static int read_failed(dio_engine *e, worker *w, const req *q, int er, int64_t a
                     (long long)at, (long long)want, strerror(er));
 }
 
-/* Read one request into dst (the descriptor fd, whose file has `size` bytes); *got, *ops. */
-static int read_request(dio_engine *e, worker *w, const req *q, int fd, int64_t size,
-                        char *dst, int64_t *got, int64_t *ops)
+/* Read one request into dst with descriptor fd; *got, *ops. */
+static int read_request(dio_engine *e, worker *w, const req *q, int fd, char *dst,
+                        int64_t *got, int64_t *ops)
 {
     *got = *ops = 0;
     while (*got < q->rd_len) {
@@ -286,15 +282,16 @@ static int read_request(dio_engine *e, worker *w, const req *q, int fd, int64_t 
         ++*ops;
         return read_failed(e, w, q, errno, q->rd_off + *got, want);
     }
-    if (DIO_UNLIKELY(*got < q->need) &&
-        !((q->flags & DIO_REQ_TO_EOF) && q->rd_off + *got == size)) {
+    if (DIO_UNLIKELY(*got < q->need || (q->to_eof && *got > q->need))) {
         const char *path = file_path(&e->files, q->file, w->path);
         int64_t have = *got - (q->off - q->rd_off);
         return dio_fail(&w->err, EIO, path,
-                        "short read of %s at offset %lld: expected %lld bytes, got %lld "
-                        "(the file ends before offset + length)",
-                        path, (long long)q->off, (long long)q->len,
-                        (long long)(have < 0 ? 0 : have));
+                        "%s read of %s at offset %lld: expected %lld bytes, got %lld (the "
+                        "file %s)", *got < q->need ? "short" : "long", path, (long long)q->off,
+                        (long long)(q->need - (q->off - q->rd_off)),
+                        (long long)(have < 0 ? 0 : have),
+                        *got < q->need ? "ends before the data planned from its layout"
+                                       : "goes on past the end planned from its layout");
     }
     return 0;
 }
@@ -308,10 +305,10 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
     r->ndone = r->bytes = r->ops = r->end_ns = 0;
     for (int64_t i = first; i < last; i++) {
         const req *q = &e->reqs[i];
-        int64_t got = 0, ops = 0, size = -1, t0, t1;
+        int64_t got = 0, ops = 0, t0, t1;
         int fd, rc = 0;
         if (q->flags & DIO_REQ_OPEN) {
-            fd = open_file(e, w, q->file, &w->access_size, &w->err);
+            fd = open_file(e, w, q->file, &w->err);
             if (fd < 0)
                 return fd;
             w->access_fd = fd;
@@ -319,24 +316,22 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
         }
         if (w->access_fd >= 0) {
             fd = w->access_fd;
-            size = w->access_size;
         } else if (q->rd_len > 0 || (q->flags & DIO_REQ_FSTAT)) {
-            fd = cached_fd(e, w, q->file, &size, &w->err);
+            fd = cached_fd(e, w, q->file, &w->err);
             if (fd < 0)
                 return fd;
         } else {
             fd = -1; /* zero-length request outside an access: nothing to do */
         }
         if ((q->flags & DIO_REQ_FSTAT) && fd >= 0) {
-            struct stat st;
+            struct stat st; /* what the loader asks again; the answer is not needed */
             __atomic_fetch_add(&e->stats, 1, __ATOMIC_RELAXED);
-            if (fstat(fd, &st) == 0)
-                size = (int64_t)st.st_size;
+            fstat(fd, &st);
         }
         t0 = t1 = 0;
         if (q->rd_len > 0) {
             t0 = dio_now_ns();
-            rc = read_request(e, w, q, fd, size, base + q->buf_pos, &got, &ops);
+            rc = read_request(e, w, q, fd, base + q->buf_pos, &got, &ops);
             t1 = dio_now_ns();
         }
         r->bytes += got;
@@ -746,18 +741,20 @@ static int check_plan(dio_engine *e, const dio_epoch_plan *p, dio_error *err)
         int64_t access_file = -1;
         for (; i < bs[b + 1]; i++) {
             int64_t f = p->file_idx[i], off = p->offset[i], len = p->length[i];
+            int64_t expect = p->expect ? p->expect[i] : len;
             uint32_t fl = p->flags ? p->flags[i] : 0;
             if (f < 0 || f >= e->files.nfiles)
                 return dio_fail(err, EINVAL, "",
                                 "start_epoch: request %lld names file %lld, but the file table "
                                 "has %lld files", (long long)i, (long long)f,
                                 (long long)e->files.nfiles);
-            if (off < 0 || len < 0 || off > INT64_MAX / 2 - len - al) {
+            if (off < 0 || len < 0 || off > INT64_MAX / 2 - len - al || expect < 0 ||
+                expect > len) {
                 const char *path = file_path(&e->files, f, buf);
                 return dio_fail(err, EINVAL, path,
                                 "start_epoch: request %lld on %s has an invalid extent (offset "
-                                "%lld, length %lld)", (long long)i, path, (long long)off,
-                                (long long)len);
+                                "%lld, length %lld, expect %lld)", (long long)i, path,
+                                (long long)off, (long long)len, (long long)expect);
             }
             if (((fl & DIO_REQ_OPEN) && access_file >= 0) ||
                 (!(fl & DIO_REQ_OPEN) && access_file >= 0 && f != access_file) ||
@@ -809,17 +806,19 @@ int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *p, const dio_epo
         for (int64_t i = bs->start; i < bs->end; i++) {
             req *q = &e->reqs[i];
             int64_t off = p->offset[i], len = p->length[i];
+            int64_t expect = p->expect ? p->expect[i] : len;
             q->file = p->file_idx[i];
             q->off = off;
             q->len = len;
             q->flags = p->flags ? p->flags[i] : 0;
+            q->to_eof = expect < len;
             if (len == 0) {
                 q->rd_off = off;
                 q->rd_len = q->need = 0;
             } else {
                 q->rd_off = off / al * al;
                 q->rd_len = (off + len + al - 1) / al * al - q->rd_off;
-                q->need = off + len - q->rd_off;
+                q->need = off + expect - q->rd_off;
             }
             pos = (pos + pa - 1) / pa * pa;
             if (pos > INT64_MAX / 4 - q->rd_len)

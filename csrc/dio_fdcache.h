@@ -10,7 +10,6 @@
 typedef struct fd_entry {
     int64_t  file;  /* file index; -1 = unused */
     int      fd;
-    int64_t  size;  /* st_size when opened */
     uint64_t used;  /* last use (the cache's clock) */
 } fd_entry;
 

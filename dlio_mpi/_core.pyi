@@ -58,7 +58,6 @@ class Batch:
 REQ_OPEN: int
 REQ_CLOSE: int
 REQ_FSTAT: int
-REQ_TO_EOF: int
 
 class Engine:
     def __init__(self, threads: int, prefetch: int, odirect: bool = False, fd_cache: int = 256,
@@ -66,7 +65,8 @@ class Engine:
     def set_files(self, paths: Sequence[_Path]) -> None: ...
     def start_epoch(self, batch_start: Buffer, file_idx: Buffer, offset: Buffer, length: Buffer,
                     req_buf_off: Buffer | None = None, lat_ns: Buffer | None = None,
-                    nread: Buffer | None = None, flags: Buffer | None = None) -> None: ...
+                    nread: Buffer | None = None, flags: Buffer | None = None,
+                    expect: Buffer | None = None) -> None: ...
     def set_file_pattern(self, nfiles: int, folder: _Path, subfolders: int, sub_digits: int,
                          stem: str, digits: int, tail: str) -> None: ...
     def close_files(self) -> None: ...

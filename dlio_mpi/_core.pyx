@@ -68,6 +68,7 @@ cdef extern from "dio.h" nogil:
         const int64_t *file_idx
         const int64_t *offset
         const int64_t *length
+        const int64_t *expect
         const uint32_t *flags
 
     ctypedef struct dio_epoch_outputs:
@@ -87,7 +88,6 @@ cdef extern from "dio.h" nogil:
     uint32_t DIO_REQ_OPEN
     uint32_t DIO_REQ_CLOSE
     uint32_t DIO_REQ_FSTAT
-    uint32_t DIO_REQ_TO_EOF
 
     ctypedef struct dio_batch:
         int64_t index
@@ -371,7 +371,6 @@ cdef class Batch:
 REQ_OPEN = DIO_REQ_OPEN
 REQ_CLOSE = DIO_REQ_CLOSE
 REQ_FSTAT = DIO_REQ_FSTAT
-REQ_TO_EOF = DIO_REQ_TO_EOF
 
 
 cdef class Engine:
@@ -474,10 +473,11 @@ cdef class Engine:
                     const int64_t[::1] file_idx not None, const int64_t[::1] offset not None,
                     const int64_t[::1] length not None, int64_t[::1] req_buf_off=None,
                     int64_t[::1] lat_ns=None, int64_t[::1] nread=None,
-                    const uint32_t[::1] flags=None):
+                    const uint32_t[::1] flags=None, const int64_t[::1] expect=None):
         """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
         (file_idx, offset, length) (contiguous int64 arrays; copied), with optional uint32
-        `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT, REQ_TO_EOF).  Optional int64 outputs of one
+        `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT) and int64 `expect` (bytes that must arrive,
+        less than length only where a read reaches the end of the file, which must end there).  Optional int64 outputs of one
         entry per request, kept referenced by the engine for the epoch: req_buf_off (filled
         now: where request i's bytes start in its batch's data), lat_ns and nread (filled as
         requests complete: pread latency, bytes transferred, with O_DIRECT the aligned extent
@@ -495,13 +495,14 @@ cdef class Engine:
             if arr.shape[0] != nreq:
                 raise ValueError(f"{name} has {arr.shape[0]} entries, batch_start says {nreq}")
         for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread),
-                          ("flags", flags)):
+                          ("flags", flags), ("expect", expect)):
             if arr is not None and arr.shape[0] != nreq:
                 raise ValueError(f"{name} has {arr.shape[0]} entries, expected {nreq}")
         plan.nbatches = batch_start.shape[0] - 1
         plan.batch_start = &batch_start[0]
         plan.file_idx = plan.offset = plan.length = NULL
         plan.flags = NULL
+        plan.expect = NULL
         outs.req_buf_off = outs.lat_ns = outs.nread = NULL
         if nreq > 0:
             plan.file_idx = &file_idx[0]
@@ -509,6 +510,8 @@ cdef class Engine:
             plan.length = &length[0]
             if flags is not None:
                 plan.flags = &flags[0]
+            if expect is not None:
+                plan.expect = &expect[0]
             if req_buf_off is not None:
                 outs.req_buf_off = &req_buf_off[0]
             if lat_ns is not None:

@@ -52,7 +52,7 @@ class FileNaming:
     def folders(self) -> list[str]:
         """The folders the files live in."""
         top = os.path.join(self.root, self.split)
-        if self.subfolders > 1:
+        if self.subfolders > 1 and self.count:
             width = len(str(self.subfolders))
             return [os.path.join(top, f"{s:0{width}d}")
                     for s in range(min(self.subfolders, self.count))]

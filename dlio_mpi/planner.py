@@ -32,9 +32,9 @@ ACCESS_MODES = ("loader", "lean")
 def one_read_per_file(lay: Layouts) -> WholeFileReads:
     """A single read of each whole file (DLIO's O_DIRECT readers; formats without a model)."""
     n = len(lay.size)
-    return WholeFileReads(np.arange(n + 1, dtype=np.int64), np.zeros(n, dtype=np.int64),
-                          lay.size.astype(np.int64), np.ones(n, dtype=bool),
-                          np.zeros(n, dtype=np.int64))
+    size = lay.size.astype(np.int64)
+    return WholeFileReads(np.arange(n + 1, dtype=np.int64), np.zeros(n, dtype=np.int64), size,
+                          size, np.zeros(n, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -62,6 +62,7 @@ class ReadPlan:
     offset: np.ndarray
     length: np.ndarray
     flags: np.ndarray          # uint32 _core.REQ_* per request
+    expect: np.ndarray         # bytes each request must bring (< length where it hits EOF)
     batch_payload: np.ndarray  # sample payload bytes each batch delivers (steps,)
 
     @property
@@ -89,22 +90,22 @@ def _batches_of(owner_step: np.ndarray, steps: int) -> np.ndarray:
 
 def _whole_file_accesses(files: np.ndarray, lay: Layouts, policy: AccessPolicy):
     """Requests of whole-file loads of `files` (in order): (owner load index per request,
-    offset, length, flags)."""
+    offset, length, expect, flags)."""
     if policy.access == "lean":
-        n = len(files)
-        return (np.arange(n), np.zeros(n, dtype=np.int64), lay.size.astype(np.int64),
+        n, size = len(files), lay.size.astype(np.int64)
+        return (np.arange(n), np.zeros(n, dtype=np.int64), size, size,
                 np.zeros(n, dtype=np.uint32))
     model = policy.whole_file(lay)
     counts = np.diff(model.start)
     owner = np.repeat(np.arange(len(files)), counts)
-    flags = np.where(model.to_eof, _core.REQ_TO_EOF, 0).astype(np.uint32)
+    flags = np.zeros(len(owner), dtype=np.uint32)
     first, last = model.start[:-1], model.start[1:] - 1
     flags[first] |= _core.REQ_OPEN
     flags[last] |= _core.REQ_CLOSE
     for k in range(1, int(model.extra_fstats.max(initial=0)) + 1):  # on the 2nd, 3rd... read
         more = model.extra_fstats >= k
         flags[np.minimum(first[more] + k, last[more])] |= _core.REQ_FSTAT
-    return owner, model.offset, model.length, flags
+    return owner, model.offset, model.length, model.expect, flags
 
 
 def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file: int,
@@ -124,13 +125,14 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
     per_file_payload = lay.sample_bytes * samples_per_file
     whole = mode != "sample" or (samples_per_file == 1 and policy.access == "loader")
     if whole:
-        owner, offset, length, flags = _whole_file_accesses(files, lay, policy)
+        owner, offset, length, expect, flags = _whole_file_accesses(files, lay, policy)
         file_idx, req_step = files[owner], step_of[owner]
         payload = per_file_payload if mode != "sample" else lay.sample_bytes
     else:
         index = ids % samples_per_file
         offset = lay.data_offset + index * lay.sample_step
         length, file_idx, req_step = lay.sample_span, files, step_of
+        expect = length
         flags = np.zeros(len(ids), dtype=np.uint32)
         payload = lay.sample_bytes
     batch_payload = np.bincount(step_of, weights=payload, minlength=steps).astype(np.int64)
@@ -138,4 +140,5 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
                     np.ascontiguousarray(file_idx, dtype=np.int64),
                     np.ascontiguousarray(offset, dtype=np.int64),
                     np.ascontiguousarray(length, dtype=np.int64),
-                    np.ascontiguousarray(flags, dtype=np.uint32), batch_payload)
+                    np.ascontiguousarray(flags, dtype=np.uint32),
+                    np.ascontiguousarray(expect, dtype=np.int64), batch_payload)

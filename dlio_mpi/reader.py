@@ -40,7 +40,7 @@ class NativeReader:
         """Hand the engine an epoch of requests; its threads start prefetching at once."""
         self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
         self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
-                                 None, self.lat_ns, None, plan.flags)
+                                 None, self.lat_ns, None, plan.flags, plan.expect)
 
     def next_batch(self):
         """Wait (GIL released) for the next batch; None at the end of the epoch. The slot of

@@ -275,9 +275,14 @@ def test_impossible_values(overrides, expected):
     assert expected in error_of("demo", overrides)
 
 
-def test_generation_needs_files_only_when_used():
-    cfg = load_config("llama_7b", ["dataset.num_files_train=0"])
-    assert cfg.dataset.num_files_train == 0
+def test_dataset_files_are_required_only_when_the_workflow_uses_them():
+    from dlio_mpi.plan import derive_plan
+
+    cfg = load_config("llama_7b", ["dataset.num_files_train=0"])  # checkpoints only
+    plan = derive_plan(cfg, 4)
+    assert plan.train_files == 0 and plan.dataset_bytes == 0 and not plan.splits
+    assert "dataset.num_files_train: expected an integer >= 1" in error_of(
+        "llama_7b", ["dataset.num_files_train=0", "workflow.train=true"])
 
 
 # --------------------------------------------------------------------------- overrides

@@ -473,9 +473,17 @@ def test_new_epoch_abandons_the_one_in_flight(tmp_path):
             engine.start_epoch(start, files, offset, length, None, lat)
             assert engine.next().index == 0
             run_epoch(engine, paths, small)  # replaces the big epoch mid-way
+            # the abandoned epoch wrote nothing more once replaced, and never got far
+            done = np.count_nonzero(lat)
+            assert 2 <= done < len(files), (threads, done)
+            frozen = lat.copy()
             engine.start_epoch(start, files, offset, length)  # and abandon with nothing taken
             run_epoch(engine, paths, small)
+            assert np.array_equal(lat, frozen)
             engine.start_epoch(start, files, offset, length)  # close while in flight
+            t0 = time.monotonic()
+            engine.close()
+            assert time.monotonic() - t0 < 5 and engine.closed
 
 
 def test_engine_api_edges(tmp_path):
@@ -528,3 +536,140 @@ def test_a_fifo_in_the_dataset_fails_instead_of_blocking(tmp_path):
     with pytest.raises(OSError, match="not a regular file"):
         engine.next()
     engine.close()
+
+
+# ------------------------------------------------------------------------------- accesses
+
+
+def _start(engine, requests, expect=None):
+    """requests: one batch of (file, offset, length, flags)."""
+    start = np.array([0, len(requests)], dtype=np.int64)
+    cols = [np.array([r[k] for r in requests], dtype=np.int64) for k in range(3)]
+    flags = np.array([r[3] for r in requests], dtype=np.uint32)
+    exp = None if expect is None else np.array(expect, dtype=np.int64)
+    buf_off = np.zeros(len(requests), dtype=np.int64)
+    engine.start_epoch(start, *cols, buf_off, None, None, flags, exp)
+    return buf_off
+
+
+@pytest.mark.parametrize("threads", [0, 1, 3])
+def test_an_access_opens_probes_reads_and_closes_its_file(tmp_path, threads):
+    paths = make_files(tmp_path, [5000, 7000])
+    o, c, f = _core.REQ_OPEN, _core.REQ_CLOSE, _core.REQ_FSTAT
+    reqs = [(0, 0, 4096, o), (0, 0, 128, f), (0, 4096, 904, c),  # one access of file 0
+            (1, 100, 50, o | c),                                  # a one-read access
+            (1, 0, 10, 0)]                                        # a cached descriptor
+    with _core.Engine(threads, 1) as engine:
+        engine.set_files(paths)
+        buf_off = _start(engine, reqs)
+        batch = engine.next()
+        data = bytes(batch.data)
+        for i, (file, off, ln, _) in enumerate(reqs):
+            assert data[buf_off[i]:buf_off[i] + ln] == expected_bytes(paths, file, off, ln)
+        assert batch.read_ops == 5
+        assert engine.next() is None
+        counters = engine.counters()
+        assert counters["opens"] == 3 and counters["closes"] == 2
+        assert counters["stats"] == 3 + 1  # one per open, one asked for
+        engine.close_files()
+        assert engine.counters()["closes"] == 3
+
+
+def test_a_read_reaching_the_end_of_the_file_brings_exactly_what_is_expected(tmp_path):
+    paths = make_files(tmp_path, [5000])
+    o, c = _core.REQ_OPEN, _core.REQ_CLOSE
+    with _core.Engine(1, 1) as engine:
+        engine.set_files(paths)
+        _start(engine, [(0, 0, 4096, o), (0, 4096, 4096, 0), (0, 5000, 1, c)],
+               expect=[4096, 904, 0])
+        batch = engine.next()
+        assert batch.bytes_read == 5000 and batch.read_ops == 3  # the last one sees EOF
+        assert engine.next() is None
+        # the file grew: the loader's read would bring more than the layout says
+        with open(paths[0], "ab") as fp:
+            fp.write(b"x" * 10)
+        _start(engine, [(0, 4096, 4096, o | c)], expect=[904])
+        with pytest.raises(OSError, match="long read .* goes on past the end"):
+            engine.next()
+        os.truncate(paths[0], 4500)
+        _start(engine, [(0, 4096, 4096, o | c)], expect=[904])
+        with pytest.raises(OSError, match="short read"):
+            engine.next()
+
+
+def test_broken_accesses_are_refused_before_anything_runs(tmp_path):
+    paths = make_files(tmp_path, [100, 100])
+    o, c = _core.REQ_OPEN, _core.REQ_CLOSE
+    with _core.Engine(1, 1) as engine:
+        engine.set_files(paths)
+        for bad in ([(0, 0, 10, o)],                      # never closed
+                    [(0, 0, 10, c)],                      # closed, never opened
+                    [(0, 0, 10, o), (1, 0, 10, c)],       # another file inside the access
+                    [(0, 0, 10, o), (0, 0, 10, o | c)]):  # nested
+            with pytest.raises(OSError, match="access"):
+                _start(engine, bad)
+        with pytest.raises(OSError, match="expect"):
+            _start(engine, [(0, 0, 10, 0)], expect=[11])
+
+
+def test_a_file_pattern_names_files_as_dlio_does(tmp_path):
+    names = [tmp_path / "train" / f"{i % 3}" / f"img_{i:02d}_of_12.npy" for i in range(12)]
+    for i, path in enumerate(names):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(bytes([i]) * 10)
+    with _core.Engine(2, 1) as engine:
+        engine.set_file_pattern(12, str(tmp_path / "train"), 3, 1, "img_", 2, "_of_12.npy")
+        buf_off = _start(engine, [(i, 0, 10, 0) for i in range(12)])
+        data = bytes(engine.next().data)
+        assert [data[buf_off[i]] for i in range(12)] == list(range(12))
+
+
+def test_descriptor_cache_is_least_recently_used(tmp_path):
+    paths = make_files(tmp_path, [100] * 4)
+    with _core.Engine(1, 1, fd_cache=2) as engine:
+        engine.set_files(paths)
+        # 0 1 0 2 (evicts 1, the least recently used) 0 (hit) 1 (evicts 2)
+        run_epoch(engine, paths, [[(f, 0, 10) for f in (0, 1, 0, 2, 0, 1)]])
+        assert engine.counters()["opens"] == 4 and engine.counters()["closes"] == 2
+
+
+def test_drop_cache_advises_every_file_away(tmp_path):
+    paths = make_files(tmp_path, [1 << 20, 1 << 20])
+    with _core.Engine(1, 1) as engine:
+        engine.set_files(paths)
+        engine.drop_cache(np.array([0, 1], dtype=np.int64))
+        with pytest.raises(OSError, match="not in the table"):
+            engine.drop_cache(np.array([2], dtype=np.int64))
+        assert engine.counters()["opens"] == 0  # not counted as the loader's opens
+
+
+# ------------------------------------------------------------------------------- pacing
+
+
+def test_pacer_waits_until_the_deadline_and_adapts_its_spin():
+    _core.set_timer_slack_ns(0)
+    pacer = _core.Pacer()
+    assert pacer.adaptive and pacer.spin_ns == 200_000
+    late = []
+    for _ in range(40):
+        deadline = _core.now_ns() + 1_000_000
+        late.append(pacer.wait_until(deadline) - deadline)
+    assert min(late) >= 0
+    assert 10_000 <= pacer.spin_ns <= 2_000_000 and pacer.waits == 40
+    fixed = _core.Pacer(0)
+    deadline = _core.now_ns() + 2_000_000
+    assert fixed.wait_until(deadline) >= deadline and fixed.spin_ns == 0
+    assert fixed.spun_ns < 1_000_000  # it slept: the spin only covers its own lateness
+
+
+def test_permutation_is_a_seeded_bijection():
+    for n in (1, 2, 3, 1000, 4097):
+        values = np.arange(n, dtype=np.int64)
+        _core.permute(n, 42, values)
+        assert sorted(values.tolist()) == list(range(n))
+    a, b = np.arange(100, dtype=np.int64), np.arange(100, dtype=np.int64)
+    _core.permute(100, 1, a)
+    _core.permute(100, 2, b)
+    assert not np.array_equal(a, b) and not np.array_equal(a, np.arange(100))
+    with pytest.raises(ValueError):
+        _core.permute(10, 1, np.array([10], dtype=np.int64))

@@ -162,3 +162,45 @@ def test_evaluation_runs_when_due_and_reads_every_valid_sample_once(shared_tmp):
     assert metric["eval_bytes_read"] == 2 * (6 // size * size) * 64 * 64
     stats = json.loads((Path(cfg.output.folder) / "per_epoch_stats.json").read_text())
     assert "eval" not in stats["1"] and stats["2"]["eval"]["steps"] == 6 // size
+
+
+def test_real_compute_time_is_compute_and_au_follows_the_known_timings(shared_tmp):
+    comm = _comm()
+    size = comm.Get_size()
+    steps, compute = 12, 0.02
+    cfg, summary = _run(shared_tmp, dataset__num_files_train=steps * size,
+                        dataset__format="npy", reader__batch_size=1,
+                        train__computation_time=compute, train__epochs=2)
+    stats = json.loads((Path(cfg.output.folder) / "per_epoch_stats.json").read_text())
+    for epoch in ("1", "2"):
+        for r in stats[epoch]["per_rank"]:
+            assert r["steps"] == steps
+            # the compute wait lasts the planned time (plus its small measured overshoot) ...
+            assert steps * compute <= r["compute_seconds"] < steps * (compute + 0.002), r
+            assert r["overshoot_us_per_step"] == pytest.approx(
+                (r["compute_seconds"] - steps * compute) / steps * 1e6, abs=1.0)
+            # ... and storage (tiny files in the page cache) hardly makes anyone wait
+            assert r["wait_seconds"] < 0.25 * r["compute_seconds"], r
+            # AU: planned compute of steps 1.. over the block less step 0
+            assert r["au_percentage"] == pytest.approx(
+                100 * (steps - 1) * compute / r["au_span_seconds"], rel=1e-9)
+            assert 75 < r["au_percentage"] <= 100
+            assert r["au_without_barrier_percentage"] >= r["au_percentage"]
+            # DLIO 2.0.0's throughput: all steps x batch over the block's wall time
+            assert r["samples_per_second"] == pytest.approx(steps / r["block_seconds"])
+            assert r["samples_per_second"] == pytest.approx(1 / compute, rel=0.25)
+            overhead = (r["overshoot_us_per_step"] + r["sync_wakeup_us_per_step"]
+                        + r["loop_us_per_step"])
+            assert 0 <= overhead < 2000, r
+            assert r["sync_seconds"] == pytest.approx(
+                r["sync_imbalance_seconds"] + r["sync_wakeup_us_per_step"] * steps / 1e6,
+                abs=1e-6)
+    metric = summary["metric"]
+    assert metric["train_throughput_mean_samples_per_second"] == pytest.approx(
+        size / compute, rel=0.25)
+    assert metric["train_io_mean_MB_per_second"] == pytest.approx(
+        metric["train_throughput_mean_samples_per_second"] * 4096 / 2**20)
+    assert 75 < metric["train_au_mean_percentage"] <= 100
+    overhead = metric["train_emulator_overhead_us_per_step"]
+    assert set(overhead) == {"sleep_overshoot", "sync_wakeup", "loop", "total"}
+    assert summary["dlio_mpi"]["pacing"]["compute_spin_us"] == "auto"

@@ -101,8 +101,9 @@ def _two_reads(lay, blksize):
     n = len(lay.size)
     offset = np.stack([np.zeros(n, np.int64), np.full(n, 16)], axis=1).ravel()
     length = np.stack([np.full(n, 16), lay.size - 16], axis=1).ravel()
-    return WholeFileReads(np.arange(0, 2 * n + 1, 2), offset, length,
-                          np.tile([False, True], n), np.ones(n, dtype=np.int64))
+    expect = length - np.tile([0, 1], n)  # the second read stops one byte short, at EOF
+    return WholeFileReads(np.arange(0, 2 * n + 1, 2), offset, length, expect,
+                          np.ones(n, dtype=np.int64))
 
 
 def test_loader_access_opens_probes_reads_and_closes_each_whole_file_load():
@@ -113,8 +114,9 @@ def test_loader_access_opens_probes_reads_and_closes_each_whole_file_load():
     assert list(plan.offset) == [0, 16] * 4
     assert list(plan.length) == [16, 1984, 16, 984, 16, 1984, 16, 984]
     first = _core.REQ_OPEN
-    second = _core.REQ_CLOSE | _core.REQ_TO_EOF | _core.REQ_FSTAT
+    second = _core.REQ_CLOSE | _core.REQ_FSTAT
     assert list(plan.flags) == [first, second] * 4
+    assert list(plan.expect) == [16, 1983, 16, 983, 16, 1983, 16, 983]
 
 
 def test_loader_reads_of_multi_sample_files_by_extent_use_cached_descriptors():
@@ -127,6 +129,6 @@ def test_loader_with_odirect_reads_each_file_in_one_aligned_read():
     plan = plan_reads(np.array([1, 0]), 1, 2, 1, LAYOUT, "sample",
                       AccessPolicy("loader", odirect=True, format_reads=_two_reads))
     assert list(plan.length) == [2000, 1000] and list(plan.offset) == [0, 0]
-    both = _core.REQ_OPEN | _core.REQ_CLOSE | _core.REQ_TO_EOF
-    assert list(plan.flags) == [both, both]
+    both = _core.REQ_OPEN | _core.REQ_CLOSE
+    assert list(plan.flags) == [both, both] and list(plan.expect) == [2000, 1000]
     assert list(plan.batch_payload) == [110]

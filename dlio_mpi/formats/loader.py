@@ -49,13 +49,14 @@ def zip_facts(path: str) -> ZipFacts:
 @dataclass(frozen=True)
 class WholeFileReads:
     """The reads that load whole files, flattened: file k issues reads
-    [start[k], start[k+1]) of (offset, length asked, to_eof: the read may end at EOF), and
-    extra_fstats[k] fstat calls beyond the one at open."""
+    [start[k], start[k+1]) of (offset, length asked, expect: bytes that arrive, fewer where
+    the read reaches the end of the file), and extra_fstats[k] fstat calls beyond the one at
+    open."""
 
     start: np.ndarray
     offset: np.ndarray
     length: np.ndarray
-    to_eof: np.ndarray
+    expect: np.ndarray
     extra_fstats: np.ndarray
 
 
@@ -77,7 +78,7 @@ def gather(keys: np.ndarray, simulate: Callable[[tuple], npload.LoaderReads],
     start = np.concatenate(([0], np.cumsum(n))).astype(np.int64)
     take = np.repeat(first[inverse] - start[:-1], n) + np.arange(start[-1])
     return WholeFileReads(start, flat["offset"][take], flat["asked"][take],
-                          flat["length"][take] < flat["asked"][take],
+                          flat["length"][take],
                           np.array([r.fstats - 1 for r in per], dtype=np.int64)[inverse])
 
 
