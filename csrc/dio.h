@@ -124,6 +124,10 @@ typedef struct dio_engine_config {
     int      fd_cache;    /* descriptors kept open per engine (>= 1), split evenly over the
                            * threads, each an LRU cache; used by requests outside an access */
     uint32_t align;       /* O_DIRECT alignment in bytes (power of two); 0 = 4096 */
+    int      discard;     /* read every request into one small buffer per thread, reused, and
+                           * deliver batches without data (data = NULL): the same system calls
+                           * and bytes from storage without a batch's worth of memory traffic
+                           * (nobody consumes an emulated batch) */
 } dio_engine_config;
 
 /* Create an engine and start its threads (idle until an epoch starts). NULL on error. */
@@ -206,9 +210,15 @@ typedef struct dio_epoch_outputs {
 int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *plan,
                            const dio_epoch_outputs *out, dio_error *err);
 
+/* Allocate (and fault in) the batch buffers `plan` will need, so that dio_engine_start_epoch
+ * does no memory work (call it before the epoch's clock starts).  Abandons an epoch in
+ * flight.  Nothing to do with discard. */
+int dio_engine_reserve(dio_engine *e, const dio_epoch_plan *plan, dio_error *err);
+
 typedef struct dio_batch {
     int64_t  index;           /* batch number within the epoch */
-    void    *data;            /* batch buffer; valid until the next dio_engine_next / start / destroy */
+    void    *data;            /* batch buffer (NULL with discard); valid until the next
+                               * dio_engine_next / start / destroy */
     int64_t  data_len;        /* bytes of the buffer this batch uses */
     int64_t  nreq;            /* requests in the batch */
     int64_t  bytes_requested; /* sum of request lengths */

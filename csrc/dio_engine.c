@@ -78,6 +78,8 @@ typedef struct worker {
     int access_fd;       /* descriptor of the access in progress, -1 if none */
     int64_t access_file;
     char path[PATH_MAX_LEN]; /* a pattern file's name, formatted here */
+    char *scratch;       /* with discard: where every request of this thread lands */
+    size_t scratch_cap;
     dio_error err;       /* this thread's last failure, copied into the engine under the lock */
 } worker;
 
@@ -296,11 +298,29 @@ static int read_request(dio_engine *e, worker *w, const req *q, int fd, char *ds
     return 0;
 }
 
+/* With discard: the thread's scratch buffer, grown to hold `need` bytes (aligned for
+ * O_DIRECT); NULL if out of memory. */
+static char *scratch_for(dio_engine *e, worker *w, int64_t need)
+{
+    size_t align = e->cfg.align > 4096 ? e->cfg.align : 4096;
+    void *p = NULL;
+    if ((size_t)need <= w->scratch_cap)
+        return w->scratch;
+    free(w->scratch);
+    w->scratch = NULL;
+    w->scratch_cap = 0;
+    if (posix_memalign(&p, align, ((size_t)need + align - 1) / align * align) != 0)
+        return NULL;
+    w->scratch = p;
+    w->scratch_cap = ((size_t)need + align - 1) / align * align;
+    return w->scratch;
+}
+
 /* Read requests [first, last) of batch b into its slot.  Never takes the lock. */
 static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_t last,
                       chunk_result *r)
 {
-    char *base = e->slot[b % e->nslots];
+    char *base = e->cfg.discard ? NULL : e->slot[b % e->nslots];
     int64_t *lat = e->out_lat, *nread = e->out_nread;
     r->ndone = r->bytes = r->ops = r->end_ns = 0;
     for (int64_t i = first; i < last; i++) {
@@ -331,7 +351,10 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
         t0 = t1 = 0;
         if (q->rd_len > 0) {
             t0 = dio_now_ns();
-            rc = read_request(e, w, q, fd, base + q->buf_pos, &got, &ops);
+            char *dst = base ? base + q->buf_pos : scratch_for(e, w, q->rd_len);
+            rc = dst ? read_request(e, w, q, fd, dst, &got, &ops)
+                     : dio_fail(&w->err, ENOMEM, "", "read: out of memory for %lld bytes",
+                                (long long)q->rd_len);
             t1 = dio_now_ns();
         }
         r->bytes += got;
@@ -553,10 +576,12 @@ void dio_engine_destroy(dio_engine *e)
         for (int i = 0; i < n; i++) {
             flush_worker(e, &e->workers[i]);
             fd_cache_free(&e->workers[i].cache);
+            free(e->workers[i].scratch);
         }
     }
     flush_worker(e, &e->self);
     fd_cache_free(&e->self.cache);
+    free(e->self.scratch);
     free(e->workers);
     if (e->slot)
         for (int i = 0; i < e->nslots; i++)
@@ -774,6 +799,39 @@ static int check_plan(dio_engine *e, const dio_epoch_plan *p, dio_error *err)
     return 0;
 }
 
+/* The largest batch's buffer footprint: extents placed as dio_engine_start_epoch places them
+ * (a request's extent at the next place-aligned position, O_DIRECT extents aligned). */
+static int64_t plan_footprint(const dio_engine *e, const dio_epoch_plan *p)
+{
+    int64_t footprint = 0, al = e->ext_align, pa = e->place_align;
+    for (int64_t b = 0; b < p->nbatches; b++) {
+        int64_t pos = 0;
+        for (int64_t i = p->batch_start[b]; i < p->batch_start[b + 1]; i++) {
+            int64_t off = p->offset[i], len = p->length[i];
+            pos = (pos + pa - 1) / pa * pa;
+            if (len > 0)
+                pos += (off + len + al - 1) / al * al - off / al * al;
+        }
+        if (pos > footprint)
+            footprint = pos;
+    }
+    return footprint;
+}
+
+int dio_engine_reserve(dio_engine *e, const dio_epoch_plan *p, dio_error *err)
+{
+    int rc;
+    dio_clear_error(err);
+    if (!e || !p)
+        return dio_fail(err, EINVAL, "", "reserve: invalid arguments");
+    if ((rc = check_plan(e, p, err)) < 0)
+        return rc;
+    if (e->cfg.discard)
+        return 0;
+    abandon_epoch(e);
+    return grow_slots(e, plan_footprint(e, p), err);
+}
+
 int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *p, const dio_epoch_outputs *out,
                            dio_error *err)
 {
@@ -835,7 +893,7 @@ int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *p, const dio_epo
         if (pos > footprint)
             footprint = pos;
     }
-    rc = grow_slots(e, footprint, err);
+    rc = e->cfg.discard ? 0 : grow_slots(e, footprint, err);
     if (rc < 0)
         return rc;
 
@@ -931,7 +989,7 @@ int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
     if (bs->ready_ns == 0)
         bs->ready_ns = dio_now_ns(); /* empty batch */
     out->index = b;
-    out->data = e->slot[b % e->nslots];
+    out->data = e->cfg.discard ? NULL : e->slot[b % e->nslots];
     out->data_len = bs->data_len;
     out->nreq = n;
     out->bytes_requested = bs->bytes_requested;

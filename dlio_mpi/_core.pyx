@@ -52,6 +52,7 @@ cdef extern from "dio.h" nogil:
         int odirect
         int fd_cache
         uint32_t align
+        int discard
 
     ctypedef struct dio_file_pattern:
         int64_t nfiles
@@ -83,6 +84,7 @@ cdef extern from "dio.h" nogil:
     int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_error *err)
     void dio_engine_close_files(dio_engine *e)
     int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_error *err)
+    int dio_engine_reserve(dio_engine *e, const dio_epoch_plan *plan, dio_error *err)
     int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *plan,
                                const dio_epoch_outputs *out, dio_error *err)
     uint32_t DIO_REQ_OPEN
@@ -343,6 +345,35 @@ cdef class _BatchView:
         pass
 
 
+cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
+                        const int64_t[::1] file_idx, const int64_t[::1] offset,
+                        const int64_t[::1] length, const uint32_t[::1] flags,
+                        const int64_t[::1] expect) except -1:
+    """Point `plan` at the arrays after checking their lengths; returns the request count."""
+    if batch_start.shape[0] < 1:
+        raise ValueError("batch_start needs nbatches + 1 entries (at least one)")
+    cdef int64_t nreq = batch_start[batch_start.shape[0] - 1]
+    for name, arr in (("file_idx", file_idx), ("offset", offset), ("length", length)):
+        if arr.shape[0] != nreq:
+            raise ValueError(f"{name} has {arr.shape[0]} entries, batch_start says {nreq}")
+    for name, arr in (("flags", flags), ("expect", expect)):
+        if arr is not None and arr.shape[0] != nreq:
+            raise ValueError(f"{name} has {arr.shape[0]} entries, expected {nreq}")
+    plan.nbatches = batch_start.shape[0] - 1
+    plan.batch_start = &batch_start[0]
+    plan.file_idx = plan.offset = plan.length = plan.expect = NULL
+    plan.flags = NULL
+    if nreq > 0:
+        plan.file_idx = &file_idx[0]
+        plan.offset = &offset[0]
+        plan.length = &length[0]
+        if flags is not None:
+            plan.flags = &flags[0]
+        if expect is not None:
+            plan.expect = &expect[0]
+    return nreq
+
+
 cdef char _empty[1]
 
 
@@ -386,7 +417,7 @@ cdef class Engine:
     cdef object _outs
 
     def __cinit__(self, int threads, int prefetch, odirect=False, int fd_cache=256,
-                  uint32_t align=0):
+                  uint32_t align=0, discard=False):
         cdef dio_engine_config cfg
         cdef dio_error err
         self.e = NULL
@@ -405,6 +436,7 @@ cdef class Engine:
         cfg.odirect = 1 if odirect else 0
         cfg.fd_cache = fd_cache
         cfg.align = align
+        cfg.discard = 1 if discard else 0
         _clear(&err)
         with nogil:
             self.e = dio_engine_create(&cfg, &err)
@@ -477,41 +509,24 @@ cdef class Engine:
         """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
         (file_idx, offset, length) (contiguous int64 arrays; copied), with optional uint32
         `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT) and int64 `expect` (bytes that must arrive,
-        less than length only where a read reaches the end of the file, which must end there).  Optional int64 outputs of one
-        entry per request, kept referenced by the engine for the epoch: req_buf_off (filled
-        now: where request i's bytes start in its batch's data), lat_ns and nread (filled as
-        requests complete: pread latency, bytes transferred, with O_DIRECT the aligned extent
-        clipped at end of file).  Any epoch in flight is abandoned first."""
+        less than length only where a read reaches the end of the file, which must end there).
+        Optional int64 outputs of one entry per request, kept referenced by the engine for the
+        epoch: req_buf_off (filled now: where request i's bytes start in its batch's data),
+        lat_ns and nread (filled as requests complete: pread latency, bytes transferred, with
+        O_DIRECT the aligned extent clipped at end of file).  Any epoch in flight is abandoned
+        first."""
         self._ready()
         cdef dio_epoch_plan plan
         cdef dio_epoch_outputs outs
         cdef dio_error err
         cdef int rc
-        cdef int64_t nreq
-        if batch_start.shape[0] < 1:
-            raise ValueError("batch_start needs nbatches + 1 entries (at least one)")
-        nreq = batch_start[batch_start.shape[0] - 1]
-        for name, arr in (("file_idx", file_idx), ("offset", offset), ("length", length)):
-            if arr.shape[0] != nreq:
-                raise ValueError(f"{name} has {arr.shape[0]} entries, batch_start says {nreq}")
-        for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread),
-                          ("flags", flags), ("expect", expect)):
+        cdef int64_t nreq = _fill_plan(&plan, batch_start, file_idx, offset, length, flags,
+                                       expect)
+        for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread)):
             if arr is not None and arr.shape[0] != nreq:
                 raise ValueError(f"{name} has {arr.shape[0]} entries, expected {nreq}")
-        plan.nbatches = batch_start.shape[0] - 1
-        plan.batch_start = &batch_start[0]
-        plan.file_idx = plan.offset = plan.length = NULL
-        plan.flags = NULL
-        plan.expect = NULL
         outs.req_buf_off = outs.lat_ns = outs.nread = NULL
         if nreq > 0:
-            plan.file_idx = &file_idx[0]
-            plan.offset = &offset[0]
-            plan.length = &length[0]
-            if flags is not None:
-                plan.flags = &flags[0]
-            if expect is not None:
-                plan.expect = &expect[0]
             if req_buf_off is not None:
                 outs.req_buf_off = &req_buf_off[0]
             if lat_ns is not None:
@@ -526,6 +541,24 @@ cdef class Engine:
         # failed before abandoning the epoch in flight.
         if rc == 0:
             self._outs = (req_buf_off, lat_ns, nread)
+        _check(rc, &err)
+
+    def reserve(self, const int64_t[::1] batch_start not None,
+                const int64_t[::1] file_idx not None, const int64_t[::1] offset not None,
+                const int64_t[::1] length not None, const uint32_t[::1] flags=None,
+                const int64_t[::1] expect=None):
+        """Allocate and fault in the batch buffers an epoch of these requests needs (before
+        its clock starts). Abandons an epoch in flight."""
+        self._ready()
+        cdef dio_epoch_plan plan
+        cdef dio_error err
+        cdef int rc
+        _fill_plan(&plan, batch_start, file_idx, offset, length, flags, expect)
+        _clear(&err)
+        with nogil:
+            rc = dio_engine_reserve(self.e, &plan, &err)
+        if rc == 0:
+            self._outs = None
         _check(rc, &err)
 
     def set_file_pattern(self, int64_t nfiles, folder, int64_t subfolders, int sub_digits,
@@ -595,7 +628,7 @@ cdef class Engine:
         cdef _BatchView view = _BatchView.__new__(_BatchView)
         view.owner = self
         view.ptr = b.data if b.data != NULL else <void *>_empty
-        view.size = b.data_len
+        view.size = b.data_len if b.data != NULL else 0
         cdef Batch out = Batch.__new__(Batch)
         out.index = b.index
         out.nreq = b.nreq

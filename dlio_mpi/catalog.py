@@ -72,7 +72,7 @@ def _missing_message(split: DatasetSplit, found: int, example: str | None) -> st
             "workflow.generate_data=True (or `dlio-mpi generate`) or fix dataset.data_folder")
 
 
-def _spot_check_sizes(split: DatasetSplit, expected: LayoutTable) -> None:
+def spot_check_sizes(split: DatasetSplit, expected: LayoutTable) -> None:
     """The manifest vouches for the files: check a few are there with their expected size."""
     for index in spot_indices(split.num_files):
         path = split.path(index)
@@ -140,7 +140,7 @@ def _locate_on_root(cfg, split: DatasetSplit):
     manifest = read_manifest(split.root) if os.path.isdir(split.root) else None
     if manifest and manifest.get("complete") and not differing_params(
             manifest, generation_params(cfg)):
-        _spot_check_sizes(split, split.expected_layouts())
+        spot_check_sizes(split, split.expected_layouts())
         return ("manifest", split.sample_layout, None, None)
     try:
         listed = _list_split(split)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .catalog import spot_check_sizes
 from .dataset import SPLITS, DatasetSplit, LayoutTable
 from .errors import UserError, check_all, on_root
 from .formats.base import StagedWrites
@@ -54,11 +55,22 @@ def generate(comm, cfg, splits: dict[str, DatasetSplit],
     root = splits["train"].root
     params = generation_params(cfg)
 
-    def prepare() -> bool:
+    if layouts is None:
+        layouts = {name: split.expected_layouts() for name, split in splits.items()}
+
+    def prepare() -> tuple[bool, bool]:
         """Rank 0: decide whether existing files are ours (a manifest with these parameters
-        lists them) and create the folders."""
+        lists them) and whether they are complete (the manifest says so and a few spot
+        checks agree: a rerun then costs no look at every file), and create the folders."""
         manifest = read_manifest(root) if os.path.isdir(root) else None
         ours = manifest is not None and not differing_params(manifest, params)
+        if ours and manifest.get("complete"):
+            try:
+                for name, split in splits.items():
+                    spot_check_sizes(split, layouts[name])
+                return ours, True
+            except UserError:
+                pass  # a file changed since: look at every file and redo what is not right
         # both split folders, even an empty valid/: DLIO lists it whatever num_files_eval is
         folders = {f for s in splits.values() for f in s.naming.folders()}
         for folder in sorted(folders):
@@ -68,12 +80,12 @@ def generate(comm, cfg, splits: dict[str, DatasetSplit],
                 f"{root} holds a dataset generated with other parameters "
                 f"({', '.join(differing_params(manifest, params))} differ); choose another "
                 "dataset.data_folder or delete that dataset yourself")
-        return ours
+        return ours, False
 
-    ours = on_root(comm, prepare)
+    ours, complete = on_root(comm, prepare)
     mine = _my_files(splits, comm.Get_rank(), comm.Get_size())
-    if layouts is None:
-        layouts = {name: split.expected_layouts() for name, split in splits.items()}
+    if complete:
+        return GenerationResult(0, sum(s.num_files for s in splits.values()), 0, 0.0)
 
     # the expected size of each of my files, in the order of `mine` (train first)
     expected_size = np.concatenate([

@@ -16,23 +16,28 @@ class NativeReader:
     close_at_epoch_end: close every descriptor when an epoch ends, as a loader closes the files
     it kept open (reader.access: loader); else descriptors stay cached across epochs (lean).
     drop_page_cache: before each epoch, posix_fadvise(DONTNEED) the files it will read, so
-    that the page cache cannot serve them."""
+    that the page cache cannot serve them. keep_data: False reads every request into one small
+    buffer per thread instead of the batch ring."""
 
     def __init__(self, files: SplitFiles, read_threads: int, prefetch_size: int, odirect: bool,
                  fd_cache_size: int, close_at_epoch_end: bool = True,
-                 drop_page_cache: bool = False) -> None:
+                 drop_page_cache: bool = False, keep_data: bool = True) -> None:
         align = 0
         if odirect and files.count:
             first = files.path(0)
             _core.probe_odirect(first)  # a clear error before training if refused
             align = max(_core.odirect_alignment(first))
-        self._engine = _core.Engine(read_threads, prefetch_size, odirect, fd_cache_size, align)
+        self._engine = _core.Engine(read_threads, prefetch_size, odirect, fd_cache_size, align,
+                                    not keep_data)
         files.attach(self._engine)
         self.close_at_epoch_end, self.drop_page_cache = close_at_epoch_end, drop_page_cache
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per request of the current epoch
 
     def prepare_epoch(self, plan: ReadPlan) -> None:
-        """Work before the epoch's clock starts: drop the plan's files from the page cache."""
+        """Work before the epoch's clock starts: the batch buffers, and dropping the plan's
+        files from the page cache."""
+        self._engine.reserve(plan.batch_start, plan.file_idx, plan.offset, plan.length,
+                             plan.flags, plan.expect)
         if self.drop_page_cache:
             self._engine.drop_cache(plan.files())
 

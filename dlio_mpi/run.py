@@ -121,7 +121,8 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     policy = AccessPolicy(rd.access, rd.odirect, blksize, _loader_model(split, facts))
     reader = check_all(comm, lambda: NativeReader(
         files, rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
-        close_at_epoch_end=rd.access == "loader", drop_page_cache=rd.drop_page_cache))
+        close_at_epoch_end=rd.access == "loader", drop_page_cache=rd.drop_page_cache,
+        keep_data=rd.keep_data))
     if train:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,

@@ -93,6 +93,13 @@ def test_a_changed_file_is_caught_by_the_start_up_spot_checks(tmp_path):
     res = run_cli(["run", "demo", *over, "workflow.generate_data=false"], timeout=60)
     assert res.returncode == 2
     assert res.stderr.count(f"{victim} has 200 bytes") == 1, res.stderr
+    # generating again repairs it (and only it)
+    untouched = tmp_path / "data" / "train" / "img_0_of_8.npy"
+    before = untouched.stat().st_mtime_ns
+    res = run_cli(["run", "demo", *over, "workflow.generate_data=true"], timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "generated 1 files" in res.stdout and victim.stat().st_size > 200
+    assert untouched.stat().st_mtime_ns == before
 
 
 def test_odirect_reads_aligned_extents(tmp_path):

@@ -673,3 +673,17 @@ def test_permutation_is_a_seeded_bijection():
     assert not np.array_equal(a, b) and not np.array_equal(a, np.arange(100))
     with pytest.raises(ValueError):
         _core.permute(10, 1, np.array([10], dtype=np.int64))
+
+
+def test_discarding_engine_reads_the_same_bytes_into_no_batch_memory(tmp_path):
+    paths = make_files(tmp_path, [3 * MiB, MiB])
+    batches = [[(0, 0, 3 * MiB), (1, 5, 1000)], [(1, 0, MiB)]]
+    start, files, offset, length = arrays(batches)
+    for keep in (True, False):
+        with _core.Engine(2, 1, discard=not keep) as engine:
+            engine.set_files(paths)
+            engine.reserve(start, files, offset, length)  # buffers made before the clock
+            engine.start_epoch(start, files, offset, length)
+            got = [engine.next() for _ in batches]
+            assert [b.bytes_read for b in got] == [3 * MiB + 1000, MiB]
+            assert len(got[-1].data) == (MiB if keep else 0)

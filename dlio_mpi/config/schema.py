@@ -284,6 +284,10 @@ class Reader:
     # ours: before each epoch, posix_fadvise(DONTNEED) the files it will read, so that the
     # page cache cannot serve them
     drop_page_cache: bool = key(False, "bool")
+    # ours: batches land in a ring of (prefetch_size + 1) batch buffers, the host memory a
+    # loader's batches take; false: every read lands in one small buffer per reader thread
+    # (the same system calls and bytes from storage, without the batches' memory traffic)
+    keep_data: bool = key(True, "bool")
 
 
 # --------------------------------------------------------------------------- train, evaluation

@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
 """Side-by-side benchmarks of dlio-mpi against a reference measured in the same run.
 
-  small:  2.5 KB samples from the page cache, computation_time 0, 2 ranks, against a plain C
-          pread loop (raw_pread.c, 2 threads) reading exactly the same extents in the same order
-          (taken from dlio-mpi's access log). Reported: samples/s and the ratio.
-  large:  16 MiB samples with O_DIRECT, 2 ranks, against fio (direct=1, bs=16M, 2 jobs) over
-          the same files. Reported: MiB/s and the ratio.
-  startup: wall time from launching `mpiexec -n 2 dlio-mpi run` to the first training step.
+  overhead: the emulator's own cost per step with storage out of the way (4 KiB samples from
+            the page cache, batch 4, 2 ranks x 1 read thread) at 3.5 ms and 0.375 ms of
+            compute, beside step_probe.c (a C loop of sleep + MPI_Barrier, no I/O, no Python)
+            with the same spin, sleeping only, and busy-waiting.
+  hosts:    emulated accelerators per host: ranks are added until AU < 90 % for a
+            resnet50_h100-like (114,660 B npz samples, batch 400, 0.224 s) and a unet3d_h100-
+            like workload (~140 MB npz samples, batch 7, 0.323 s), data in the page cache,
+            reads as the loader does them (default) and lean; beside the DLIO benchmark 2.0.0
+            (pytorch loader) on the same files.
+  small:    2.5 KB samples from the page cache, computation_time 0, against a plain C pread
+            loop (raw_pread.c) over exactly the extents dlio-mpi read, in the same order (from
+            its access log): batch 256 x 1 read thread, and batch 64 x 2 read threads.
+  large:    16 MiB samples with O_DIRECT against fio and a C loop with huge-page buffers.
+  startup:  seconds from launching mpiexec to the first training step: 2 ranks; 64 ranks
+            (oversubscribed: it must start, finish and say how long it took); 10^6 real files.
 
-Usage: scripts/bench/bench.py [--work DIR] [small] [large] [startup]   (run from the repo, with
-the .venv on PATH: `source scripts/_env.sh`). Data goes under --work (default ./bench-data,
-which must be on a file system with O_DIRECT support for `large`). Not a test: prints figures.
+Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
+  python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [large] [startup]
+DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large`. The
+figures are printed and saved to DIR/results.json. Not a test.
 """
 
 from __future__ import annotations
@@ -27,6 +37,8 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+RESNET_RECORD = 114660
 
 
 def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
@@ -37,152 +49,341 @@ def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return res
 
 
-def dlio(args: list[str], ranks: int = 2) -> subprocess.CompletedProcess:
-    return sh(["mpiexec", "-n", str(ranks), sys.executable, "-m", "dlio_mpi", *args])
-
-
-def raw_pread_binary(work: Path) -> str:
-    exe = work / "raw_pread"
-    sh(["cc", "-O2", "-pthread", "-o", str(exe), str(HERE / "raw_pread.c")])
-    return str(exe)
+def dlio(args: list[str], ranks: int = 2, **kw) -> subprocess.CompletedProcess:
+    # The installed console script: `python -m dlio_mpi` from the repository would import the
+    # source folder, which has no compiled core.
+    command = str(Path(sys.executable).parent / "dlio-mpi")
+    return sh(["mpiexec", "-n", str(ranks), command, *args], **kw)
 
 
 def summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def bench_small(work: Path) -> dict:
-    """2.5 KB samples: dlio-mpi samples/s vs raw C pread loop over the same extents."""
-    data, out = work / "small-data", work / "small-out"
-    common = ["demo", f"dataset.data_folder={data}", f"output.folder={out}",
-              "dataset.format=indexed_binary", "dataset.num_files_train=128",
-              "dataset.num_samples_per_file=4096", "dataset.record_length_bytes=2500",
-              "dataset.record_length_bytes_stdev=0", "dataset.record_dims=[2500]",
-              "reader.batch_size=256", "reader.read_threads=1", "reader.prefetch_size=4",
-              "reader.read_mode=sample", "reader.sample_shuffle=seed",
-              "reader.file_shuffle=off", "train.computation_time=0", "train.epochs=6",
-              "output.access_log=true"]
-    dlio(["generate", *common, "workflow.generate_data=true"])
-    dlio(["run", *common, "workflow.generate_data=false"])  # warms the page cache too
-    res = summary(out)
-    per_epoch = res["metric"]["train_throughput_samples_per_second"]
-    ours = statistics.median(per_epoch[1:])  # warm epochs (the first also fills the cache)
+def build(work: Path, source: str, compiler: str = "cc", flags: tuple = ()) -> str:
+    exe = work / Path(source).stem
+    sh([compiler, "-O2", "-o", str(exe), str(HERE / source), *flags])
+    return str(exe)
 
-    # The same extents, in the same order, for the raw loop: epoch 2's access log.
+
+def overrides(**kw) -> list[str]:
+    return [f"{k.replace('__', '.')}={v}" for k, v in kw.items()]
+
+
+# ------------------------------------------------------------------------------- overhead
+
+
+def bench_overhead(work: Path) -> dict:
+    """AU and the emulator's overhead per step with storage out of the way, beside the C probe."""
+    data, out = work / "overhead-data", work / "overhead-out"
+    common = ["demo", *overrides(
+        dataset__data_folder=data, output__folder=out, dataset__format="indexed_binary",
+        dataset__num_files_train=8, dataset__num_samples_per_file=2000,
+        dataset__record_dims="[4096]", dataset__record_length_bytes_stdev=0,
+        reader__batch_size=4, reader__read_threads=1, reader__file_shuffle="off",
+        reader__sample_shuffle="seed", train__epochs=3)]
+    dlio(["generate", *common])
+    probe = build(work, "step_probe.c", "mpicc")
+    results = {}
+    for compute_s in (0.0035, 0.000375):
+        dlio(["run", *common, f"train.computation_time={compute_s}"])
+        s = summary(out)
+        m = s["metric"]
+        ours = {"au_percentage": m["train_au_percentage"],
+                "au_mean": m["train_au_mean_percentage"],
+                "au_without_barrier_mean": m["train_au_without_barrier_mean_percentage"],
+                "overhead_us_per_step": {k: v["median"] for k, v in
+                                         m["train_emulator_overhead_us_per_step"].items()},
+                "pacing": s["dlio_mpi"]["pacing"]}
+        spin = int(s["dlio_mpi"]["pacing"]["compute_spin_us_now"]["median"] * 1e3)
+        compute_ns = int(compute_s * 1e9)
+        steps = str(int(1.5 / compute_s))  # 1.5 s of steps
+        probes = {}
+        for label, spin_ns in (("sleep_only", 0), ("same_spin", spin), ("busy_wait", 10**10)):
+            runs = []
+            for _ in range(3):
+                line = sh(["mpiexec", "-n", "2", probe, str(compute_ns), steps,
+                           str(spin_ns)]).stdout
+                runs.append(float(re.search(r"au_percentage=([\d.]+)", line).group(1)))
+            probes[label] = {"au_median": statistics.median(runs), "runs": runs}
+        results[f"{compute_s * 1e3:g}ms"] = {"dlio_mpi": ours, "probe": probes}
+        print(f"{compute_s * 1e3:g} ms steps: dlio-mpi AU {ours['au_mean']:.2f} % "
+              f"(without barrier {ours['au_without_barrier_mean']:.2f} %), overhead "
+              f"{ours['overhead_us_per_step']['total']:.1f} us/step "
+              f"(spin now {spin / 1e3:.0f} us); C probe: sleep only "
+              f"{probes['sleep_only']['au_median']:.2f} %, same spin "
+              f"{probes['same_spin']['au_median']:.2f} %, busy "
+              f"{probes['busy_wait']['au_median']:.2f} %", flush=True)
+    return results
+
+
+# ------------------------------------------------------------------------------- hosts
+
+
+HOST_WORKLOADS = {
+    # name: (record length, stdev, batch, compute, read_threads, max ranks, steps per epoch)
+    "resnet50_h100": (RESNET_RECORD, 0, 400, 0.224, 2, 32, 4),
+    "unet3d_h100": (146600628, 68341808, 7, 0.323, 4, 4, 3),
+}
+
+
+def _host_runs(name: str, work: Path, access: str, data: Path, files: int) -> dict:
+    record, stdev, batch, compute, threads, max_ranks, steps = HOST_WORKLOADS[name]
+    found, ranks = {}, 1
+    while ranks <= max_ranks:
+        out = work / f"hosts-{name}-{access}-{ranks}"
+        dlio(["run", "demo", *overrides(
+            dataset__data_folder=data, output__folder=out, dataset__format="npz",
+            dataset__num_files_train=files, dataset__record_length_bytes=record,
+            dataset__record_length_bytes_stdev=stdev, reader__batch_size=batch,
+            reader__read_threads=threads, reader__prefetch_size=2, reader__access=access,
+            train__computation_time=compute, train__total_training_steps=steps,
+            train__epochs=3, workflow__generate_data="false")], ranks=ranks, timeout=1800)
+        au = summary(out)["metric"]["train_au_percentage"]
+        warm = statistics.mean(au[1:])  # the first epoch also fills the page cache
+        found[ranks] = {"au_warm": warm, "au_per_epoch": au}
+        print(f"{name} {access}: {ranks} ranks: AU {warm:.1f} % (epochs "
+              f"{', '.join(f'{x:.1f}' for x in au)})", flush=True)
+        if warm < 90:
+            break
+        ranks = ranks * 2 if ranks < 8 else ranks + 4
+    passing = [r for r, v in found.items() if v["au_warm"] >= 90]
+    return {"accelerators_at_90": max(passing, default=0), "runs": found}
+
+
+def _dlio_runs(name: str, work: Path, data: Path, files: int, max_ranks: int) -> dict:
+    sys.path.insert(0, str(HERE))
+    from dlio_reference import ensure_dlio_venv, run_dlio
+
+    record, stdev, batch, compute, threads, _, steps = HOST_WORKLOADS[name]
+    venv = ensure_dlio_venv(REPO)
+    found, ranks = {}, 1
+    while ranks <= max_ranks:
+        wl = {"model": f"{name}_ref", "framework": "pytorch",
+              "workflow": {"generate_data": False, "train": True},
+              "dataset": {"data_folder": str(data), "format": "npz", "num_files_train": files,
+                          "num_samples_per_file": 1, "record_length": record,
+                          "record_length_stdev": stdev},
+              "reader": {"data_loader": "pytorch", "read_threads": threads,
+                         "batch_size": batch},
+              "train": {"epochs": 3, "computation_time": compute,
+                        "total_training_steps": steps}}
+        try:
+            s = run_dlio(venv, wl, ranks, work / f"hosts-{name}-dlio-{ranks}", timeout=1800)
+            au = s["metric"]["train_au_percentage"]
+            warm = statistics.mean(au[1:])
+        except RuntimeError as exc:
+            found[ranks] = {"error": str(exc).splitlines()[-1]}
+            break
+        found[ranks] = {"au_warm": warm, "au_per_epoch": au}
+        print(f"{name} DLIO 2.0.0: {ranks} ranks: AU {warm:.1f} %", flush=True)
+        if warm < 90:
+            break
+        ranks *= 2
+    passing = [r for r, v in found.items() if v.get("au_warm", 0) >= 90]
+    return {"accelerators_at_90": max(passing, default=0), "runs": found}
+
+
+def bench_hosts(work: Path, with_dlio: bool = True) -> dict:
+    results = {}
+    for name, (record, stdev, batch, _, _, max_ranks, steps) in HOST_WORKLOADS.items():
+        files = max_ranks * batch * steps
+        data = work / f"hosts-{name}-data"
+        dlio(["generate", "demo", *overrides(
+            dataset__data_folder=data, dataset__format="npz", dataset__num_files_train=files,
+            dataset__record_length_bytes=record, dataset__record_length_bytes_stdev=stdev)],
+            timeout=3600)
+        results[name] = {access: _host_runs(name, work, access, data, files)
+                         for access in ("loader", "lean")}
+        if with_dlio:
+            results[name]["dlio_2.0.0"] = _dlio_runs(name, work, data, files, max_ranks)
+        print(f"{name}: emulated accelerators at AU >= 90 %: " + ", ".join(
+            f"{k} {v['accelerators_at_90']}" for k, v in results[name].items()), flush=True)
+    return results
+
+
+# ------------------------------------------------------------------------------- small
+
+
+def _small_once(work: Path, batch: int, threads: int) -> dict:
+    """2.5 KB samples: dlio-mpi samples/s vs the raw C pread loop over the same extents."""
     import numpy as np
 
-    sys.path.insert(0, str(HERE.parents[1]))
     from dlio_mpi.config import load_config
     from dlio_mpi.dataset import describe_dataset
 
+    data, out = work / "small-data", work / f"small-out-{batch}-{threads}"
+    common = ["demo", *overrides(
+        dataset__data_folder=data, output__folder=out, dataset__format="indexed_binary",
+        dataset__num_files_train=128, dataset__num_samples_per_file=4096,
+        dataset__record_length_bytes=2500, dataset__record_length_bytes_stdev=0,
+        dataset__record_dims="[2500]", reader__batch_size=batch, reader__read_threads=threads,
+        reader__prefetch_size=4, reader__read_mode="sample", reader__sample_shuffle="seed",
+        reader__file_shuffle="off", train__computation_time=0, train__epochs=6,
+        output__access_log="true")]
+    dlio(["generate", *common, "workflow.generate_data=true"])
+    dlio(["run", *common, "workflow.generate_data=false"])  # warms the page cache too
+    per_epoch = summary(out)["metric"]["train_throughput_samples_per_second"]
+    ours = statistics.median(per_epoch[1:])  # warm epochs (the first also fills the cache)
     cfg = load_config(common[0], common[1:])
     split = describe_dataset(cfg)["train"]
-    layouts = split.expected_layouts()
     lines = []
-    for rank in range(2):
+    for rank in range(2):  # the same extents in the same order: epoch 2's access log
         ids = np.load(out / "access_log" / f"epoch2_rank{rank}.npy")
-        files, idx = ids // split.samples_per_file, ids % split.samples_per_file
-        for f, i in zip(files.tolist(), idx.tolist()):
-            off = int(layouts.data_offset[f] + i * layouts.sample_step[f])
-            lines.append(f"{split.path(f)} {off} {int(layouts.sample_span[f])}")
+        files, index = ids // split.samples_per_file, ids % split.samples_per_file
+        lay = split.expected_layouts().take(files)
+        offset = lay.data_offset + index * lay.sample_step
+        lines += [f"{split.path(f)} {o} {s}" for f, o, s in
+                  zip(files.tolist(), offset.tolist(), lay.sample_span.tolist())]
     listing = work / "small-requests.txt"
     listing.write_text("\n".join(lines) + "\n")
-    exe = raw_pread_binary(work)
-    raw_rates = []
+    exe = build(work, "raw_pread.c", flags=("-pthread",))
+    raw = []
     for _ in range(5):
-        raw = sh([exe, "-t", "2", "-r", "1", str(listing)]).stdout
-        raw_rates.append(float(re.search(r"req_per_s=([\d.e+]+)", raw).group(1)))
-    raw_rate = statistics.median(raw_rates)
-    result = {"dlio_mpi_samples_per_s": ours, "raw_pread_samples_per_s": raw_rate,
-              "ratio": ours / raw_rate, "per_epoch": per_epoch, "raw_runs": raw_rates,
-              "au_percentage": res["metric"]["train_au_percentage"]}
-    print(f"small 2.5 KB: dlio-mpi {ours:,.0f} samples/s, raw pread loop {raw_rate:,.0f} "
-          f"samples/s, ratio {ours / raw_rate:.2f}")
-    return result
+        text = sh([exe, "-t", str(2 * threads), "-r", "1", str(listing)]).stdout
+        raw.append(float(re.search(r"req_per_s=([\d.e+]+)", text).group(1)))
+    ref = statistics.median(raw)
+    print(f"small 2.5 KB, batch {batch}, {threads} read thread(s) per rank: dlio-mpi "
+          f"{ours:,.0f} samples/s, raw pread loop ({2 * threads} threads) {ref:,.0f}/s, "
+          f"ratio {ours / ref:.2f}", flush=True)
+    return {"dlio_mpi_samples_per_s": ours, "raw_pread_samples_per_s": ref,
+            "ratio": ours / ref, "per_epoch": per_epoch, "raw_runs": raw}
+
+
+def bench_small(work: Path) -> dict:
+    return {"batch256_1thread": _small_once(work, 256, 1),
+            "batch64_2threads": _small_once(work, 64, 2)}
+
+
+# ------------------------------------------------------------------------------- large
 
 
 def bench_large(work: Path) -> dict:
-    """16 MiB samples with O_DIRECT: dlio-mpi MiB/s vs fio over the same files."""
+    """16 MiB samples with O_DIRECT: dlio-mpi MiB/s vs fio and a C loop over the same files."""
     data, out = work / "large-data", work / "large-out"
     mib16 = 16 * 2**20
-    common = ["demo", f"dataset.data_folder={data}", f"output.folder={out}",
-              "dataset.format=npy", "dataset.num_files_train=48",
-              "dataset.num_samples_per_file=1", f"dataset.record_dims=[{mib16}]",
-              "dataset.record_length_bytes_stdev=0", "reader.batch_size=1",
-              "reader.read_threads=1", "reader.prefetch_size=2", "reader.read_mode=sample",
-              "reader.odirect=true", "train.computation_time=0", "train.epochs=8"]
+    common = ["demo", *overrides(
+        dataset__data_folder=data, output__folder=out, dataset__format="npy",
+        dataset__num_files_train=48, dataset__num_samples_per_file=1,
+        dataset__record_dims=f"[{mib16}]", dataset__record_length_bytes_stdev=0,
+        reader__batch_size=1, reader__read_threads=1, reader__prefetch_size=2,
+        reader__read_mode="sample", reader__odirect="true", train__computation_time=0,
+        train__epochs=8)]
     dlio(["generate", *common, "workflow.generate_data=true"])
     dlio(["run", *common, "workflow.generate_data=false"])
-    per_epoch = [e["io_MB_per_second"] for e in
+    per_epoch = [e["transfer_MiB_per_second"] for e in
                  json.loads((out / "per_epoch_stats.json").read_text()).values()]
     ours = statistics.median(per_epoch[1:])
-    fio = shutil.which("fio")
-    if fio is None:
-        print("fio not found (apt-get install fio): large benchmark has no reference")
-        return {"dlio_mpi_MiB_per_s": ours, "per_epoch": per_epoch}
     files = sorted((data / "train").glob("*.npy"))
-    half = len(files) // 2
-    jobs = []
-    for j, part in enumerate((files[:half], files[half:])):
-        jobs += [f"--name=job{j}", "--filename=" + ":".join(str(p) for p in part),
-                 "--rw=read", "--bs=16M", "--direct=1", "--ioengine=psync",
-                 f"--size={len(part) * mib16}", "--iodepth=1"]
-    runs = []
-    for _ in range(3):
-        res_fio = sh([fio, "--output-format=json", "--group_reporting", *jobs])
-        report = json.loads(res_fio.stdout[res_fio.stdout.index("{"):])
-        runs.append(report["jobs"][0]["read"]["bw_bytes"] / 2**20)
-    ref = statistics.median(runs)
+    result = {"dlio_mpi_MiB_per_s": ours, "per_epoch": per_epoch}
+    fio = shutil.which("fio")
+    if fio is not None:
+        half = len(files) // 2
+        jobs = []
+        for j, part in enumerate((files[:half], files[half:])):
+            jobs += [f"--name=job{j}", "--filename=" + ":".join(str(p) for p in part),
+                     "--rw=read", "--bs=16M", "--direct=1", "--ioengine=psync",
+                     f"--size={len(part) * mib16}", "--iodepth=1"]
+        runs = []
+        for _ in range(3):
+            text = sh([fio, "--output-format=json", "--group_reporting", *jobs]).stdout
+            runs.append(json.loads(text[text.index("{"):])["jobs"][0]["read"]["bw_bytes"]
+                        / 2**20)
+        result.update(fio_MiB_per_s=statistics.median(runs), fio_runs=runs,
+                      ratio_fio=ours / statistics.median(runs))
+    else:
+        print("fio not found (apt-get install fio): no fio reference", flush=True)
     # fio's buffers are 4 KiB pages; ours are transparent huge pages, which makes the page
-    # pinning of every O_DIRECT request far cheaper on this VM. A plain C loop with the same
-    # buffers (raw_pread -d -H) shows how much of the gap that is.
+    # pinning of every O_DIRECT request far cheaper: a C loop with the same buffers.
     listing = work / "large-requests.txt"
     listing.write_text("".join(f"{p} 0 {p.stat().st_size}\n" for p in files))
-    exe = raw_pread_binary(work)
-    huge = []
-    for _ in range(3):
-        out_raw = sh([exe, "-d", "-H", "-t", "2", "-r", "1", str(listing)]).stdout
-        huge.append(float(re.search(r"MiB_per_s=([\d.e+]+)", out_raw).group(1)))
-    raw_huge = statistics.median(huge)
-    print(f"large 16 MiB O_DIRECT: dlio-mpi {ours:,.0f} MiB/s, fio {ref:,.0f} MiB/s "
-          f"(ratio {ours / ref:.2f}); C pread loop with huge-page buffers {raw_huge:,.0f} MiB/s "
-          f"(ratio {ours / raw_huge:.2f})")
-    return {"dlio_mpi_MiB_per_s": ours, "fio_MiB_per_s": ref, "ratio": ours / ref,
-            "raw_pread_hugepages_MiB_per_s": raw_huge, "ratio_raw_hugepages": ours / raw_huge,
-            "per_epoch": per_epoch, "fio_runs": runs, "raw_hugepage_runs": huge}
+    exe = build(work, "raw_pread.c", flags=("-pthread",))
+    huge = [float(re.search(r"MiB_per_s=([\d.e+]+)", sh(
+        [exe, "-d", "-H", "-t", "2", "-r", "1", str(listing)]).stdout).group(1))
+        for _ in range(3)]
+    result.update(raw_pread_hugepages_MiB_per_s=statistics.median(huge),
+                  ratio_raw_hugepages=ours / statistics.median(huge), raw_hugepage_runs=huge)
+    print(f"large 16 MiB O_DIRECT: dlio-mpi {ours:,.0f} MiB/s; C pread loop with huge-page "
+          f"buffers {statistics.median(huge):,.0f} MiB/s (ratio "
+          f"{result['ratio_raw_hugepages']:.2f})"
+          + (f"; fio {result['fio_MiB_per_s']:,.0f} MiB/s" if "fio_MiB_per_s" in result
+             else ""), flush=True)
+    return result
 
 
-def bench_startup(work: Path) -> dict:
-    """Seconds from launching mpiexec to the first training step (data already there)."""
-    data, out = work / "startup-data", work / "startup-out"
-    common = ["demo", f"dataset.data_folder={data}", f"output.folder={out}",
-              "train.epochs=1", "train.computation_time=0"]
-    dlio(["generate", *common, "workflow.generate_data=true"])
+# ------------------------------------------------------------------------------- startup
+
+
+def _first_step_seconds(args: list[str], ranks: int, out: Path, runs: int = 3) -> list[float]:
     times = []
-    for _ in range(3):
+    for _ in range(runs):
         t0 = time.time()
-        dlio(["run", *common, "workflow.generate_data=false"])
+        dlio(args, ranks=ranks, timeout=1800)
         stats = json.loads((out / "per_epoch_stats.json").read_text())["1"]
-        first = min(r["start"] for r in stats["per_rank"])
-        times.append(first - t0)
-    print(f"start-up to first step (2 ranks): {min(times):.2f} s (runs: "
-          f"{', '.join(f'{t:.2f}' for t in times)})")
-    return {"startup_seconds": min(times), "runs": times}
+        times.append(min(r["start"] for r in stats["per_rank"]) - t0)
+    return times
+
+
+def bench_startup(work: Path, million: int = 10**6) -> dict:
+    """Seconds from launching mpiexec to the first training step (data already there)."""
+    results = {}
+    data, out = work / "startup-data", work / "startup-out"
+    common = ["demo", *overrides(dataset__data_folder=data, output__folder=out,
+                                 train__epochs=1, train__computation_time=0)]
+    dlio(["generate", *common])
+    times = _first_step_seconds(["run", *common], 2, out)
+    results["2_ranks"] = {"seconds": min(times), "runs": times}
+    print(f"start-up to first step, 2 ranks: {min(times):.2f} s", flush=True)
+
+    ranks = 64
+    common = ["demo", *overrides(dataset__data_folder=work / "startup64-data",
+                                 output__folder=work / "startup64-out", train__epochs=1,
+                                 train__computation_time=0.001, dataset__num_files_train=512,
+                                 dataset__record_length_bytes=4096, reader__read_threads=1)]
+    dlio(["generate", *common])
+    t0 = time.time()
+    times = _first_step_seconds(["run", *common], ranks, work / "startup64-out", runs=1)
+    results["64_ranks_oversubscribed"] = {"seconds_to_first_step": times[0],
+                                          "seconds_total": time.time() - t0}
+    print(f"start-up to first step, {ranks} ranks on {os.cpu_count()} cores: {times[0]:.2f} s "
+          f"(whole run {time.time() - t0:.1f} s)", flush=True)
+
+    data, out = work / f"startup-{million}-data", work / f"startup-{million}-out"
+    common = ["demo", *overrides(
+        dataset__data_folder=data, output__folder=out, dataset__format="npy",
+        dataset__num_files_train=million, dataset__record_length_bytes=64,
+        dataset__record_length_bytes_stdev=0, dataset__num_subfolders_train=1000,
+        reader__batch_size=64, train__epochs=1, train__total_training_steps=10,
+        train__computation_time=0)]
+    t0 = time.time()
+    dlio(["generate", *common], timeout=7200)
+    generated = time.time() - t0
+    times = _first_step_seconds(["run", *common], 2, out)
+    results[f"{million}_files"] = {"seconds": min(times), "runs": times,
+                                   "generation_seconds": generated}
+    print(f"start-up to first step at {million} files, 2 ranks: {min(times):.2f} s "
+          f"(generation took {generated:.0f} s)", flush=True)
+    return results
+
+
+BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
+              "large": bench_large, "startup": bench_startup}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", default="bench-data")
-    parser.add_argument("which", nargs="*", default=["small", "large", "startup"])
+    parser.add_argument("which", nargs="*", default=list(BENCHMARKS),
+                        choices=list(BENCHMARKS))
     args = parser.parse_args()
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    results = {}
+    results_file = work / "results.json"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
     for name in args.which:
-        results[name] = {"small": bench_small, "large": bench_large,
-                         "startup": bench_startup}[name](work)
-    (work / "results.json").write_text(json.dumps(results, indent=2))
-    print(json.dumps(results, indent=2))
+        results[name] = BENCHMARKS[name](work)
+        results_file.write_text(json.dumps(results, indent=2))
+    print(json.dumps({k: results[k] for k in args.which}, indent=2))
 
 
 if __name__ == "__main__":
