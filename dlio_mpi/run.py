@@ -226,6 +226,8 @@ def _header(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, start: flo
             "hosts": sorted({h.hostname for h in topo.hosts}),
             "dataset_bytes": plan.dataset_bytes, "memory_bytes": plan.memory_bytes,
             "dataset_fits_in_memory": plan.fits_in_memory,
+            "access": cfg.reader.access, "drop_page_cache": cfg.reader.drop_page_cache,
+            "keep_data": cfg.reader.keep_data,
             "pacing": {key: _spread_of([p[key] for p in pacings]) if isinstance(value, float)
                        else value for key, value in pacings[0].items()} if pacings else None,
             "peak_rss_bytes_per_rank": rss,

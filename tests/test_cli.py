@@ -208,3 +208,54 @@ def test_generate_command_generates_even_if_the_workflow_flag_is_off(tmp_path):
                    "workflow.generate_data=false"])
     assert res.returncode == 0, res.stderr
     assert len(list((tmp_path / "data" / "train").glob("*.npz"))) == 8
+
+
+def _dlio_npz(folder, files: int, side: int, samples: int = 1) -> None:
+    """npz files as DLIO 2.0.0 writes them: np.savez, samples on the last axis, int64 labels."""
+    (folder / "train").mkdir(parents=True)
+    (folder / "valid").mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(files):
+        x = rng.integers(0, 255, size=(side, side, samples), dtype=np.uint8)
+        np.savez(folder / "train" / f"img_{i}_of_{files}.npz", x=x, y=[0] * samples)
+
+
+def test_dlio_written_data_is_read_by_sample_on_its_last_axis(tmp_path):
+    _dlio_npz(tmp_path / "data", 8, 20, samples=3)
+    over = workload_overrides(tmp_path, dataset__record_length_bytes=400,
+                              dataset__num_samples_per_file=3, reader__read_mode="sample",
+                              reader__batch_size=3, workflow__generate_data="false")
+    res = run_cli(["run", "demo", *over])
+    assert res.returncode == 0, res.stderr
+    metric = json.loads((tmp_path / "out" / "summary.json").read_text())["metric"]
+    # 24 samples of 20x20 bytes per epoch; each strided sample read as the extent covering it
+    assert metric["train_bytes_read"] == 2 * 24 * 400
+    assert metric["train_bytes_requested"] == 2 * 24 * ((400 - 1) * 3 + 1)
+
+
+@pytest.mark.parametrize("override,words", [
+    ("dataset.record_length_bytes=10000", "holds 3 samples of 400 bytes"),
+    ("dataset.num_samples_per_file=2", "no axis of dataset.num_samples_per_file=2"),
+])
+def test_data_that_disagrees_with_the_config_is_refused(tmp_path, override, words):
+    _dlio_npz(tmp_path / "data", 8, 20, samples=3)
+    over = workload_overrides(tmp_path, dataset__record_length_bytes=400,
+                              dataset__num_samples_per_file=3, reader__batch_size=3,
+                              workflow__generate_data="false")
+    res = run_cli(["run", "demo", *over, override])
+    assert res.returncode == 2
+    assert res.stderr.count(words) == 1 and "img_" in res.stderr, res.stderr
+
+
+def test_validate_at_scale_is_exact_and_quiet(tmp_path):
+    res = run_cli(["validate", "demo", "--ranks", "1024", "dataset.format=npz",
+                   "dataset.num_files_train=1000000", "dataset.num_samples_per_file=100",
+                   "dataset.record_length_bytes=114660", "dataset.record_length_bytes_stdev=0",
+                   "reader.batch_size=400", "reader.read_mode=sample",
+                   f"dataset.data_folder={tmp_path / 'none'}"],
+                  ranks=1)
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    # 10^6 files x 100 samples x 338 x 338 bytes, 244 steps x 400 x 1024 ranks of them read
+    per_epoch = 244 * 400 * 1024 * 338 * 338
+    assert f"bytes per epoch {per_epoch / 2**40:.1f} TiB" in res.stdout
+    assert not (tmp_path / "none").exists()

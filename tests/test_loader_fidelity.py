@@ -90,3 +90,17 @@ def test_lean_mode_opens_each_file_once_and_reads_each_sample_once(tmp_path):
     assert metric["train_file_opens"] == 8  # cached across both epochs
     assert metric["train_read_ops"] == 2 * 32
     assert metric["train_bytes_read"] == metric["train_bytes_transferred"] == 2 * 32 * 4096
+
+
+def test_drop_page_cache_advises_away_each_epochs_files_before_it(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="npy", dataset__num_files_train=8,
+                              reader__drop_page_cache="true", train__epochs=2)
+    assert run_cli(["generate", "demo", *over], ranks=1).returncode == 0
+    prefix = tmp_path / "run"
+    subprocess.run(["strace", "-ff", "-qq", "-y", "-o", str(prefix), "-e", "trace=fadvise64",
+                    mpiexec(), "-n", "1", sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
+                    *over, "workflow.generate_data=false"], check=True, capture_output=True,
+                   timeout=120)
+    calls = [line for log in prefix.parent.glob("run.*") for line in log.read_text().splitlines()
+             if "POSIX_FADV_DONTNEED" in line and "/train/" in line]
+    assert len(calls) == 2 * 8, calls

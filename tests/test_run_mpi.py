@@ -204,3 +204,25 @@ def test_real_compute_time_is_compute_and_au_follows_the_known_timings(shared_tm
     overhead = metric["train_emulator_overhead_us_per_step"]
     assert set(overhead) == {"sleep_overshoot", "sync_wakeup", "loop", "total"}
     assert summary["dlio_mpi"]["pacing"]["compute_spin_us"] == "auto"
+
+
+def test_emulated_nodes_split_the_ranks_and_the_host_fields_follow(shared_tmp, monkeypatch):
+    comm = _comm()
+    size = comm.Get_size()
+    monkeypatch.setenv("DLIO_MPI_RANKS_PER_NODE", "1")
+    cfg, summary = _run(shared_tmp, dataset__num_files_train=4 * size)
+    assert summary["num_hosts"] == size and summary["dlio_mpi"]["nodes"] == size
+    assert summary["dlio_mpi"]["emulated_nodes"] is True
+    assert len(summary["host_memory_GB"]) == len(summary["host_cpu_count"]) == size
+    assert summary["potential_caching"] == [1] * size
+    # DLIO's data per host: ranks per node x samples / ranks x record length
+    assert summary["data_size_per_host_GB"] == pytest.approx(4 * size // size * 4096 / 2**30)
+
+
+def test_a_bad_ranks_per_node_is_one_clear_error(monkeypatch):
+    from dlio_mpi.errors import JobError, check_all
+    from dlio_mpi.topology import emulated_ranks_per_node
+
+    monkeypatch.setenv("DLIO_MPI_RANKS_PER_NODE", "two")
+    with pytest.raises(JobError, match="DLIO_MPI_RANKS_PER_NODE='two'"):
+        check_all(_comm(), emulated_ranks_per_node)
