@@ -19,7 +19,6 @@ from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import UserError, check_all, on_root
-from .formats.loader import NpyLoads, NpzLoads, zip_facts
 from .generate import generate
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
 from .pacing import Pacing, make_pacing
@@ -93,15 +92,6 @@ class Phase:
     policy: AccessPolicy
 
 
-def _loader_model(split: DatasetSplit, facts):
-    """np.load's reads of whole files for npy and npz; one read per file otherwise."""
-    if split.format.name == "npy":
-        return NpyLoads()
-    if split.format.name == "npz":
-        return NpzLoads(facts, np.dtype(split.dtype).itemsize, split.samples_per_file)
-    return None
-
-
 def _blksize(path: str) -> int:
     try:
         return os.stat(path).st_blksize or 4096
@@ -115,10 +105,11 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     split = plan.splits["train" if train else "valid"]
     files = locate_split(comm, cfg, split)
     rd = cfg.reader
+    fmt = split.format
     blksize, facts = on_root(comm, lambda: (_blksize(files.path(0)),
-                                            zip_facts(files.path(0))
-                                            if split.format.name == "npz" else None))
-    policy = AccessPolicy(rd.access, rd.odirect, blksize, _loader_model(split, facts))
+                                            fmt.loader_facts(files.path(0))))
+    policy = AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
+        facts, np.dtype(split.dtype).itemsize, split.samples_per_file))
     reader = check_all(comm, lambda: NativeReader(
         files, rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
         close_at_epoch_end=rd.access == "loader", drop_page_cache=rd.drop_page_cache,

@@ -116,6 +116,16 @@ class Format(Protocol):
         """Other files that belong to the data file at `path` (index files)."""
         ...
 
+    def loader_facts(self, path: str):
+        """What the loader's read model needs to know beyond layouts, read from one file of
+        the dataset (rank 0, before training), or None."""
+        ...
+
+    def loader_model(self, facts, itemsize: int, samples: int):
+        """The real loader's reads of whole files (a callable (Layouts, st_blksize) ->
+        WholeFileReads), or None for one read per file."""
+        ...
+
 
 def tmp_name(path: str) -> str:
     """The temporary name a file is written under before the rename that completes it."""

@@ -48,3 +48,9 @@ class IndexedBinaryFormat:
 
     def side_files(self, path: str) -> list[str]:
         return [path + ".off.idx", path + ".sz.idx"]
+
+    def loader_facts(self, path: str) -> None:
+        return None
+
+    def loader_model(self, facts, itemsize: int, samples: int) -> None:
+        return None  # DLIO's reader: one read of each sample (a whole file: one read)

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import _core
 from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .loader import NpyLoads
 
 
 def npy_header(spec: SampleSpec) -> bytes:
@@ -68,3 +69,9 @@ class NpyFormat:
 
     def side_files(self, path: str) -> list[str]:
         return []
+
+    def loader_facts(self, path: str) -> None:
+        return None
+
+    def loader_model(self, facts, itemsize: int, samples: int) -> NpyLoads:
+        return NpyLoads()

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import _core
 from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .loader import NpzLoads, ZipFacts, zip_facts
 from .npy import npy_header, stored_array
 
 _LOCAL = struct.Struct("<IHHHHHIIIHH")          # local file header, 30 bytes
@@ -117,3 +118,9 @@ class NpzFormat:
 
     def side_files(self, path: str) -> list[str]:
         return []
+
+    def loader_facts(self, path: str) -> ZipFacts:
+        return zip_facts(path)
+
+    def loader_model(self, facts: ZipFacts, itemsize: int, samples: int) -> NpzLoads:
+        return NpzLoads(facts, itemsize, samples)
