@@ -245,6 +245,40 @@ int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err);
  * call from the consumer thread at any time. */
 void dio_engine_wake(dio_engine *e);
 
+/* ------------------------------------------------------------------ the step loop */
+
+/* The per-step synchronisation: a started-and-tested persistent MPI request, called through
+ * the MPI library's MPI_Start and MPI_Test (looked up by the caller; request points at the
+ * MPI_Request).  Polled with sched_yield between tests for spin_ns, then with naps of
+ * nap_ns.  request NULL: no synchronisation (evaluation). */
+typedef struct dio_step_sync {
+    int   (*start)(void *request);
+    int   (*test)(void *request, int *flag, void *status);
+    void   *request;
+    int64_t spin_ns;
+    int64_t nap_ns;
+} dio_step_sync;
+
+/* One step's clock stamps (CLOCK_MONOTONIC ns) and what its batch brought. */
+typedef struct dio_step_record {
+    int64_t start;    /* began waiting for its batch (the previous step's end) */
+    int64_t ready;    /* the engine had the batch complete */
+    int64_t got;      /* the loop held it; the compute starts */
+    int64_t deadline; /* the planned compute ends */
+    int64_t computed; /* the compute wait returned: the arrival at the synchronisation */
+    int64_t synced;   /* the synchronisation returned */
+    int64_t bytes;    /* bytes storage returned for the batch */
+    int64_t ops;      /* read calls for the batch */
+} dio_step_record;
+
+/* Run nsteps steps of the epoch started on e: take the next batch, wait compute_ns[i] with
+ * the pacer, synchronise (sync may be NULL); out[i] gets step i's record, the first step
+ * starting at start_ns.  Call without the GIL.  Returns 0, or -errno when a batch failed (the
+ * engine's error) or the MPI calls failed; the records of the steps before are filled. */
+int dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
+                         int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
+                         dio_step_record *out, dio_error *err);
+
 typedef struct dio_engine_counters {
     int64_t opens;            /* open() calls since create */
     int64_t closes;           /* close() calls since create (cache evictions included) */

@@ -105,6 +105,20 @@ cdef extern from "dio.h" nogil:
     int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
     void dio_engine_wake(dio_engine *e)
 
+    ctypedef struct dio_step_sync:
+        int (*start)(void *request)
+        int (*test)(void *request, int *flag, void *status)
+        void *request
+        int64_t spin_ns
+        int64_t nap_ns
+
+    ctypedef struct dio_step_record:
+        int64_t start
+
+    int dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
+                             int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
+                             dio_step_record *out, dio_error *err)
+
     ctypedef struct dio_engine_counters:
         int64_t opens
         int64_t closes
@@ -639,6 +653,40 @@ cdef class Engine:
         out.data_len = b.data_len
         out.data = memoryview(view)
         return out
+
+    def run_steps(self, Pacer pacer not None, sync, const int64_t[::1] compute_ns not None,
+                  int64_t start_ns, int64_t[:, ::1] out not None):
+        """Run the epoch's steps in C (GIL released): for step i take the next batch, wait
+        compute_ns[i] with `pacer`, synchronise; out[i] gets (start, ready, got, deadline,
+        computed, synced, bytes, read ops).  sync: None, or (MPI_Start address, MPI_Test
+        address, address of a persistent MPI_Request, spin ns, nap ns).  Raises OSError like
+        next() when a batch fails."""
+        self._ready()
+        cdef dio_step_sync s
+        cdef dio_step_sync *sp = NULL
+        cdef dio_error err
+        cdef int rc
+        cdef int64_t n = compute_ns.shape[0]
+        if out.shape[0] != n or out.shape[1] != 8:
+            raise ValueError(f"out must be ({n}, 8), got ({out.shape[0]}, {out.shape[1]})")
+        if sync is not None:
+            s.start = <int (*)(void *) noexcept nogil><size_t>sync[0]
+            s.test = <int (*)(void *, int *, void *) noexcept nogil><size_t>sync[1]
+            s.request = <void *><size_t>sync[2]
+            s.spin_ns = sync[3]
+            s.nap_ns = sync[4]
+            sp = &s
+        _clear(&err)
+        self.busy = True
+        try:
+            with nogil:
+                rc = dio_engine_run_steps(self.e, &pacer.p, sp, n,
+                                          &compute_ns[0] if n > 0 else NULL, start_ns,
+                                          <dio_step_record *>&out[0, 0] if n > 0 else NULL,
+                                          &err)
+        finally:
+            self.busy = False
+        _check(rc, &err)
 
     def wake(self):
         """Wake the readers a next(defer_wake=True) left waiting for the released slot."""

@@ -5,13 +5,17 @@ a few microseconds so that what the emulator itself spends does not pass for sto
   by default; set to 1 ns here) and the scheduler's wake-up latency (tens to hundreds of us,
   more on a VM). The C pacer sleeps until a margin before the deadline and polls the clock for
   the rest; "auto" adapts the margin to the lateness this rank's sleeps show.
-- Synchronisation: a non-blocking barrier polled with `sched_yield` between polls for
+- Synchronisation: a persistent barrier polled with `sched_yield` between polls for
   `sync_spin_ns` (a runnable reader thread on this core gets the CPU at once), then with short
   naps, so a rank whose peers are stalled on storage does not keep a core busy. MPICH's
-  blocking barrier would poll without yielding."""
+  blocking barrier would poll without yielding.
+Both run inside the C step loop (dio_steps.c): no Python between a deadline and the next
+compute."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 from dataclasses import dataclass
 
@@ -49,38 +53,82 @@ def make_pacing(compute_spin_us: float | None, sync_spin_us: float | None) -> Pa
 
 
 class StepBarrier:
-    """The per-step synchronisation of a communicator: a persistent barrier (MPI 4
-    MPI_Barrier_init, started each step; a fresh MPI_Ibarrier where the MPI library lacks it).
-    A persistent request skips building the collective's schedule every step, which costs
-    ~30 us when the code is cold after a compute wait of milliseconds, against ~4 us."""
+    """The per-step synchronisation of a communicator, handed to the C step loop: a persistent
+    barrier (MPI 4 MPI_Barrier_init; a persistent request skips building the collective's
+    schedule each step, which costs ~30 us when the code is cold after a compute wait) started
+    and tested through the MPI library's own MPI_Start and MPI_Test. Where those symbols cannot
+    be found, or MPI_Barrier_init is missing, the C loop calls back into mpi4py instead."""
 
     def __init__(self, comm, spin_ns: int) -> None:
+        from mpi4py import MPI
+
         self.comm, self.spin_ns = comm, spin_ns
         try:
             self._request = comm.Barrier_init()
-        except (NotImplementedError, AttributeError):
+        except (NotImplementedError, AttributeError, MPI.Exception):
             self._request = None
+        functions = mpi_functions() if self._request is not None else None
+        if functions is not None:
+            self._keep = None
+            start, test = functions
+            self._sync = (start, test, MPI._addressof(self._request), spin_ns, NAP_NS)
+        else:  # the request argument is unused by the callbacks, but must not be NULL
+            self._keep = _callbacks(comm, self._request)
+            start, test = (ctypes.cast(f, ctypes.c_void_p).value for f in self._keep)
+            self._sync = (start, test, 1, spin_ns, NAP_NS)
 
-    def wait(self) -> None:
-        """Return once every rank has called it: poll the barrier, yielding the core between
-        polls for up to spin_ns, then napping between polls."""
-        request = self._request
-        if request is None:
-            request = self.comm.Ibarrier()
-        else:
-            request.Start()
-        if request.Test():
-            return
-        now, test, yield_ = _core.now_ns, request.Test, os.sched_yield
-        deadline = now() + self.spin_ns
-        while not test():
-            t = now()
-            if t < deadline:
-                yield_()
-            else:
-                _core.sleep_until_ns(t + NAP_NS, 0)
+    @property
+    def native(self) -> tuple[int, int, int, int, int]:
+        """(MPI_Start, MPI_Test, the request's address, spin ns, nap ns) for the C loop."""
+        return self._sync
 
     def close(self) -> None:
         if self._request is not None:
             self._request.Free()
             self._request = None
+
+
+_START = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_TEST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int),
+                         ctypes.c_void_p)
+
+
+def _callbacks(comm, persistent):
+    """MPI_Start/MPI_Test look-alikes calling mpi4py (the GIL is taken for each call)."""
+    state = {"request": None}
+
+    def start(_request) -> int:
+        if persistent is not None:
+            persistent.Start()
+            state["request"] = persistent
+        else:
+            state["request"] = comm.Ibarrier()
+        return 0
+
+    def test(_request, flag, _status) -> int:
+        flag[0] = 1 if state["request"].Test() else 0
+        return 0
+
+    return _START(start), _TEST(test)
+
+
+@functools.lru_cache(maxsize=1)
+def mpi_functions() -> tuple[int, int] | None:
+    """Addresses of MPI_Start and MPI_Test in the MPI library mpi4py loaded (found among the
+    shared libraries this process maps), or None."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if ".so" in line and "/" in line}
+    except OSError:
+        return None
+    for path in sorted(paths, key=lambda p: "mpi" not in os.path.basename(p).lower()):
+        if "mpi" not in os.path.basename(path).lower():
+            break
+        try:
+            lib = ctypes.CDLL(path)
+            start, test = lib.MPI_Start, lib.MPI_Test
+        except (OSError, AttributeError):
+            continue
+        return (ctypes.cast(start, ctypes.c_void_p).value,
+                ctypes.cast(test, ctypes.c_void_p).value)
+    return None

@@ -47,17 +47,17 @@ class NativeReader:
         self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
                                  None, self.lat_ns, None, plan.flags, plan.expect)
 
-    def next_batch(self):
-        """Wait (GIL released) for the next batch; None at the end of the epoch. The slot of
-        the previous batch is released, but the readers are only woken to refill it by
-        resume() (or by a next_batch that has to wait): a wake-up costs a futex call and an
-        inter-processor interrupt, which must not delay the hand-over of a ready batch."""
-        return self._engine.next(True)
+    def run_steps(self, pacer, sync, compute_ns: np.ndarray, start_ns: int) -> np.ndarray:
+        """Run the epoch's steps in the C loop (see _core.Engine.run_steps); returns the
+        (steps, 8) records: start, ready, got, deadline, computed, synced, bytes, read ops."""
+        out = np.zeros((len(compute_ns), 8), dtype=np.int64)
+        self._engine.run_steps(pacer, sync, np.ascontiguousarray(compute_ns, dtype=np.int64),
+                               start_ns, out)
+        return out
 
-    def resume(self) -> None:
-        """Let the readers refill the slot next_batch released (call once the step's clock
-        has started)."""
-        self._engine.wake()
+    def next_batch(self):
+        """Wait (GIL released) for the next batch; None at the end of the epoch."""
+        return self._engine.next()
 
     def end_epoch(self) -> None:
         """After the last batch: close the files a loader would close."""

@@ -1,7 +1,8 @@
-"""The step loop of one epoch, as data-parallel training runs it: wait for the batch, compute
-(a precise sleep to an absolute deadline), then synchronise with the other ranks as the gradient
-allreduce would. Each step records six clock stamps; everything reported about time (AU, the
-wait/compute/sync split, storage stalls, the emulator's own overhead) is derived from them."""
+"""One epoch of steps, as data-parallel training runs it: wait for the batch, compute (a precise
+wait to an absolute deadline), then synchronise with the other ranks as the gradient allreduce
+would. The loop itself runs in C (csrc/dio_steps.c); each step records six clock stamps, and
+everything reported about time (AU, the wait/compute/sync split, storage stalls, the emulator's
+own overhead) is derived from them."""
 
 from __future__ import annotations
 
@@ -84,39 +85,24 @@ class EpochTrace:
 def run_epoch(comm, reader, plan: ReadPlan, compute_s: np.ndarray, epoch: int, pacing: Pacing,
               barrier: bool = True) -> EpochTrace:
     """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds."""
-    steps = plan.steps
     planned = np.round(np.asarray(compute_s, dtype=np.float64) * 1e9).astype(np.int64)
-    planned_list = planned.tolist()
-    rows = []
-    record = rows.append
-    now, wait_until = _core.now_ns, pacing.pacer.wait_until
-    next_batch, resume = reader.next_batch, reader.resume
     barrier_ = StepBarrier(comm, pacing.sync_spin_ns) if barrier else None
     reader.prepare_epoch(plan)
     before = reader.counters()
-    comm.Barrier()  # all ranks open the block together ...
-    start = block_start = now()
-    reader.start_epoch(plan)  # ... and read nothing ahead outside it (counted in step 0's wait)
-    for step in range(steps):
-        batch = next_batch()
-        got = now()
-        deadline = got + planned_list[step]
-        resume()  # inside the step's compute time, not between batch and compute
-        computed = wait_until(deadline) if deadline > got else got
+    try:
+        comm.Barrier()  # all ranks open the block together ...
+        block_start = _core.now_ns()
+        reader.start_epoch(plan)  # ... and read nothing ahead outside it (in step 0's wait)
+        table = reader.run_steps(pacing.pacer, barrier_.native if barrier_ else None, planned,
+                                 block_start)
+        block_end = _core.now_ns()
+    finally:
         if barrier_ is not None:
-            barrier_.wait()
-        synced = now()
-        record((start, batch.ready_ns, got, deadline, computed, synced, batch.bytes_read,
-                batch.read_ops))
-        start = synced  # the next wait starts where this step ended
-    block_end = now()
-    if barrier_ is not None:
-        barrier_.close()
-    if next_batch() is not None:
+            barrier_.close()
+    if reader.next_batch() is not None:
         raise RuntimeError("engine returned more batches than planned")
     reader.end_epoch()
     after = reader.counters()
-    table = np.array(rows, dtype=np.int64).reshape(steps, 8)
     return EpochTrace(
         epoch=epoch, block_start_ns=block_start, block_end_ns=block_end,
         stamps=np.ascontiguousarray(table[:, :6]), planned_compute_ns=planned,

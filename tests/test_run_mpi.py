@@ -226,3 +226,20 @@ def test_a_bad_ranks_per_node_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("DLIO_MPI_RANKS_PER_NODE", "two")
     with pytest.raises(JobError, match="DLIO_MPI_RANKS_PER_NODE='two'"):
         check_all(_comm(), emulated_ranks_per_node)
+
+
+def test_the_step_loop_falls_back_to_mpi4py_without_the_mpi_symbols(shared_tmp, monkeypatch):
+    import dlio_mpi.pacing
+
+    dlio_mpi.pacing.mpi_functions.cache_clear()
+    monkeypatch.setattr(dlio_mpi.pacing, "mpi_functions", lambda: None)
+    comm = _comm()
+    cfg, summary = _run(shared_tmp, dataset__num_files_train=6 * comm.Get_size(),
+                        train__computation_time=0.005, reader__batch_size=1,
+                        output__access_log="true")
+    stats = json.loads((Path(cfg.output.folder) / "per_epoch_stats.json").read_text())
+    for r in stats["1"]["per_rank"]:
+        assert r["steps"] == 6 and r["compute_seconds"] >= 6 * 0.005
+    shards = _access(cfg.output.folder, 1, comm.Get_size())
+    union = np.concatenate(shards)
+    assert len(set(union.tolist())) == len(union) == 6 * comm.Get_size()

@@ -122,7 +122,7 @@ def bench_overhead(work: Path) -> dict:
 
 HOST_WORKLOADS = {
     # name: (record length, stdev, batch, compute, read_threads, prefetch, max ranks, steps)
-    "resnet50_h100": (RESNET_RECORD, 0, 400, 0.224, 2, 4, 32, 4),
+    "resnet50_h100": (RESNET_RECORD, 0, 400, 0.224, 1, 4, 32, 4),
     "unet3d_h100": (146600628, 68341808, 7, 0.323, 4, 2, 4, 3),
 }
 DLIO_READ_THREADS = 4  # DLIO's best setting on this kind of machine

@@ -1,0 +1,78 @@
+/*
+ * dio_steps.c - the step loop of an emulated training epoch, in C: take the batch, wait the
+ * compute time (the pacer), synchronise with the other ranks, stamp each phase.  No Python
+ * runs between a compute deadline and the next compute: at sub-millisecond steps the
+ * interpreter's and mpi4py's cold paths after a sleep cost several points of AU.
+ *
+ * The synchronisation is the MPI library's own (a persistent barrier started and tested
+ * through function pointers the caller looked up), so this file needs no MPI headers.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <string.h>
+
+#include "dio_internal.h"
+
+#define POLL_FIRST_NS 20000 /* poll flat out this long first: peers that computed in step
+                            * arrive within microseconds, and a yield can hand the core to a
+                            * reader for a whole chunk */
+
+/* Poll the started barrier: flat out for POLL_FIRST_NS, yielding the core between polls up to
+ * spin_ns, then napping between polls. */
+static int sync_steps(const dio_step_sync *s, dio_error *err)
+{
+    char status[256]; /* room for any MPI_Status */
+    int flag = 0, rc;
+    int64_t spin_until, poll_until;
+    if ((rc = s->start(s->request)) != 0)
+        return dio_fail(err, EIO, "", "step barrier: MPI_Start failed (%d)", rc);
+    if ((rc = s->test(s->request, &flag, status)) != 0)
+        return dio_fail(err, EIO, "", "step barrier: MPI_Test failed (%d)", rc);
+    poll_until = dio_now_ns() + (s->spin_ns < POLL_FIRST_NS ? s->spin_ns : POLL_FIRST_NS);
+    spin_until = poll_until - POLL_FIRST_NS + s->spin_ns;
+    while (!flag) {
+        int64_t now = dio_now_ns();
+        if (now < poll_until)
+            ;
+        else if (now < spin_until)
+            sched_yield();
+        else
+            dio_sleep_until_ns(now + s->nap_ns, 0);
+        if ((rc = s->test(s->request, &flag, status)) != 0)
+            return dio_fail(err, EIO, "", "step barrier: MPI_Test failed (%d)", rc);
+    }
+    return 0;
+}
+
+int dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
+                         int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
+                         dio_step_record *out, dio_error *err)
+{
+    int64_t start = start_ns;
+    dio_clear_error(err);
+    if (!e || !pacer || nsteps < 0 || (nsteps > 0 && (!compute_ns || !out)))
+        return dio_fail(err, EINVAL, "", "run_steps: invalid arguments");
+    for (int64_t i = 0; i < nsteps; i++) {
+        dio_step_record *r = &out[i];
+        dio_batch b;
+        int rc = dio_engine_next(e, &b, DIO_NEXT_DEFER_WAKE, err);
+        if (rc <= 0)
+            return rc < 0 ? rc : dio_fail(err, EIO, "", "run_steps: the engine has %lld "
+                                          "batches, the plan %lld", (long long)i,
+                                          (long long)nsteps);
+        r->got = dio_now_ns();
+        r->deadline = r->got + compute_ns[i];
+        dio_engine_wake(e); /* inside the step's compute time */
+        r->computed = compute_ns[i] > 0 ? dio_pacer_wait(pacer, r->deadline) : r->got;
+        if (sync && sync->request && (rc = sync_steps(sync, err)) < 0)
+            return rc;
+        r->synced = dio_now_ns();
+        r->start = start;
+        r->ready = b.ready_ns;
+        r->bytes = b.bytes_read;
+        r->ops = b.read_ops;
+        start = r->synced; /* the next wait starts where this step ended */
+    }
+    return 0;
+}
