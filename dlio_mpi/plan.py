@@ -199,9 +199,9 @@ def describe_plan(plan: RunPlan, cfg) -> str:
             f"dataset size    {_size(plan.dataset_bytes)} vs {_size(plan.memory_bytes)} of "
             f"memory on the {plan.nodes} node(s)",
         ]
-        if plan.fits_in_memory and not cfg.reader.odirect:
+        if plan.fits_in_memory and not (cfg.reader.odirect or cfg.reader.drop_page_cache):
             lines.append(f"note            the dataset fits in the memory of the {plan.nodes} "
                          "node(s): after the first epoch reads may come from the page cache "
-                         "(reader.odirect: true avoids it)")
+                         "(reader.odirect: true or reader.drop_page_cache: true avoid it)")
     lines.extend(f"note            {note}" for note in plan.notes)
     return "\n".join(lines)

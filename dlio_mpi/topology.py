@@ -43,7 +43,6 @@ class Topology:
     emulated: bool        # nodes split by DLIO_MPI_RANKS_PER_NODE
     clock_offset_ns: int  # this rank's monotonic clock minus rank 0's
     hosts: tuple[HostInfo, ...]  # per node, in node order
-    node_comm: object = None  # MPI communicator of this node's ranks
 
     @property
     def is_leader(self) -> bool:
@@ -92,11 +91,11 @@ def discover(comm, per_node: int | None) -> Topology:
     hosts = tuple(i for i in infos if i is not None)
     per_node0 = comm.bcast(local_size, root=0)
     if node is not host:
-        host.Free()
+        node.Free()
+    host.Free()
     return Topology(node=leaders.index(leader), nodes=len(leaders), local_rank=local_rank,
                     local_size=local_size, ranks_per_node=per_node0,
-                    emulated=per_node is not None, clock_offset_ns=offset, hosts=hosts,
-                    node_comm=node)
+                    emulated=per_node is not None, clock_offset_ns=offset, hosts=hosts)
 
 
 def _clock_offset(comm, host) -> int:
