@@ -101,9 +101,7 @@ cdef extern from "dio.h" nogil:
         int64_t read_ops
         int64_t ready_ns
 
-    int DIO_NEXT_DEFER_WAKE
     int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
-    void dio_engine_wake(dio_engine *e)
 
     ctypedef struct dio_step_sync:
         int (*start)(void *request)
@@ -618,22 +616,19 @@ cdef class Engine:
         self._outs = None
         _check(rc, &err)
 
-    def next(self, bint defer_wake=False):
+    def next(self):
         """Release the previous batch and wait (GIL released) for the next one; None at the
         end of the epoch (or with no epoch).  Raises OSError if a request of the batch failed;
-        the error repeats on later calls until a new epoch starts.  defer_wake: leave waking
-        the readers for the released slot to wake() (keeps a futex wake-up off the hand-over
-        of a batch that is already there)."""
+        the error repeats on later calls until a new epoch starts."""
         self._ready()
         cdef dio_batch b
         cdef dio_error err
         cdef int rc
-        cdef int flags = DIO_NEXT_DEFER_WAKE if defer_wake else 0
         _clear(&err)
         self.busy = True
         try:
             with nogil:
-                rc = dio_engine_next(self.e, &b, flags, &err)
+                rc = dio_engine_next(self.e, &b, 0, &err)
         finally:
             self.busy = False
         _check(rc, &err)
@@ -687,12 +682,6 @@ cdef class Engine:
         finally:
             self.busy = False
         _check(rc, &err)
-
-    def wake(self):
-        """Wake the readers a next(defer_wake=True) left waiting for the released slot."""
-        if self.e != NULL:
-            with nogil:
-                dio_engine_wake(self.e)
 
     def counters(self):
         """Totals since the engine was created: opens, closes, stats, bytes_read, read_ops."""

@@ -26,7 +26,6 @@ from .dataset import Layouts, LayoutTable
 from .formats.loader import WholeFileReads
 
 READ_MODES = ("sample", "file", "file_once")
-ACCESS_MODES = ("loader", "lean")
 
 
 def one_read_per_file(lay: Layouts) -> WholeFileReads:

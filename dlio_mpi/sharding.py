@@ -18,7 +18,6 @@ import numpy as np
 
 from . import _core
 
-SHUFFLE_MODES = ("off", "seed", "random")
 FILE_STREAM, SAMPLE_STREAM = 0, 1
 
 

@@ -45,10 +45,6 @@ class Topology:
     hosts: tuple[HostInfo, ...]  # per node, in node order
 
     @property
-    def is_leader(self) -> bool:
-        return self.local_rank == 0
-
-    @property
     def memory_bytes(self) -> int:
         """Memory of the distinct hosts together (emulated nodes share their host's)."""
         return sum({h.hostname: h.memory_bytes for h in self.hosts}.values())
