@@ -18,13 +18,17 @@
                             * arrive within microseconds, and a yield can hand the core to a
                             * reader for a whole chunk */
 
+#define NAP_FIRST_NS 10000 /* the first nap; each next one doubles, up to the caller's nap_ns */
+
 /* Poll the started barrier: flat out for POLL_FIRST_NS, yielding the core between polls up to
- * spin_ns, then napping between polls. */
+ * spin_ns, then napping between polls, each nap twice the last up to nap_ns: a rank whose peers
+ * are stalled on storage soon wakes rarely, leaving the cores to the readers that lag, while
+ * one whose peers arrive within a nap or two wakes promptly. */
 static int sync_steps(const dio_step_sync *s, dio_error *err)
 {
     char status[256]; /* room for any MPI_Status */
     int flag = 0, rc;
-    int64_t spin_until, poll_until;
+    int64_t spin_until, poll_until, nap = NAP_FIRST_NS < s->nap_ns ? NAP_FIRST_NS : s->nap_ns;
     if ((rc = s->start(s->request)) != 0)
         return dio_fail(err, EIO, "", "step barrier: MPI_Start failed (%d)", rc);
     if ((rc = s->test(s->request, &flag, status)) != 0)
@@ -37,8 +41,10 @@ static int sync_steps(const dio_step_sync *s, dio_error *err)
             ;
         else if (now < spin_until)
             sched_yield();
-        else
-            dio_sleep_until_ns(now + s->nap_ns, 0);
+        else {
+            dio_sleep_until_ns(now + nap, 0);
+            nap = 2 * nap < s->nap_ns ? 2 * nap : s->nap_ns;
+        }
         if ((rc = s->test(s->request, &flag, status)) != 0)
             return dio_fail(err, EIO, "", "step barrier: MPI_Test failed (%d)", rc);
     }

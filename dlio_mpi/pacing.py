@@ -6,8 +6,10 @@ a few microseconds so that what the emulator itself spends does not pass for sto
   more on a VM). The C pacer sleeps until a margin before the deadline and polls the clock for
   the rest; "auto" adapts the margin to the lateness this rank's sleeps show.
 - Synchronisation: a persistent barrier polled with `sched_yield` between polls for
-  `sync_spin_ns` (a runnable reader thread on this core gets the CPU at once), then with short
-  naps, so a rank whose peers are stalled on storage does not keep a core busy. MPICH's
+  `sync_spin_ns` (a runnable reader thread on this core gets the CPU at once), then with naps
+  doubling from 10 us to 200 us, so a rank whose peers are stalled on storage does not keep
+  taking the cores their readers need (at 16 ranks on 2 cores, fixed 20 us naps cost ~2 points
+  of AU against doubling ones). MPICH's
   blocking barrier would poll without yielding.
 Both run inside the C step loop (dio_steps.c): no Python between a deadline and the next
 compute."""
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 from . import _core
 
-NAP_NS = 20_000             # one nap of the barrier past its spin (plus the wake-up latency)
+NAP_NS = 200_000            # the longest nap of the barrier (they double from 10 us)
 AUTO_SYNC_SPIN_NS = 200_000
 
 
