@@ -288,6 +288,11 @@ class Reader:
     # loader's batches take; false: every read lands in one small buffer per reader thread
     # (the same system calls and bytes from storage, without the batches' memory traffic)
     keep_data: bool = key(True, "bool")
+    # ours: a read or open that has waited this many seconds (a dead NFS or Lustre server) is
+    # reported, naming the rank, the file and the wait; 0: never
+    io_watchdog_seconds: float = key(60.0, "float", minimum=0)
+    # ours: end the job (every rank, non-zero exit) once the watchdog has reported
+    io_watchdog_abort: bool = key(False, "bool")
 
 
 # --------------------------------------------------------------------------- train, evaluation
