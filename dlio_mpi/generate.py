@@ -6,6 +6,7 @@ bytes from a per-file seed, so the same configuration always produces the same d
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from dataclasses import dataclass
@@ -16,7 +17,14 @@ from .catalog import spot_check_sizes
 from .dataset import SPLITS, DatasetSplit, LayoutTable
 from .errors import UserError, check_all, on_root
 from .formats.base import StagedWrites
-from .manifest import differing_params, generation_params, read_manifest, write_manifest
+from .manifest import (
+    MANIFEST_NAME,
+    differing_params,
+    generation_params,
+    read_manifest,
+    write_manifest,
+)
+from .ownership import TMP_MARK, FolderLock, is_temporary_of, new_tag, remove_quietly
 
 
 @dataclass(frozen=True)
@@ -51,38 +59,50 @@ def _my_files(splits: dict[str, DatasetSplit], rank: int, size: int
 def generate(comm, cfg, splits: dict[str, DatasetSplit],
              layouts: dict[str, LayoutTable] | None = None) -> GenerationResult:
     """Generate the dataset of `cfg` collectively; returns totals over all ranks. `layouts`
-    are the splits' expected layouts when the caller has them already."""
+    are the splits' expected layouts when the caller has them already. Rank 0 holds the data
+    folder's lock throughout; files are only ever created, never replaced (ownership.py)."""
     root = splits["train"].root
     params = generation_params(cfg)
-
+    lock = FolderLock(root, "generation")
     if layouts is None:
         layouts = {name: split.expected_layouts() for name, split in splits.items()}
+    try:
+        return _generate(comm, splits, layouts, root, params, lock)
+    finally:
+        lock.release()
 
-    def prepare() -> tuple[bool, bool]:
-        """Rank 0: decide whether existing files are ours (a manifest with these parameters
-        lists them) and whether they are complete (the manifest says so and a few spot
-        checks agree: a rerun then costs no look at every file), and create the folders."""
-        manifest = read_manifest(root) if os.path.isdir(root) else None
+
+def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
+    def prepare() -> tuple[bool, bool, str]:
+        """Rank 0: take the folder's lock; decide whether existing files are ours (a manifest
+        with these parameters lists them) and whether they are complete (the manifest says
+        so and a few spot checks agree: a rerun then costs no look at every file); remove
+        the temporaries a dead generation of ours left; draw this job's temporaries' tag."""
+        os.makedirs(root, exist_ok=True)
+        lock.acquire()
+        manifest = read_manifest(root)
         ours = manifest is not None and not differing_params(manifest, params)
-        if ours and manifest.get("complete"):
-            try:
-                for name, split in splits.items():
-                    spot_check_sizes(split, layouts[name])
-                return ours, True
-            except UserError:
-                pass  # a file changed since: look at every file and redo what is not right
-        # both split folders, even an empty valid/: DLIO lists it whatever num_files_eval is
-        folders = {f for s in splits.values() for f in s.naming.folders()}
-        for folder in sorted(folders):
-            os.makedirs(folder, exist_ok=True)
         if manifest is not None and not ours:
             raise UserError(
                 f"{root} holds a dataset generated with other parameters "
                 f"({', '.join(differing_params(manifest, params))} differ); choose another "
                 "dataset.data_folder or delete that dataset yourself")
-        return ours, False
+        if ours and manifest.get("complete"):
+            try:
+                for name, split in splits.items():
+                    spot_check_sizes(split, layouts[name])
+                return ours, True, ""
+            except UserError:
+                pass  # a file changed since: the survey looks at every file
+        # both split folders, even an empty valid/: DLIO lists it whatever num_files_eval is
+        folders = sorted({f for s in splits.values() for f in s.naming.folders()})
+        for folder in folders:
+            os.makedirs(folder, exist_ok=True)
+        if ours:
+            _remove_temporaries([root, *folders], manifest.get("temporaries", []))
+        return ours, False, new_tag()
 
-    ours, complete = on_root(comm, prepare)
+    ours, complete, tag = on_root(comm, prepare)
     mine = _my_files(splits, comm.Get_rank(), comm.Get_size())
     if complete:
         return GenerationResult(0, sum(s.num_files for s in splits.values()), 0, 0.0)
@@ -92,47 +112,104 @@ def generate(comm, cfg, splits: dict[str, DatasetSplit],
         layouts[name].take(np.array([i for n, i in mine if n == name], dtype=np.int64)).size
         for name in SPLITS]).tolist()
 
-    def survey() -> list[tuple[str, int]]:
-        """Which of my files still need writing; refuse to overwrite files not ours."""
-        todo = []
+    def survey() -> tuple[list[tuple[str, int]], int]:
+        """Which of my files still need writing, and their bytes; refuse when a file in the
+        way is not ours, or is ours but changed since (it cannot be told from a foreign one)."""
+        todo, todo_bytes = [], 0
         for (name, index), want in zip(mine, expected_size):
-            path = splits[name].path(index)
+            split = splits[name]
+            path = split.path(index)
             try:
                 size = os.stat(path).st_size
             except FileNotFoundError:
                 todo.append((name, index))
+                todo_bytes += want
+                _clear_side_files(split.format.side_files(path), ours)
                 continue
             if not ours:
                 raise UserError(f"{path} exists and was not generated by dlio-mpi with this "
                                 "configuration; remove it or choose another dataset.data_folder")
             if size != want:
-                todo.append((name, index))  # else complete: its rename happened last
-        return todo
+                raise UserError(
+                    f"{path} has {size} bytes where dlio-mpi generated {want}: it was changed "
+                    "since, and dlio-mpi overwrites no file it cannot tell from a foreign one; "
+                    "delete it to have it generated again")
+        return todo, todo_bytes
 
-    todo = check_all(comm, survey)
+    todo, todo_bytes = check_all(comm, survey)
+    need = comm.allreduce(todo_bytes)
+    on_root(comm, lambda: check_free_space(root, need, "dataset.data_folder"))
     # Only now, with no foreign file in the way, claim the names: an interrupted generation
-    # is then still known to be ours.
-    on_root(comm, lambda: write_manifest(root, params, complete=False))
+    # is then still known to be ours, and its temporaries by their tag.
+    on_root(comm, lambda: write_manifest(root, params, complete=False, temporaries=[tag]))
     start = time.perf_counter()
-    written = 0
-    staged = StagedWrites()
-    for name, index in todo:
-        split = splits[name]
-        written += split.format.write(split.path(index), split.spec(index),
-                                      file_seed(name, index), staged)
-        if len(staged.pending) >= STAGE_FILES or staged.bytes >= STAGE_BYTES:
-            staged.commit()
-    staged.commit()
+    written = check_all(comm, lambda: _write_files(splits, todo, tag, root))
     elapsed = time.perf_counter() - start
     totals = comm.allreduce(np.array([len(todo), len(mine) - len(todo), written],
                                      dtype=np.int64))
     seconds = comm.allreduce(elapsed, op=_max_op())
-    if comm.Get_rank() == 0:
-        write_manifest(root, params, complete=True,
-                       files={name: s.num_files for name, s in splits.items()},
-                       bytes={name: layouts[name].total("size") for name in splits})
-    comm.Barrier()
+    on_root(comm, lambda: write_manifest(
+        root, params, complete=True, files={name: s.num_files for name, s in splits.items()},
+        bytes={name: layouts[name].total("size") for name in splits}))
     return GenerationResult(int(totals[0]), int(totals[1]), int(totals[2]), seconds)
+
+
+def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str) -> int:
+    """Write my files; on a failure remove my uncommitted temporaries (committed files are
+    complete) and say which folder filled when it is ENOSPC."""
+    written = 0
+    staged = StagedWrites(tag)
+    try:
+        for name, index in todo:
+            split = splits[name]
+            written += split.format.write(split.path(index), split.spec(index),
+                                          file_seed(name, index), staged)
+            if len(staged.pending) >= STAGE_FILES or staged.bytes >= STAGE_BYTES:
+                staged.commit()
+        staged.commit()
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise UserError(f"dataset.data_folder: {root}: {exc.strerror} while generating; "
+                            "dlio-mpi removed its partial files (complete ones stay, and a "
+                            "rerun resumes after them)") from None
+        raise
+    finally:
+        staged.discard()
+    return written
+
+
+def _clear_side_files(paths: list[str], ours: bool) -> None:
+    """Side files of a data file still to write: left by an interrupted generation of ours
+    (renamed before their data file), removed; anyone else's, refused."""
+    present = [p for p in paths if os.path.lexists(p)]
+    if present and not ours:
+        raise UserError(f"{present[0]} exists and was not generated by dlio-mpi; remove it or "
+                        "choose another dataset.data_folder")
+    remove_quietly(present)
+
+
+def _remove_temporaries(folders: list[str], tags: list[str]) -> None:
+    """Remove the temporaries of earlier generations of ours (by their recorded tags, and the
+    manifest's own) from `folders`."""
+    manifest_tmp = MANIFEST_NAME + TMP_MARK
+    for folder in folders:
+        with os.scandir(folder) as entries:
+            stale = [e.path for e in entries if is_temporary_of(e.name, tags) or (
+                e.name.startswith(manifest_tmp) and e.name.endswith(".tmp"))]
+        remove_quietly(stale)
+
+
+def check_free_space(folder: str, need: int, key: str) -> None:
+    """Refuse up front when `folder`'s file system has less room than `need` bytes."""
+    st = os.statvfs(folder)
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise UserError(f"{key}: {folder} has {_gib(free)} free, but this run would write "
+                        f"{_gib(need)} there; free space or choose another folder")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB ({n:,} bytes)"
 
 
 def _max_op():

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
+
+from .ownership import create_exclusive, new_tag, temporary_name
 
 MANIFEST_NAME = "dlio_mpi_manifest.json"
 
@@ -38,25 +41,38 @@ def manifest_path(root: str) -> str:
 
 def read_manifest(root: str) -> dict | None:
     """The manifest under `root`, or None if there is none."""
+    path = manifest_path(root)
     try:
-        with open(manifest_path(root)) as fp:
-            return json.load(fp)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"cannot read {manifest_path(root)}: {exc}") from exc
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as fp:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("not a regular file")
+            body = json.loads(fp.read(1 << 24))
+            if not isinstance(body, dict) or body.get("tool") != "dlio-mpi":
+                raise ValueError("not a manifest of dlio-mpi")
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"{path} is not dlio-mpi's manifest ({exc}); it was left as it "
+                             "is: choose another dataset.data_folder") from exc
+    return body
 
 
 def write_manifest(root: str, params: dict, complete: bool, **extra) -> None:
-    """Write the manifest atomically (tmp + rename)."""
+    """Write the manifest atomically (an exclusive temporary, then a rename over the previous
+    manifest, which read_manifest has found to be ours)."""
     from . import __version__
 
     body = {"tool": "dlio-mpi", "version": __version__, "complete": complete,
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "params": params, **extra}
     path = manifest_path(root)
-    with open(path + ".tmp", "w") as fp:
+    tmp = temporary_name(path, new_tag())
+    with os.fdopen(create_exclusive(tmp), "w") as fp:
         json.dump(body, fp, indent=1)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 def differing_params(manifest: dict, params: dict) -> list[str]:

@@ -93,7 +93,12 @@ def test_a_changed_file_is_caught_by_the_start_up_spot_checks(tmp_path):
     res = run_cli(["run", "demo", *over, "workflow.generate_data=false"], timeout=60)
     assert res.returncode == 2
     assert res.stderr.count(f"{victim} has 200 bytes") == 1, res.stderr
-    # generating again repairs it (and only it)
+    # generating again does not overwrite it (it cannot be told from a foreign file) ...
+    res = run_cli(["run", "demo", *over, "workflow.generate_data=true"], timeout=60)
+    assert res.returncode == 2 and res.stderr.count(f"{victim} has 200 bytes") == 1, res.stderr
+    assert victim.stat().st_size == 200
+    # ... but generates it again once deleted (and only it)
+    victim.unlink()
     untouched = tmp_path / "data" / "train" / "img_0_of_8.npy"
     before = untouched.stat().st_mtime_ns
     res = run_cli(["run", "demo", *over, "workflow.generate_data=true"], timeout=60)

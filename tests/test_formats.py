@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from dlio_mpi.formats import SampleSpec, get_format
-from dlio_mpi.formats.base import StagedWrites, tmp_name
+from dlio_mpi.formats.base import StagedWrites
 
 
 def write(fmt, path, spec, seed) -> int:
-    staged = StagedWrites()
+    staged = StagedWrites("0a1b2c")
     size = fmt.write(path, spec, seed, staged)
     staged.commit()
     return size
@@ -117,12 +117,11 @@ def test_samples_on_no_axis_are_refused():
 
 def test_staged_files_get_their_names_only_on_commit(tmp_path):
     fmt = get_format("indexed_binary")
-    staged = StagedWrites()
+    staged = StagedWrites("0a1b2c")
     path = str(tmp_path / "f.indexed_binary")
     fmt.write(path, SampleSpec((10,), "uint8", 2), 1, staged)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
-        [tmp_name(path).rsplit("/", 1)[1], "f.indexed_binary.off.idx.tmp",
-         "f.indexed_binary.sz.idx.tmp"])
+        f"f.indexed_binary{side}.dlio_mpi-0a1b2c.tmp" for side in ("", ".off.idx", ".sz.idx"))
     staged.commit()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "f.indexed_binary", "f.indexed_binary.off.idx", "f.indexed_binary.sz.idx"]

@@ -81,13 +81,9 @@ def _write(folder: Path, name: str) -> Path:
     if name in DLIO_CASES:
         fmt, spec = DLIO_CASES[name]
         path = folder / f"{name}.{fmt}"
-        staged_writes = getattr(base, "StagedWrites", None)  # write(..., staged) where it exists
-        if staged_writes is None:
-            get_format(fmt).write(str(path), spec, 7)
-        else:
-            staged = staged_writes()
-            get_format(fmt).write(str(path), spec, 7, staged)
-            staged.commit()
+        staged = base.StagedWrites("7e57")
+        get_format(fmt).write(str(path), spec, 7, staged)
+        staged.commit()
         return path
     writer, arr = NP_CASES[name]
     path = folder / f"{name}.{writer[:3]}"

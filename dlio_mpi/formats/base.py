@@ -10,6 +10,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+
 
 @dataclass(frozen=True)
 class SampleSpec:
@@ -127,31 +129,32 @@ class Format(Protocol):
         ...
 
 
-def tmp_name(path: str) -> str:
-    """The temporary name a file is written under before the rename that completes it."""
-    return path + ".tmp"
-
-
 class StagedWrites:
     """Files written under temporary names and completed together: commit() flushes them to
     storage with one syncfs (one journal commit for many small files, where an fsync each
     costs one per file) and only then renames each to its final name, in the order written
-    (a data file's side files before it). A crash leaves only .tmp files, which a rerun
-    overwrites; a final name never exposes data that is not on disk."""
+    (a data file's side files before it). Temporaries are created with O_EXCL under the job's
+    tag (ownership.temporary_name) and renames never replace a file: a crash leaves only
+    tagged temporaries, which the next generation removes, and a final name never exposes
+    data that is not on disk."""
 
-    def __init__(self) -> None:
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
         self.pending: list[tuple[str, str]] = []
         self.bytes = 0
 
     def write(self, path: str, fill) -> int:
-        """Create `path`.tmp, let `fill(fd)` write it; return its size."""
-        tmp = tmp_name(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        """Create `path`'s temporary, let `fill(fd)` write it; return its size."""
+        tmp = temporary_name(path, self.tag)
+        fd = create_exclusive(tmp)
         try:
             fill(fd)
             size = os.fstat(fd).st_size
-        finally:
+        except BaseException:
             os.close(fd)
+            remove_quietly([tmp])
+            raise
+        os.close(fd)
         self.pending.append((tmp, path))
         self.bytes += size
         return size
@@ -161,20 +164,20 @@ class StagedWrites:
             return
         from .. import _core
 
-        fd = os.open(self.pending[0][0], os.O_RDONLY)
+        fd = os.open(self.pending[0][0], os.O_RDONLY | os.O_CLOEXEC)
         try:
             _core.syncfs(fd)
         finally:
             os.close(fd)
-        for tmp, path in self.pending:
-            os.replace(tmp, path)
+        while self.pending:
+            tmp, path = self.pending[0]
+            rename_noreplace(tmp, path)
+            self.pending.pop(0)
+        self.bytes = 0
+
+    def discard(self) -> None:
+        """Remove the temporaries not committed yet (after a failure)."""
+        remove_quietly(tmp for tmp, _ in self.pending)
         self.pending.clear()
         self.bytes = 0
 
-
-def write_atomically(path: str, fill) -> int:
-    """Write one file under a temporary name, flush it, rename it; return the size."""
-    staged = StagedWrites()
-    size = staged.write(path, fill)
-    staged.commit()
-    return size
