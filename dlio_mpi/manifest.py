@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import time
 
-from .ownership import create_exclusive, new_tag, temporary_name
+from .ownership import create_exclusive, new_tag, read_regular, temporary_name
 
 MANIFEST_NAME = "dlio_mpi_manifest.json"
 
@@ -43,21 +42,15 @@ def read_manifest(root: str) -> dict | None:
     """The manifest under `root`, or None if there is none."""
     path = manifest_path(root)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from exc
-    with os.fdopen(fd, "rb") as fp:
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise ValueError("not a regular file")
-            body = json.loads(fp.read(1 << 24))
-            if not isinstance(body, dict) or body.get("tool") != "dlio-mpi":
-                raise ValueError("not a manifest of dlio-mpi")
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"{path} is not dlio-mpi's manifest ({exc}); it was left as it "
-                             "is: choose another dataset.data_folder") from exc
+        raw = read_regular(path)
+        if raw is None:
+            return None
+        body = json.loads(raw)
+        if not isinstance(body, dict) or body.get("tool") != "dlio-mpi":
+            raise ValueError("not a manifest of dlio-mpi")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path} is not dlio-mpi's manifest ({exc}); it was left as it "
+                         "is: choose another dataset.data_folder") from exc
     return body
 
 

@@ -19,6 +19,7 @@ import json
 import os
 import secrets
 import socket
+import stat
 import time
 
 from .errors import UserError
@@ -89,6 +90,28 @@ def _appeared(path: str) -> UserError:
                      "it was left as it is")
 
 
+def read_regular(path: str, limit: int = 1 << 24) -> bytes | None:
+    """The first `limit` bytes of a regular file, None if it does not exist; opened so that a
+    FIFO or device in its place cannot block (O_NONBLOCK), and refused (ValueError)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path} is not a regular file")
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def remove_quietly(paths) -> None:
     for path in paths:
         try:
@@ -144,8 +167,7 @@ class FolderLock:
 
     def _holder(self) -> dict:
         try:
-            with open(self.path, "rb") as fp:
-                holder = json.loads(fp.read(4096))
+            holder = json.loads(read_regular(self.path, 4096) or b"")
             if holder.get("tool") == "dlio-mpi":
                 return holder
         except (OSError, ValueError, AttributeError):

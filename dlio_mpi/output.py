@@ -1,0 +1,190 @@
+"""The output folder: used only when it is new, empty, or holds nothing but an earlier run's
+results of ours, which are then removed before this run starts (so that a run killed mid-way
+never leaves the previous run's summary.json looking like its own).
+
+A results manifest (`dlio_mpi_results.json`) lists every file a run wrote there, with its size
+and modification time: a later run recognises them as ours and unchanged. Anything else in
+the folder (a user's config.yaml, someone else's summary.json, a file ours but edited since)
+makes the run refuse before any I/O, naming it. Files are written under exclusive temporaries
+and renamed into place, so a result is whole or absent."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+from .errors import UserError
+from .ownership import (
+    TMP_MARK,
+    create_exclusive,
+    is_temporary_of,
+    new_tag,
+    read_regular,
+    remove_quietly,
+    rename_noreplace,
+    temporary_name,
+)
+
+RESULTS_MANIFEST = "dlio_mpi_results.json"
+ACCESS_LOG = "access_log"
+
+
+class OutputFolder:
+    """Rank 0's handle on `output.folder`."""
+
+    def __init__(self, folder: str, log_file: str, workload: str | None = None) -> None:
+        self.folder = folder
+        self.log_name = log_file
+        self.workload = os.path.realpath(workload) if workload else None
+        self.files: dict[str, list[int]] = {}
+        self.tag = new_tag()
+        self._log = None
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.folder, name)
+
+    # --------------------------------------------------------------------------- claiming
+    def claim(self, access_log: bool) -> None:
+        """Check the folder holds nothing but our earlier results, remove those, and start
+        this run's manifest and log; UserError naming the first foreign file otherwise."""
+        if os.path.basename(self.log_name) != self.log_name or self.log_name in ("", ".", ".."):
+            raise UserError(f"output.log_file: {self.log_name!r} must be a file name inside "
+                            "output.folder (no '/')")
+        try:
+            os.makedirs(self.folder, exist_ok=True)
+            previous = self._previous_results()
+            self._remove(previous)
+            if access_log:
+                os.makedirs(self.path(ACCESS_LOG), exist_ok=True)
+            self.files = {}
+            self._write_manifest("running")
+            self._log = os.fdopen(create_exclusive(self.path(self.log_name)), "w")
+        except OSError as exc:
+            raise UserError(f"output.folder: cannot write results to {self.folder}: "
+                            f"{exc.strerror or exc}") from exc
+
+    def _previous_results(self) -> list[str]:
+        """The entries of the folder (relative paths), all of them earlier results of ours."""
+        manifest = self._read_manifest() or {}
+        listed = manifest.get("files", {})
+        tags = manifest.get("temporaries", [])
+        # a run that did not finish: its growing files (the log) and access logs are ours
+        unfinished = manifest.get("state") == "running"
+        growing = set(manifest.get("growing", [])) if unfinished else set()
+        entries = []
+        for dirpath, dirnames, filenames in os.walk(self.folder):
+            rel_dir = os.path.relpath(dirpath, self.folder)
+            for name in sorted(filenames) + [d for d in dirnames if os.path.islink(
+                    os.path.join(dirpath, d))]:
+                rel = os.path.normpath(os.path.join(rel_dir, name))
+                if rel == RESULTS_MANIFEST:
+                    continue
+                full = os.path.join(dirpath, name)
+                if os.path.realpath(full) == self.workload:
+                    raise UserError(
+                        f"output.folder: {self.folder} holds {rel}, the workload file given, "
+                        "which dlio-mpi never replaces: choose another output.folder")
+                ours = (rel in growing or is_temporary_of(name, tags)
+                        or name.startswith(RESULTS_MANIFEST + TMP_MARK)
+                        or (unfinished and is_access_log(rel))
+                        or _unchanged(full, listed.get(rel)))
+                if not ours:
+                    what = ("a result of an earlier dlio-mpi run, changed since"
+                            if rel in listed else "not a result of an earlier dlio-mpi run")
+                    raise UserError(
+                        f"output.folder: {self.folder} holds {rel}, {what}; dlio-mpi replaces "
+                        "only its own results: choose a new or empty output.folder")
+                entries.append(rel)
+            for name in dirnames:
+                if os.path.normpath(os.path.join(rel_dir, name)) != ACCESS_LOG:
+                    raise UserError(
+                        f"output.folder: {self.folder} holds the folder "
+                        f"{os.path.normpath(os.path.join(rel_dir, name))}, which dlio-mpi did "
+                        "not make: choose a new or empty output.folder")
+        return entries
+
+    def _read_manifest(self) -> dict | None:
+        try:
+            raw = read_regular(self.path(RESULTS_MANIFEST), 1 << 26)
+            if raw is None:
+                return None
+            body = json.loads(raw)
+        except (OSError, ValueError):
+            body = None
+        if not isinstance(body, dict) or body.get("tool") != "dlio-mpi":
+            raise UserError(f"output.folder: {self.path(RESULTS_MANIFEST)} is not dlio-mpi's; "
+                            "choose a new or empty output.folder")
+        return body
+
+    def _remove(self, entries: list[str]) -> None:
+        remove_quietly(self.path(rel) for rel in entries)
+        try:
+            os.rmdir(self.path(ACCESS_LOG))
+        except OSError:
+            pass  # absent, or not empty (then it is recreated below or reported next time)
+
+    # --------------------------------------------------------------------------- writing
+    def write(self, name: str, fill, binary: bool = False) -> None:
+        """Write one result file whole (`fill(file)` into a temporary, then a rename); any
+        rank may write, rank 0 lists it (`record`)."""
+        final = self.path(name)
+        tmp = temporary_name(final, self.tag)
+        try:
+            with os.fdopen(create_exclusive(tmp), "wb" if binary else "w") as fp:
+                fill(fp)
+            rename_noreplace(tmp, final)
+        finally:
+            remove_quietly([tmp])
+
+    def record(self, name: str) -> None:
+        """List a file of ours under the folder (written by any rank)."""
+        st = os.lstat(self.path(name))
+        self.files[name] = [st.st_size, st.st_mtime_ns]
+
+    def log(self, text: str) -> None:
+        if self._log is not None:
+            self._log.write(text + "\n")
+            self._log.flush()
+
+    def finish(self, state: str) -> None:
+        """Close the log and write the manifest with the final state ('complete',
+        'incomplete')."""
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+            self.record(self.log_name)
+        self._write_manifest(state)
+
+    def _write_manifest(self, state: str) -> None:
+        from . import __version__
+
+        body = {"tool": "dlio-mpi", "version": __version__, "state": state,
+                "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "files": self.files,
+                "temporaries": [self.tag], "growing": [self.log_name]}
+        tmp = temporary_name(self.path(RESULTS_MANIFEST), self.tag)
+        with os.fdopen(create_exclusive(tmp), "w") as fp:
+            json.dump(body, fp, indent=1)
+        os.replace(tmp, self.path(RESULTS_MANIFEST))
+
+
+def access_log_name(phase: str, epoch: int, rank: int) -> str:
+    prefix = "" if phase == "train" else f"{phase}_"
+    return os.path.join(ACCESS_LOG, f"{prefix}epoch{epoch}_rank{rank}.npy")
+
+
+_ACCESS_LOG_NAME = re.compile(r"(eval_)?epoch\d+_rank\d+\.npy")
+
+
+def is_access_log(rel: str) -> bool:
+    folder, _, name = rel.rpartition(os.sep)
+    return folder == ACCESS_LOG and _ACCESS_LOG_NAME.fullmatch(name) is not None
+
+
+def _unchanged(full: str, recorded: list[int] | None) -> bool:
+    """Whether a file is as the manifest recorded it (size, modification time)."""
+    if recorded is None:
+        return False
+    st = os.lstat(full)
+    return [st.st_size, st.st_mtime_ns] == recorded
