@@ -116,6 +116,7 @@ def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
         """Which of my files still need writing, and their bytes; refuse when a file in the
         way is not ours, or is ours but changed since (it cannot be told from a foreign one)."""
         todo, todo_bytes = [], 0
+        block = os.statvfs(root).f_frsize or 4096  # files take whole blocks
         for (name, index), want in zip(mine, expected_size):
             split = splits[name]
             path = split.path(index)
@@ -123,7 +124,7 @@ def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
                 size = os.stat(path).st_size
             except FileNotFoundError:
                 todo.append((name, index))
-                todo_bytes += want
+                todo_bytes += -(-want // block) * block
                 _clear_side_files(split.format.side_files(path), ours)
                 continue
             if not ours:

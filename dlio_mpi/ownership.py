@@ -145,24 +145,29 @@ class FolderLock:
         me = {"tool": "dlio-mpi", "what": self.what, "host": socket.gethostname(),
               "pid": os.getpid(), "start": _process_start(os.getpid()),
               "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC,
-                             0o644)
-            except FileExistsError:
-                holder = self._holder()
-                if self._alive(holder):
-                    raise UserError(
-                        f"{os.path.dirname(self.path)} is in use by another dlio-mpi job "
-                        f"({holder['what']} on {holder['host']}, pid {holder['pid']}, since "
-                        f"{holder['since']}); wait for it, or if no such job is running, "
-                        f"delete {self.path}") from None
-                os.unlink(self.path)  # the job that held it is gone
-                continue
-            with os.fdopen(fd, "w") as fp:
-                json.dump(me, fp)
-            self.held = True
-            return
+        # written whole under a temporary, then linked to the lock's name: a link cannot
+        # replace a file, and no job ever sees a lock without its holder's details
+        tmp = temporary_name(self.path, new_tag())
+        with os.fdopen(create_exclusive(tmp), "w") as fp:
+            json.dump(me, fp)
+        try:
+            for _ in range(2):
+                try:
+                    os.link(tmp, self.path)
+                except FileExistsError:
+                    holder = self._holder()
+                    if self._alive(holder):
+                        raise UserError(
+                            f"{os.path.dirname(self.path)} is in use by another dlio-mpi job "
+                            f"({holder['what']} on {holder['host']}, pid {holder['pid']}, "
+                            f"since {holder['since']}); wait for it, or if no such job is "
+                            f"running, delete {self.path}") from None
+                    os.unlink(self.path)  # the job that held it is gone
+                    continue
+                self.held = True
+                return
+        finally:
+            remove_quietly([tmp])
         raise UserError(f"{self.path}: could not take the lock (another job took it)")
 
     def _holder(self) -> dict:

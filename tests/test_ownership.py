@@ -1,0 +1,316 @@
+"""Nothing the user owns is written, renamed or deleted: foreign files under every name dlio-mpi
+writes (data, temporaries, index files, manifest, lock, results) stay as they are and the job
+refuses, naming them; a killed generation or run leaves nothing that looks complete, and the
+next one resumes. All on 2 MPI ranks, as a user runs them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import mpiexec
+from helpers import run_cli, workload_overrides
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` with a digest of its bytes."""
+    return {str(p.relative_to(folder)): hashlib.sha1(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def temporaries(folder: Path) -> list[str]:
+    return [p.name for p in folder.rglob("*") if ".dlio_mpi-" in p.name]
+
+
+def refused(res: subprocess.CompletedProcess, *named: str) -> None:
+    assert res.returncode == 2, f"rc={res.returncode}\n{res.stderr}\n{res.stdout}"
+    errors = [line for line in res.stderr.splitlines() if line.startswith("dlio-mpi: error")]
+    assert len(errors) == 1, res.stderr
+    for what in named:
+        assert what in errors[0], errors[0]
+
+
+# ------------------------------------------------------------------------------- data folder
+
+
+def test_a_users_tmp_file_beside_a_data_file_is_left_alone(tmp_path):
+    train = tmp_path / "data" / "train"
+    train.mkdir(parents=True)
+    mine = train / "img_0_of_8.npz.tmp"
+    mine.write_bytes(b"the user's own")
+    res = run_cli(["generate", "demo", *workload_overrides(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    assert mine.read_bytes() == b"the user's own"
+    assert (train / "img_0_of_8.npz").stat().st_size > 0
+    assert temporaries(tmp_path / "data") == []
+
+
+@pytest.mark.parametrize("name", ["img_3_of_8.indexed_binary", "img_3_of_8.indexed_binary.off.idx",
+                                  "img_3_of_8.indexed_binary.sz.idx"])
+def test_foreign_data_and_index_files_are_refused(tmp_path, name):
+    train = tmp_path / "data" / "train"
+    train.mkdir(parents=True)
+    (train / name).write_bytes(b"foreign")
+    before = snapshot(tmp_path / "data")
+    res = run_cli(["generate", "demo", *workload_overrides(
+        tmp_path, dataset__format="indexed_binary", dataset__num_samples_per_file=4,
+        dataset__record_dims="[64]")])
+    refused(res, str(train / name))
+    assert snapshot(tmp_path / "data") == before
+
+
+def test_a_foreign_manifest_is_refused(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "dlio_mpi_manifest.json").write_text('{"mine": true}')
+    res = run_cli(["generate", "demo", *workload_overrides(tmp_path)])
+    refused(res, str(data / "dlio_mpi_manifest.json"))
+    assert (data / "dlio_mpi_manifest.json").read_text() == '{"mine": true}'
+
+
+def test_a_file_changed_under_a_generated_name_is_not_overwritten(tmp_path):
+    over = workload_overrides(tmp_path)
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    victim = tmp_path / "data" / "train" / "img_5_of_8.npz"
+    victim.write_bytes(b"someone else's file")
+    res = run_cli(["generate", "demo", *over])
+    refused(res, str(victim))
+    assert victim.read_bytes() == b"someone else's file"
+
+
+def _lock(data: Path, pid: int, start: str | None) -> Path:
+    import socket
+
+    data.mkdir(parents=True, exist_ok=True)
+    lock = data / "dlio_mpi.lock"
+    lock.write_text(json.dumps({"tool": "dlio-mpi", "what": "generation",
+                                "host": socket.gethostname(), "pid": pid, "start": start,
+                                "since": "2026-01-01T00:00:00"}))
+    return lock
+
+
+def _start_time(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as fp:
+        return fp.read().rpartition(")")[2].split()[19]
+
+
+def test_a_generation_in_progress_holds_the_folder(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = _lock(tmp_path / "data", holder.pid, _start_time(holder.pid))
+        res = run_cli(["generate", "demo", *workload_overrides(tmp_path)])
+        refused(res, "in use by another dlio-mpi job", f"pid {holder.pid}", str(lock))
+        assert lock.exists() and not (tmp_path / "data" / "train").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock is stale and taken over
+    res = run_cli(["generate", "demo", *workload_overrides(tmp_path)])
+    assert res.returncode == 0, res.stderr
+    assert "generated 8 files" in res.stdout and not lock.exists()
+
+
+def test_two_generations_at_once_do_not_collide(tmp_path):
+    over = workload_overrides(tmp_path, dataset__num_files_train=400)
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-P", "-m", "dlio_mpi", "generate", "demo",
+           *over]
+    jobs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    results = [(job.wait(timeout=120), *job.communicate()) for job in jobs]
+    assert any(rc == 0 for rc, _, _ in results), results
+    for rc, _, err in results:
+        if rc != 0:
+            assert rc == 2 and "in use by another dlio-mpi job" in err, err
+    assert temporaries(tmp_path / "data") == []
+    res = run_cli(["generate", "demo", *over])
+    assert res.returncode == 0 and "400 already complete" in res.stdout, res.stdout
+
+
+def _rank_pids(marker: str) -> list[int]:
+    """The Python processes (ranks) whose command line holds `marker`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fp:
+                args = fp.read().split(b"\0")
+        except OSError:
+            continue
+        if args and b"python" in os.path.basename(args[0]) and marker.encode() in b" ".join(args):
+            pids.append(int(entry))
+    return pids
+
+
+def _kill_one_rank_when(job: subprocess.Popen, marker: str, ready, sig: int) -> None:
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.02)
+    pids = _rank_pids(marker)
+    assert pids, "no rank found"
+    os.kill(max(pids), sig)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_killed_generation_resumes_exactly(tmp_path, sig):
+    over = workload_overrides(tmp_path, dataset__num_files_train=3000,
+                              dataset__record_length_bytes=16384)
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-P", "-m", "dlio_mpi", "generate", "demo",
+           *over]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    data = tmp_path / "data"
+    _kill_one_rank_when(job, str(data), lambda: len(temporaries(data)) > 200, sig)
+    job.communicate(timeout=60)
+    assert job.returncode != 0
+    assert temporaries(data), "the kill came too late to test anything"
+    res = run_cli(["generate", "demo", *over], timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert temporaries(data) == [] and not (data / "dlio_mpi.lock").exists()
+    clean = tmp_path / "clean"
+    res = run_cli(["generate", "demo", *workload_overrides(
+        clean, dataset__num_files_train=3000, dataset__record_length_bytes=16384)], timeout=120)
+    assert res.returncode == 0, res.stderr
+    resumed, fresh = snapshot(data / "train"), snapshot(clean / "data" / "train")
+    assert len(resumed) == 3000 and resumed == fresh
+
+
+def _tmpfs(path: Path, options: str):
+    path.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                         capture_output=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
+
+
+def _umount(path: Path) -> None:
+    subprocess.run(["umount", str(path)], check=False)
+
+
+def test_too_little_space_is_refused_before_writing(tmp_path):
+    small = tmp_path / "small"
+    _tmpfs(small, "size=1m")
+    try:
+        res = run_cli(["generate", "demo", *workload_overrides(
+            small, dataset__record_length_bytes=1 << 20)])
+        refused(res, "dataset.data_folder", "free", "would write")
+        assert not list((small / "data").rglob("*.npz"))
+    finally:
+        _umount(small)
+
+
+def test_a_full_file_system_during_generation_is_reported_once_and_cleaned(tmp_path):
+    small = tmp_path / "small"
+    _tmpfs(small, "size=64m,nr_inodes=40")  # room for bytes, not for 64 files
+    try:
+        res = run_cli(["generate", "demo", *workload_overrides(
+            small, dataset__num_files_train=64)])
+        refused(res, "dataset.data_folder", "No space left on device")
+        assert temporaries(small / "data") == []
+        assert not (small / "data" / "dlio_mpi.lock").exists()
+    finally:
+        _umount(small)
+
+
+# ------------------------------------------------------------------------------- output folder
+
+
+@pytest.mark.parametrize("name", ["summary.json", "config.yaml", "per_epoch_stats.json",
+                                  "notes.txt", "dlio.log", "dlio_mpi_results.json"])
+def test_foreign_files_in_the_output_folder_are_refused(tmp_path, name):
+    over = workload_overrides(tmp_path, workflow__generate_data="true")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / name).write_text("the user's")
+    res = run_cli(["run", "demo", *over])
+    refused(res, "output.folder", name)
+    assert snapshot(out) == {name: hashlib.sha1(b"the user's").hexdigest()}
+    assert not (tmp_path / "data").exists()  # refused before any I/O
+
+
+def test_the_workload_file_is_never_replaced(tmp_path):
+    workload = tmp_path / "config.yaml"
+    workload.write_text("workload:\n  dataset:\n    format: npz\n    num_files_train: 16\n"
+                        "  workflow:\n    generate_data: true\n  reader:\n    batch_size: 2\n")
+    before = workload.read_bytes()
+    res = run_cli(["run", str(workload), "output.folder=.", "dataset.data_folder=data"],
+                  cwd=tmp_path)
+    refused(res, "config.yaml")
+    assert workload.read_bytes() == before and not (tmp_path / "summary.json").exists()
+
+
+def test_results_of_ours_are_replaced_and_changed_ones_refused(tmp_path):
+    over = workload_overrides(tmp_path, workflow__generate_data="true",
+                              output__access_log="true")
+    assert run_cli(["run", "demo", *over]).returncode == 0
+    out = tmp_path / "out"
+    first = json.loads((out / "summary.json").read_text())["start"]
+    time.sleep(1.1)
+    res = run_cli(["run", "demo", *over])
+    assert res.returncode == 0, res.stderr
+    assert json.loads((out / "summary.json").read_text())["start"] != first
+    assert json.loads((out / "dlio_mpi_results.json").read_text())["state"] == "complete"
+    log = (out / "dlio.log").read_text()
+    assert "train epoch 1" in log and "results in" in log
+    assert temporaries(out) == []
+    with open(out / "summary.json", "a") as fp:
+        fp.write(" ")
+    res = run_cli(["run", "demo", *over])
+    refused(res, "summary.json", "changed since")
+
+
+def _running_epoch_2(out: Path) -> bool:
+    """Whether a run into `out` that replaced an earlier one's results is past its epoch 1."""
+    try:
+        state = json.loads((out / "dlio_mpi_results.json").read_text())["state"]
+        return state == "running" and "train epoch 1" in (out / "dlio.log").read_text()
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def test_a_killed_run_leaves_no_summary_that_looks_like_its_own(tmp_path):
+    over = workload_overrides(tmp_path, workflow__generate_data="true",
+                              output__access_log="true", dataset__num_files_train=64,
+                              train__computation_time=0.05, train__epochs=4)
+    assert run_cli(["run", "demo", *over]).returncode == 0
+    out = tmp_path / "out"
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-P", "-m", "dlio_mpi", "run", "demo", *over]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _kill_one_rank_when(job, str(out), lambda: _running_epoch_2(out), signal.SIGKILL)
+    job.communicate(timeout=60)
+    assert job.returncode != 0
+    assert not (out / "summary.json").exists()
+    assert json.loads((out / "dlio_mpi_results.json").read_text())["state"] == "running"
+    res = run_cli(["run", "demo", *over])  # the killed run's log and access logs are ours
+    assert res.returncode == 0, res.stderr
+    assert (out / "summary.json").exists()
+
+
+def test_keep_files_false_removes_only_our_dataset(tmp_path):
+    over = workload_overrides(tmp_path, workflow__generate_data="true",
+                              dataset__keep_files="false")
+    res = run_cli(["run", "demo", *over])
+    assert res.returncode == 0, res.stderr
+    assert "removed the dataset" in res.stdout
+    assert not (tmp_path / "data").exists()
+    assert (tmp_path / "out" / "summary.json").exists()
+    # data that is not ours (no manifest) is refused before any I/O
+    over = workload_overrides(tmp_path, workflow__generate_data="true")
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    os.remove(tmp_path / "data" / "dlio_mpi_manifest.json")
+    before = snapshot(tmp_path / "data")
+    res = run_cli(["run", "demo", *workload_overrides(
+        tmp_path, dataset__keep_files="false", workflow__generate_data="false",
+        output__folder=tmp_path / "out2")])
+    refused(res, "dataset.keep_files")
+    assert snapshot(tmp_path / "data") == before
