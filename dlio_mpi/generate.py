@@ -78,7 +78,11 @@ def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
         with these parameters lists them) and whether they are complete (the manifest says
         so and a few spot checks agree: a rerun then costs no look at every file); remove
         the temporaries a dead generation of ours left; draw this job's temporaries' tag."""
-        os.makedirs(root, exist_ok=True)
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"dataset.data_folder: cannot create {root}: "
+                            f"{exc.strerror or exc}") from None
         lock.acquire()
         manifest = read_manifest(root)
         ours = manifest is not None and not differing_params(manifest, params)
