@@ -18,22 +18,49 @@ USAGE = """dlio-mpi COMMAND [CONFIG] [KEY=VALUE ...]
 
 CONFIG is a workload YAML path, a shipped workload name (see list-workloads) or workload=NAME;
 overrides are section.key=value or DLIO's ++workload.section.key=value."""
+# Where launchers put the process's rank, read before MPI starts (argparse runs first)
+RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
+                  "SLURM_PROCID")
+
+
+def launcher_rank() -> int:
+    """This process's rank as the MPI launcher set it in the environment (0 when unknown)."""
+    for name in RANK_VARIABLES:
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse printing on the first rank only: every rank parses the same command line, so
+    a usage error (or --help) would otherwise be printed once per rank."""
+
+    def _print_message(self, message: str, file=None) -> None:
+        if launcher_rank() == 0:
+            super()._print_message(message, file)
+
+    def error(self, message: str):
+        """Usage, then the agreed one-line error; exit status 2."""
+        self.print_usage(sys.stderr)
+        self.exit(2, f"dlio-mpi: error: {message}\n")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dlio-mpi", usage=USAGE,
-                                     description="Replay the I/O of a deep-learning training "
-                                                 "job on MPI ranks and measure it.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="dlio-mpi", usage=USAGE,
+                     description="Replay the I/O of a deep-learning training job on MPI ranks "
+                                 "and measure it.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, text in (("run", "generate (if configured) and train; write results"),
                        ("generate", "generate the dataset only"),
                        ("validate", "check the configuration and print the plan; no I/O")):
-        cmd = sub.add_parser(name, help=text, description=text)
+        cmd = sub.add_parser(name, help=text, description=text, prog=f"dlio-mpi {name}")
         cmd.add_argument("args", nargs="*", metavar="CONFIG|KEY=VALUE")
         if name == "validate":
             cmd.add_argument("--ranks", type=int, default=None,
                              help="plan for this many ranks (default: the MPI job's size)")
-    sub.add_parser("list-workloads", help="list the shipped workload names")
+    sub.add_parser("list-workloads", help="list the shipped workload names",
+                   prog="dlio-mpi list-workloads")
     return parser
 
 
@@ -85,7 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     unknown = [arg for arg in rest if arg.startswith("-")]
     if unknown:
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        hint = ""
+        if any("=" in arg or "." in arg for arg in unknown):
+            hint = (f" (overrides take no dashes: "
+                    f"{unknown[0].lstrip('-')}; options: --ranks for validate, --help)")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if rest:
         args.args = [*getattr(args, "args", []), *rest]
     if args.command == "list-workloads":

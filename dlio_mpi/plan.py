@@ -4,9 +4,13 @@ on every rank, before anything is touched; `dlio-mpi validate` prints it."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
+from .config import support_notes
 from .dataset import DatasetSplit, LayoutTable, describe_dataset
 from .errors import UserError
 from .formats import implemented_formats
@@ -14,7 +18,14 @@ from .planner import READ_MODES
 from .sharding import steps_per_epoch
 from .topology import emulated_ranks_per_node, host_info, plan_topology
 
-MAX_READ_THREADS = 4096  # the C engine's limit (csrc/dio_engine.c MAX_THREADS)
+MAX_FILE_BYTES = 2**62  # the C engine refuses offsets past INT64_MAX / 2 (csrc/dio_engine.c)
+MAX_SAMPLES = 2**62     # sample ids are int64 everywhere
+MAX_PATH_BYTES = 4095   # the C engine formats file names into 4096-byte buffers (PATH_MAX_LEN)
+SHAPE_BYTES_PER_FILE = 8  # drawn sample shapes: two int32 per file, on every rank
+# What DLIO's pytorch and tensorflow readers do per read mode, for the plan's loader note
+_PATTERNS = {"file": "np.load of the whole file for every sample",
+             "file_once": "np.load of each file once for all its samples",
+             "sample": "a read of each sample's extent"}
 
 
 @dataclass(frozen=True)
@@ -50,15 +61,38 @@ class RunPlan:
         return self.dataset_bytes <= self.memory_bytes
 
 
-def resolve_read_mode(cfg) -> str:
-    """reader.read_mode, with 'auto' following DLIO: extents for indexed formats, else the
-    whole file per sample (on_demand) or once per epoch (memory)."""
+def resolve_read_mode(cfg, data_loader: str | None = None) -> str:
+    """reader.read_mode, with 'auto' following DLIO's reader for `data_loader` (default:
+    reader.data_loader): extents for indexed formats, else the whole file per sample
+    (on_demand) or once per epoch (memory). DLIO's tensorflow loader walks a file's samples
+    one after the other on one thread and loads the file once for them, so with several
+    samples per file it reads each file once per epoch even on_demand."""
     mode = cfg.reader.read_mode
     if mode != "auto":
         return mode
     if cfg.dataset.format in ("indexed_binary", "mmap_indexed_binary", "hdf5"):
         return "sample"
-    return "file_once" if cfg.reader.read_type == "memory" else "file"
+    if cfg.reader.read_type == "memory":
+        return "file_once"
+    loader = data_loader or cfg.reader.data_loader
+    iterates_files = loader == "tensorflow" and cfg.dataset.num_samples_per_file > 1
+    return "file_once" if iterates_files else "file"
+
+
+def loader_note(cfg) -> str:
+    """What reader.data_loader changes in a native run, as a plan note."""
+    loader, fmt = cfg.reader.data_loader, cfg.dataset.format
+    real = {"pytorch": "torch DataLoader", "tensorflow": "tf.data pipeline"}[loader]
+    tail = f"the real {real} is not run (framework loaders are not implemented yet)"
+    if cfg.reader.read_mode != "auto":
+        return (f"reader.data_loader={loader}: reader.read_mode={cfg.reader.read_mode} decides "
+                f"the reads, not DLIO's {loader} reader; {tail}")
+    other = "tensorflow" if loader == "pytorch" else "pytorch"
+    mine, theirs = resolve_read_mode(cfg), resolve_read_mode(cfg, other)
+    alike = (f"as its {other} reader does" if mine == theirs
+             else f"its {other} reader: {_PATTERNS[theirs]}")
+    return (f"reader.data_loader={loader}: the native C engine reads {fmt} with the access "
+            f"pattern of DLIO's {loader} reader ({_PATTERNS[mine]}; {alike}); {tail}")
 
 
 def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_read: int) -> int:
@@ -111,13 +145,93 @@ def _train_steps(cfg, train: DatasetSplit, ranks: int) -> int:
 
 
 def _notes(cfg) -> tuple[str, ...]:
-    notes = []
-    if cfg.workflow.checkpoint:
-        notes.append("workflow.checkpoint: checkpointing is not implemented in this version; "
-                     "no checkpoints are written")
-    if cfg.workflow.profiling:
-        notes.append("workflow.profiling: profilers are not implemented in this version")
-    return tuple(notes)
+    """The settings that have no effect or act differently in dlio-mpi."""
+    reads = cfg.workflow.train and cfg.dataset.format in implemented_formats()
+    return tuple(([loader_note(cfg)] if reads else []) + support_notes(cfg))
+
+
+def _check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
+    """Drawn sample shapes are kept for every file on every rank: refuse before drawing them
+    when the ranks of a node could not hold them."""
+    ds = cfg.dataset
+    if ds.record_dims or ds.record_length_bytes_stdev <= 0:
+        return  # one shape for all files
+    files = ds.num_files_train + ds.num_files_eval
+    need = files * SHAPE_BYTES_PER_FILE * ranks_per_node
+    if need > node_memory:
+        raise UserError(
+            f"dataset.num_files_train={ds.num_files_train} and num_files_eval="
+            f"{ds.num_files_eval} with dataset.record_length_bytes_stdev: the files' drawn "
+            f"sample shapes take {_size(files * SHAPE_BYTES_PER_FILE)} on each of "
+            f"{ranks_per_node} ranks per node, {_size(need)}, more than the node's "
+            f"{_size(node_memory)} of memory")
+
+
+def _sample_keys(ds) -> str:
+    """The keys that size a sample, with their values."""
+    if ds.record_dims:
+        return f"dataset.record_dims={list(ds.record_dims)}"
+    stdev = ds.record_length_bytes_stdev
+    return (f"dataset.record_length_bytes={_number(ds.record_length_bytes)}"
+            + (f" (stdev {_number(stdev)})" if stdev else ""))
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e15 else f"{x:g}"
+
+
+def _largest_sample(split: DatasetSplit) -> int:
+    """Elements of the largest sample of `split` (exact: Python ints)."""
+    if len(split.dims) == 1:
+        return math.prod(int(d) for d in split.dims[0])
+    return int(np.prod(split.dims.astype(np.int64), axis=1).max())  # two int32 dims each
+
+
+def _check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
+    """Sizes the C engine and int64 arithmetic can hold, checked before any layout is
+    computed (they would overflow silently)."""
+    ds = cfg.dataset
+    for split in splits.values():
+        if not split.num_files:
+            continue
+        if split.num_samples > MAX_SAMPLES:
+            raise UserError(
+                f"dataset.num_samples_per_file={ds.num_samples_per_file}: {split.num_files} "
+                f"{split.name} files hold {split.num_samples} samples, more than the 2^62 "
+                f"sample ids dlio-mpi counts")
+        payload = _largest_sample(split) * np.dtype(split.dtype).itemsize \
+            * split.samples_per_file
+        if payload > MAX_FILE_BYTES:
+            raise UserError(
+                f"{_sample_keys(ds)} of {ds.record_element_type} with "
+                f"dataset.num_samples_per_file={ds.num_samples_per_file}: a {split.name} file "
+                f"would hold {payload} bytes, more than the 2^62 bytes the engine addresses "
+                f"in a file")
+        longest = max(len(split.path(i).encode()) for i in (0, split.num_files - 1))
+        if longest > MAX_PATH_BYTES:
+            raise UserError(
+                f"dataset.data_folder: {split.name} file paths would be {longest} bytes long "
+                f"(storage.storage_root + data_folder + name); the engine takes at most "
+                f"{MAX_PATH_BYTES}")
+
+
+def _check_batch_memory(cfg, plan_bytes: int, steps: int, ranks: int, ranks_per_node: int,
+                        node_memory: int) -> None:
+    """The engine keeps (prefetch_size + 1) batches per rank in memory (reader.keep_data):
+    refuse when even batches of the mean size cannot fit in a node's memory."""
+    if not cfg.reader.keep_data or steps == 0:
+        return
+    slots = cfg.reader.prefetch_size + 1
+    batch = plan_bytes // (steps * ranks)
+    need = slots * batch * ranks_per_node
+    if need > node_memory:
+        raise UserError(
+            f"reader.prefetch_size={cfg.reader.prefetch_size}, reader.batch_size="
+            f"{cfg.reader.batch_size} and {_sample_keys(cfg.dataset)}: {slots} batch buffers "
+            f"of about {_size(batch)} on each of {ranks_per_node} ranks per node need "
+            f"{_size(need)}, more than the node's {_size(node_memory)} of memory; lower them, "
+            f"or read without keeping the data "
+            f"(reader.keep_data: false)")
 
 
 def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int | None = None,
@@ -126,14 +240,15 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
     topology (validate --ranks) the ranks are on one node, or on emulated nodes of
     DLIO_MPI_RANKS_PER_NODE ranks, with this host's memory each. `generating`: the data will
     be generated whatever workflow.generate_data says (`dlio-mpi generate`)."""
-    if ranks_per_node is None or nodes is None:
+    # Memory is judged on the job's own nodes; a plan for ranks not running (validate) can
+    # only say whether one rank would fit in this host's memory.
+    known = ranks_per_node is not None and nodes is not None
+    if not known:
         ranks_per_node, nodes = plan_topology(ranks, emulated_ranks_per_node())
     if memory_bytes is None:
         memory_bytes = host_info().memory_bytes * nodes
     fmt = cfg.dataset.format
-    if cfg.reader.read_threads > MAX_READ_THREADS:
-        raise UserError(f"reader.read_threads={cfg.reader.read_threads} is more than the "
-                        f"{MAX_READ_THREADS} threads the engine runs per rank")
+    node = (ranks_per_node if known else 1, memory_bytes // nodes)
     mode = resolve_read_mode(cfg)
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
@@ -144,7 +259,9 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         if fmt not in implemented_formats():
             raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
                             f"implemented: {', '.join(implemented_formats())}")
+        _check_shape_memory(cfg, *node)
         splits = describe_dataset(cfg)
+        _check_sizes(cfg, splits)
         layouts = {name: split.expected_layouts() for name, split in splits.items()}
         train = splits["train"]
         files, samples = train.num_files, train.num_samples
@@ -154,6 +271,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
             _check_measurable(steps, cfg, "training")
             epoch_bytes = _epoch_bytes(train, layouts["train"], mode,
                                        steps * cfg.reader.batch_size * ranks)
+            _check_batch_memory(cfg, epoch_bytes, steps, ranks, *node)
             if cfg.workflow.evaluation:
                 eval_steps = _steps(splits["valid"], ranks, cfg.reader.batch_size_eval,
                                     "reader.batch_size_eval", "dataset.num_files_eval")
@@ -167,6 +285,14 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         notes=_notes(cfg), splits=splits, layouts=layouts)
 
 
+def _duration(seconds: float) -> str:
+    for unit, length in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600),
+                         ("minutes", 60)):
+        if seconds >= length:
+            return f"{seconds / length:.1f} {unit}"
+    return f"{seconds:.3g} s"
+
+
 def _size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
@@ -177,6 +303,7 @@ def _size(n: float) -> str:
 
 def describe_plan(plan: RunPlan, cfg) -> str:
     """The plan as a few lines of text."""
+    compute = cfg.train.computation_time.mean
     lines = [
         f"workload        {cfg.model.name}: {plan.format}, read mode {plan.read_mode}, "
         f"O_DIRECT {'on' if cfg.reader.odirect else 'off'}",
@@ -190,6 +317,10 @@ def describe_plan(plan: RunPlan, cfg) -> str:
             f"({cfg.dataset.num_samples_per_file} per file)",
             f"per epoch       {plan.steps_per_epoch} steps of batch {cfg.reader.batch_size} per "
             f"rank = {plan.samples_per_rank} samples per rank; {plan.epochs} epochs",
+            *([f"run time        the run's compute alone takes "
+               f"{_duration(plan.epochs * plan.steps_per_epoch * compute)} (epochs x steps x "
+               f"computation_time: {plan.epochs} x {plan.steps_per_epoch} x {compute:g} s)"]
+              if cfg.workflow.train else []),
             *([f"evaluation      {plan.eval_steps_per_epoch} steps of batch "
                f"{cfg.reader.batch_size_eval} per rank after epoch "
                f"{cfg.evaluation.eval_after_epoch}, then every "

@@ -194,8 +194,7 @@ def test_generation_never_overwrites_files_it_did_not_generate(tmp_path):
 def test_an_unwritable_output_folder_is_refused_before_any_io(tmp_path):
     blocker = tmp_path / "afile"
     blocker.write_text("")
-    res = run_cli(["run", "demo", *workload_overrides(tmp_path),
-                   f"output.folder={blocker}"])
+    res = run_cli(["run", "demo", *workload_overrides(tmp_path, output__folder=blocker)])
     assert res.returncode == 2
     assert res.stderr.count(f"output.folder: cannot write results to {blocker}") == 1
     assert not (tmp_path / "data").exists()
@@ -239,15 +238,14 @@ def test_dlio_written_data_is_read_by_sample_on_its_last_axis(tmp_path):
 
 
 @pytest.mark.parametrize("override,words", [
-    ("dataset.record_length_bytes=10000", "holds 3 samples of 400 bytes"),
-    ("dataset.num_samples_per_file=2", "no axis of dataset.num_samples_per_file=2"),
+    ({"dataset__record_length_bytes": 10000}, "holds 3 samples of 400 bytes"),
+    ({"dataset__num_samples_per_file": 2}, "no axis of dataset.num_samples_per_file=2"),
 ])
 def test_data_that_disagrees_with_the_config_is_refused(tmp_path, override, words):
     _dlio_npz(tmp_path / "data", 8, 20, samples=3)
-    over = workload_overrides(tmp_path, dataset__record_length_bytes=400,
-                              dataset__num_samples_per_file=3, reader__batch_size=3,
-                              workflow__generate_data="false")
-    res = run_cli(["run", "demo", *over, override])
+    values = dict(dataset__record_length_bytes=400, dataset__num_samples_per_file=3,
+                  reader__batch_size=3, workflow__generate_data="false")
+    res = run_cli(["run", "demo", *workload_overrides(tmp_path, **{**values, **override})])
     assert res.returncode == 2
     assert res.stderr.count(words) == 1 and "img_" in res.stderr, res.stderr
 

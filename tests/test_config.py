@@ -156,8 +156,13 @@ def test_alias_in_override_replaces_the_canonical_value():
     assert cfg.dataset.record_length_bytes == 8192 and cfg.reader.batch_size == 8
 
 
-def test_ignored_dlio_key_only_where_dlio_ships_it():
-    assert load_config("demo", ["workflow.debug=true"]) == load_config("demo")
+def test_dlio_key_it_never_reads_is_accepted_with_a_note():
+    from dlio_mpi.config import support_notes
+
+    assert load_config("bert_v100").workflow.debug is False
+    notes = support_notes(load_config("demo", ["workflow.debug=true"]))
+    assert notes == ["workflow.debug=true: accepted, has no effect in dlio-mpi because DLIO "
+                     "never reads it either (its bert_v100.yaml sets it)"]
     assert "unknown key 'train.debug'" in error_of("demo", ["train.debug=true"])
 
 
@@ -214,14 +219,15 @@ def test_type_conversions():
 
 # --------------------------------------------------------------------------- impossible values
 @pytest.mark.parametrize("overrides,expected", [
-    (["dataset.record_length_bytes=-1"], "dataset.record_length_bytes: expected a number >= 0"),
+    (["dataset.record_length_bytes=-1"], "dataset.record_length_bytes: expected a number >= 1"),
     (["dataset.record_length_bytes_stdev=-5"], "dataset.record_length_bytes_stdev: expected"),
     (["dataset.num_files_train=0"], "dataset.num_files_train: expected an integer >= 1 when"),
     (["workflow.train=false", "dataset.num_files_train=0"], "dataset.num_files_train"),
     (["dataset.num_samples_per_file=0"], "dataset.num_samples_per_file: expected an integer >= 1"),
     (["reader.batch_size=0"], "reader.batch_size: expected an integer >= 1, got 0"),
     (["train.epochs=0"], "train.epochs: expected an integer >= 1, got 0"),
-    (["reader.read_threads=-1"], "reader.read_threads: expected an integer >= 0, got -1"),
+    (["reader.read_threads=-1"], "reader.read_threads: expected an integer >= 0 and <= 4096, "
+                                 "got -1"),
     (["reader.prefetch_size=-1"], "reader.prefetch_size: expected an integer >= 0"),
     (["reader.fd_cache_size=0"], "reader.fd_cache_size: expected an integer >= 1"),
     (["metric.au=1.5"], "metric.au: expected a number >= 0 and <= 1, got 1.5"),
@@ -247,7 +253,7 @@ def test_type_conversions():
       "dataset.hdf5.num_dset_per_record=2"], "dataset.hdf5.num_dset_per_record: must divide"),
     (["dataset.format=png", "dataset.record_element_type=float32"], "stores uint8 only"),
     (["reader.data_loader=tensorflow"], "reader.data_loader: 'tensorflow' does not fit"),
-    (["reader.data_loader=custom"], "needs reader.data_loader_classname"),
+    (["reader.data_loader=custom"], "reader.data_loader: 'custom' is not implemented yet"),
     (["model.num_layers=2", "model.parallelism.pipeline=4"], "model.num_layers: expected at"),
     (["model.parallelism.pipeline=2", "model.parallelism.zero_stage=3"], "zero_stage: 3 does"),
     (["model.parallelism.data=4"], "model.parallelism.data: derived from the rank count"),
@@ -306,7 +312,7 @@ def test_override_lists_mappings_and_nested_keys():
         "++workload.evaluation.eval_time={type: uniform, min: 0.1, max: 0.3}",
         "model.parallelism={tensor: 2, pipeline: 2}",
         "checkpoint.ksm.await_time=10",
-        "reader.preprocess_time=1e-3",
+        "checkpoint.time_between_checkpoints=1e-3",
     ])
     assert cfg.dataset.record_dims == (3, 224, 224)
     assert cfg.checkpoint.ksm is not None and cfg.checkpoint.ksm.await_time == 10
@@ -314,7 +320,7 @@ def test_override_lists_mappings_and_nested_keys():
     assert cfg.train.computation_time == TimeSpec("normal", (0.02, 0.005))
     assert cfg.evaluation.eval_time == TimeSpec("uniform", (0.1, 0.3))
     assert (cfg.model.parallelism.tensor, cfg.model.parallelism.pipeline) == (2, 2)
-    assert cfg.reader.preprocess_time == TimeSpec.constant(0.001)
+    assert cfg.checkpoint.time_between_checkpoints == TimeSpec.constant(0.001)
 
 
 def test_override_delete_and_errors():

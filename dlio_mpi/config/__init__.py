@@ -3,13 +3,14 @@
     cfg = load_config("unet3d_h100", ["++workload.train.epochs=2"])
     cfg.reader.batch_size, cfg.train.computation_time.draw(rng, n), cfg.to_dict()
 
-Modules: schema (the sections and the generic validator), timespec (emulated time
-distributions), loader (YAML sources, aliases, overrides, cross-key checks).
+Modules: schema (the sections, the generic validator, and what each key does in dlio-mpi:
+acts, refused as not implemented yet, or no effect), timespec (emulated time distributions),
+loader (YAML sources, aliases, overrides, cross-key checks).
 """
 
-from .loader import ALIASES, IGNORED_KEYS, list_workloads, load_config
-from .schema import Config, ConfigError
+from .loader import ALIASES, list_workloads, load_config
+from .schema import Config, ConfigError, support_notes
 from .timespec import TimeSpec
 
-__all__ = ["ALIASES", "IGNORED_KEYS", "Config", "ConfigError", "TimeSpec", "list_workloads",
-           "load_config"]
+__all__ = ["ALIASES", "Config", "ConfigError", "TimeSpec", "list_workloads", "load_config",
+           "support_notes"]

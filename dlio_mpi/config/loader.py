@@ -1,7 +1,8 @@
 """Loading a workload: a YAML file by path or shipped name (also DLIO's `workload=NAME`), DLIO's
 legacy key aliases, command-line overrides (`dataset.num_files_train=16`, Hydra's
-`++workload.dataset.num_files_train=16`, `+workload.x=y`, `~workload.x`), the typed build and
-the checks that relate several keys. Everything is checked before any dataset I/O.
+`++workload.dataset.num_files_train=16`, `+workload.x=y`, `~workload.x`), the typed build, the
+values not implemented yet and the checks that relate several keys. Everything is checked
+before any dataset I/O; every refusal is one ConfigError line naming the file or key.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ from typing import Any
 
 import yaml
 
-from .schema import Config, ConfigError, build_section
+from .schema import (
+    DATA_LOADERS,
+    Config,
+    ConfigError,
+    build_section,
+    check_support,
+    short_repr,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +37,10 @@ ALIASES = {
     "dataset.record_length_resize": "dataset.record_length_bytes_resize",
     "model.model_size": "model.model_size_bytes",
 }
-# Keys that DLIO's shipped workloads contain but DLIO itself ignores: accepted and dropped.
-IGNORED_KEYS = {
-    "workflow.debug": "in DLIO's bert_v100.yaml, never read by DLIO",
-}
+MAX_YAML_BYTES = 16 << 20  # a workload is a few KiB; anything this big is not one
+# dataset.record_dims: ComputedLayouts keys a file's header class by the digit count of each
+# dim (and one more flag) in base 21 in an int64: 21^14 < 2^63
+MAX_RECORD_DIMS = 12
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -46,11 +54,42 @@ _YamlLoader.add_implicit_resolver(
 
 
 def parse_yaml(text: str, what: str) -> Any:
+    """The YAML document `text` (from `what`: a file or an override); a key given twice in
+    one mapping is an error, as YAML 1.2 says (PyYAML would keep the last silently)."""
+    loader = _YamlLoader(text)
     try:
-        return yaml.load(text, Loader=_YamlLoader)  # noqa: S506 - a SafeLoader subclass
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_duplicate_keys(node, "", what)
+        return loader.construct_document(node)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
+        problem = " ".join(str(exc.problem or exc.context).split())
+        raise ConfigError(f"{what}{where}: not valid YAML ({problem})") from None
     except yaml.YAMLError as exc:
-        detail = " ".join(str(exc).split())
-        raise ConfigError(f"{what}: not valid YAML ({detail})") from None
+        raise ConfigError(f"{what}: not valid YAML ({' '.join(str(exc).split())})") from None
+    finally:
+        loader.dispose()
+
+
+def _refuse_duplicate_keys(node: yaml.Node, path: str, what: str) -> None:
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _refuse_duplicate_keys(item, path, what)
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+        dotted = f"{path}.{name}" if path else name
+        line = key_node.start_mark.line + 1
+        if key_node.tag != "tag:yaml.org,2002:merge" and name in seen:
+            raise ConfigError(f"{what}: key '{dotted}' is given twice (lines {seen[name]} and "
+                              f"{line}); keep one")
+        seen[name] = line
+        _refuse_duplicate_keys(value_node, dotted, what)
 
 
 # --------------------------------------------------------------------------- shipped workloads
@@ -79,10 +118,8 @@ def read_source(source: str) -> dict[str, Any]:
     The sections may sit at the top level (DLIO workload files) or under `workload:`."""
     name = source[len("workload="):] if source.startswith("workload=") else source
     path = Path(name)
-    if path.is_file() or path.suffix in (".yaml", ".yml") or "/" in name:
-        if not path.is_file():
-            raise ConfigError(f"configuration file not found: {name}")
-        text, what = path.read_text(), name
+    if "/" in name or path.suffix in (".yaml", ".yml") or _exists(path):
+        text, what = _read_text(path, name), name
     else:
         shipped = workload_dir().joinpath(f"{name}.yaml")
         if not shipped.is_file():
@@ -92,19 +129,48 @@ def read_source(source: str) -> dict[str, Any]:
                               f"(shipped: {', '.join(list_workloads())}; or give a YAML path)")
         text, what = shipped.read_text(), f"workload {name}"
     data = parse_yaml(text, what)
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{what}: expected a mapping of sections, got {data!r}")
-    if "workload" in data:
+    if isinstance(data, dict) and "workload" in data:
         others = [str(k) for k in data if k not in ("workload", "hydra")]
         if others:
             raise ConfigError(f"{what}: has both a 'workload' mapping and top-level keys "
                               f"({', '.join(others)}); put every section under 'workload'")
-        data = data["workload"] or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{what}: workload: expected a mapping of sections, got {data!r}")
+        data, what = data["workload"], f"{what}: workload"
+    if data is None or data == {}:
+        raise ConfigError(f"{what}: the workload is empty; expected a mapping of sections "
+                          f"(dataset:, reader:, train:, ...)")
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}: expected a mapping of sections (dataset:, reader:, ...), "
+                          f"got {short_repr(data)}")
     return data
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name too long for a path, say: not a file then
+        return False
+
+
+def _read_text(path: Path, name: str) -> str:
+    """The text of the workload file `path` (given as `name`), or ConfigError."""
+    try:
+        if path.is_dir():
+            raise ConfigError(f"{name}: is a directory; expected a workload YAML file")
+        if not path.exists():
+            raise ConfigError(f"configuration file not found: {name}")
+        if not path.is_file():  # a FIFO or a device could block or never end
+            raise ConfigError(f"{name}: is not a regular file; expected a workload YAML file")
+        if path.stat().st_size > MAX_YAML_BYTES:
+            raise ConfigError(f"{name}: is {path.stat().st_size} bytes, not a workload YAML "
+                              f"file (at most {MAX_YAML_BYTES >> 20} MiB)")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{name}: cannot read the workload file ({exc.strerror})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{name}: not a YAML text file (byte {data[exc.start]:#04x} at "
+                          f"offset {exc.start} is not UTF-8)") from None
 
 
 # --------------------------------------------------------------------------- aliases
@@ -118,7 +184,7 @@ def canonical_key(dotted: str) -> str:
 
 def normalize_aliases(tree: dict[str, Any]) -> dict[str, Any]:
     """Rename legacy keys in place (an alias given together with its canonical key is an
-    error) and drop the ignored keys. Returns `tree`."""
+    error). Returns `tree`."""
     for alias, canonical in ALIASES.items():
         parent = _mapping_at(tree, alias.split(".")[:-1])
         old, new = alias.rpartition(".")[2], canonical.rpartition(".")[2]
@@ -129,10 +195,6 @@ def normalize_aliases(tree: dict[str, Any]) -> dict[str, Any]:
                               f"keep '{canonical}'")
         log.debug("config: legacy key '%s' read as '%s'", alias, canonical)
         parent[new] = parent.pop(old)
-    for ignored, why in IGNORED_KEYS.items():
-        parent = _mapping_at(tree, ignored.split(".")[:-1])
-        if parent is not None and parent.pop(ignored.rpartition(".")[2], None) is not None:
-            log.debug("config: ignoring '%s' (%s)", ignored, why)
     return tree
 
 
@@ -144,10 +206,8 @@ def _mapping_at(tree: dict[str, Any], parts: list[str]) -> dict[str, Any] | None
 
 
 # --------------------------------------------------------------------------- overrides
-def apply_override(tree: dict[str, Any], text: str) -> None:
-    """Apply one `KEY=VALUE` (or `~KEY`) override to the raw tree. Prefixes `+`, `++` and
-    `workload.` are accepted and mean the same: set the key whether or not the YAML has it.
-    VALUE is read as YAML (numbers, booleans, [lists], {mappings})."""
+def parse_override(text: str) -> tuple[str, bool, str]:
+    """(canonical dotted key, delete?, raw YAML value) of one `KEY=VALUE` or `~KEY`."""
     body = text.strip()
     delete = body.startswith("~")
     body = body.lstrip("+~")
@@ -155,14 +215,17 @@ def apply_override(tree: dict[str, Any], text: str) -> None:
     dotted = dotted.strip()
     if dotted.startswith("workload."):
         dotted = dotted[len("workload."):]
-    parts = dotted.split(".")
-    if (not sep and not delete) or not all(parts) or dotted == "workload":
+    if (not sep and not delete) or not all(dotted.split(".")) or dotted == "workload":
         raise ConfigError(f"override '{text}': expected section.key=value "
                           f"(or ++workload.section.key=value)")
-    dotted = canonical_key(dotted)
-    if dotted in IGNORED_KEYS:
-        log.debug("config: ignoring override of '%s' (%s)", dotted, IGNORED_KEYS[dotted])
-        return
+    return canonical_key(dotted), delete, raw_value
+
+
+def apply_override(tree: dict[str, Any], text: str) -> None:
+    """Apply one `KEY=VALUE` (or `~KEY`) override to the raw tree. Prefixes `+`, `++` and
+    `workload.` are accepted and mean the same: set the key whether or not the YAML has it.
+    VALUE is read as YAML (numbers, booleans, [lists], {mappings})."""
+    dotted, delete, raw_value = parse_override(text)
     parts = dotted.split(".")
     node = tree
     for depth, part in enumerate(parts[:-1]):
@@ -205,6 +268,13 @@ def check_consistency(cfg: Config) -> None:
     """DLIO's rules that relate several keys (those that do not need the MPI size)."""
     ds, rd, model, ck = cfg.dataset, cfg.reader, cfg.model, cfg.checkpoint
     par = model.parallelism
+    if ds.file_prefix in ("", ".", "..") or "/" in ds.file_prefix:
+        raise ConfigError(f"dataset.file_prefix: {ds.file_prefix!r} is not a file name prefix; "
+                          f"expected a name without '/' (files are named "
+                          f"<file_prefix>_<i>_of_<N>.<format> inside the split's folder)")
+    if len(ds.record_dims) > MAX_RECORD_DIMS:
+        raise ConfigError(f"dataset.record_dims: expected at most {MAX_RECORD_DIMS} dimensions, "
+                          f"got {len(ds.record_dims)}")
     if (cfg.workflow.train or cfg.workflow.generate_data) and ds.num_files_train < 1:
         raise ConfigError(f"dataset.num_files_train: expected an integer >= 1 when "
                           f"workflow.train or workflow.generate_data is true, "
@@ -226,13 +296,10 @@ def check_consistency(cfg: Config) -> None:
     reads_data = cfg.workflow.train or cfg.workflow.evaluation
     if reads_data and rd.data_loader in ("tensorflow", "pytorch") \
             and rd.data_loader != cfg.framework:
+        others = [d for d in DATA_LOADERS if d not in ("tensorflow", "pytorch")]
         raise ConfigError(f"reader.data_loader: '{rd.data_loader}' does not fit framework "
-                          f"'{cfg.framework}'; expected '{cfg.framework}', dali, native_dali, "
-                          f"synthetic, custom or none")
-    if rd.data_loader == "custom" and (rd.data_loader_classname is None
-                                       or rd.data_loader_sampler is None):
-        raise ConfigError("reader.data_loader: 'custom' needs reader.data_loader_classname and "
-                          "reader.data_loader_sampler (iterative or index)")
+                          f"'{cfg.framework}'; expected '{cfg.framework}' (or "
+                          f"{', '.join(others)})")
     if 0 < model.num_layers < par.pipeline:
         raise ConfigError(f"model.num_layers: expected at least model.parallelism.pipeline "
                           f"({par.pipeline}) layers, got {model.num_layers}")
@@ -258,10 +325,23 @@ def check_consistency(cfg: Config) -> None:
 def load_config(source: str, overrides: Sequence[str] = ()) -> Config:
     """The validated Config of `source` (YAML path, shipped name or `workload=NAME`) with
     `overrides` applied in order. Raises ConfigError with a one-line message."""
+    _refuse_repeated_overrides(overrides)
     tree = normalize_aliases(read_source(source))
     for text in overrides:
         apply_override(tree, text)
     normalize_aliases(tree)  # aliases inside mapping-valued overrides
     cfg = build_section(Config, tree, "")
+    check_support(cfg)
     check_consistency(cfg)
     return cfg
+
+
+def _refuse_repeated_overrides(overrides: Sequence[str]) -> None:
+    """Two overrides of one key (whatever their spelling) are a mistake, not a sequence."""
+    seen: dict[str, str] = {}
+    for text in overrides:
+        dotted = parse_override(text)[0]
+        if dotted in seen:
+            raise ConfigError(f"overrides '{seen[dotted]}' and '{text}' both set {dotted}; "
+                              f"keep one")
+        seen[dotted] = text

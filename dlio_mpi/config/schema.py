@@ -5,12 +5,18 @@ Every field carries a `Rule` (its kind, accepted values, bounds) in its metadata
 walks a section class and turns a raw YAML mapping into an instance, and `to_plain` walks an
 instance back into plain YAML types. Nothing here is specific to one key: adding a key is
 adding one field.
+
+The schema is also the one table of what dlio-mpi does with each DLIO key it does not fully
+honour: a rule's `unimplemented` values are refused ("not implemented yet"), and its `inert`
+reason (or its section's) says why a value away from the default has no effect; the plan prints
+that as a note (`support_notes`). Every other key acts.
 """
 
 from __future__ import annotations
 
 import difflib
 import math
+import reprlib
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
@@ -27,8 +33,28 @@ class ConfigError(UserError, ValueError):
 DATATYPES = ("int8", "uint8", "fp16", "bf16", "fp32", "fp64")
 FORMATS = ("tfrecord", "hdf5", "csv", "npz", "npy", "hdf5_opt", "jpeg", "png",
            "indexed_binary", "mmap_indexed_binary", "synthetic")
-DATA_LOADERS = ("tensorflow", "pytorch", "dali", "native_dali", "custom", "none", "synthetic")
+# DLIO's enum also has 'none', which its loader factory refuses ("not supported")
+DATA_LOADERS = ("tensorflow", "pytorch", "dali", "native_dali", "custom", "synthetic")
 SHUFFLES = ("off", "seed", "random")
+INT64_MAX = 2**63 - 1
+MAX_BYTES = 2**62  # the C engine refuses file offsets past INT64_MAX / 2 (csrc/dio_engine.c)
+MAX_FILES = 10**9  # per split
+NON_DEFAULT = "non-default"  # Rule.unimplemented: every value but the default is refused
+
+# Reasons shared by whole sections (see Rule.inert)
+CHECKPOINTING = "checkpointing is not implemented yet (no checkpoint is written or read)"
+PROFILING = "profilers are not implemented yet"
+DEAD = "DLIO never reads it either"
+BATCH_COPY = ("DLIO copies a constant decoded sample of this size into every batch after the "
+              "read; the native engine hands over the bytes read and has no such copy yet")
+
+_short = reprlib.Repr()
+_short.maxstring, _short.maxother, _short.maxlist, _short.maxdict = 60, 60, 8, 8
+
+
+def short_repr(value: Any) -> str:
+    """repr() cut to a readable length for error messages."""
+    return _short.repr(value)
 
 
 @dataclass(frozen=True)
@@ -37,7 +63,10 @@ class Rule:
 
     kind: int | number (int or float kept as given) | float | bool | str | dtype (NumPy numeric
     dtype name) | ints / strs (sequences, stored as tuples; strs also takes one string) |
-    timespec | section. `unset` is a YAML value that means None (DLIO's -1 sentinels)."""
+    timespec | section. `unset` is a YAML value that means None (DLIO's -1 sentinels).
+    Integers always fit in int64. `unimplemented`: values refused as not implemented yet
+    (NON_DEFAULT: all but the default); `inert`: why a value away from the default has no
+    effect in dlio-mpi (completes "because ..."; a section's reason covers its keys)."""
 
     kind: str
     choices: tuple = ()
@@ -47,6 +76,8 @@ class Rule:
     stdev_key: str = ""
     unset: Any = None
     section: type | None = None
+    unimplemented: tuple | str = ()
+    inert: str = ""
 
     def convert(self, value: Any, path: str, stdev: Any = None, stdev_path: str = "") -> Any:
         """The typed value of `value` at `path`, or ConfigError. `stdev` is the value of a
@@ -70,14 +101,20 @@ class Rule:
                 value = [value]
             if not isinstance(value, (list, tuple)):
                 raise ConfigError(f"{path}: expected {self._expected()}, got {value!r}")
-            scalar = Rule("int" if self.kind == "ints" else "str", minimum=self.minimum)
+            scalar = Rule("int" if self.kind == "ints" else "str", minimum=self.minimum,
+                          maximum=self.maximum)
             return tuple(scalar.convert(v, f"{path}[{i}]") for i, v in enumerate(value))
         converted = self._scalar(value, path)
         if self.choices and converted not in self.choices:
             raise ConfigError(self._not_a_choice(value, path))
         if self.minimum is not None and converted < self.minimum or (
                 self.maximum is not None and converted > self.maximum):
-            raise ConfigError(f"{path}: expected {self._expected()}, got {value!r}")
+            raise ConfigError(f"{path}: expected {self._expected()}, got {short_repr(value)}")
+        if self.kind == "int" and not -INT64_MAX - 1 <= converted <= INT64_MAX:
+            raise ConfigError(f"{path}: expected {self._expected()} that fits in 64 bits, "
+                              f"got {short_repr(value)}")
+        if self.kind == "str" and "\0" in converted:
+            raise ConfigError(f"{path}: contains a NUL byte, got {short_repr(value)}")
         return converted
 
     def _scalar(self, value: Any, path: str) -> Any:
@@ -87,10 +124,12 @@ class Rule:
         elif isinstance(value, bool):
             if self.choices and value is False and "off" in self.choices:
                 ok = "off"  # YAML 1.1 reads an unquoted `off` as false
-        elif self.kind == "int" and isinstance(value, (int, float)):
-            ok = int(value) if float(value).is_integer() else MISSING
+        elif self.kind == "int" and isinstance(value, int):
+            ok = value
+        elif self.kind == "int" and isinstance(value, float):
+            ok = int(value) if value.is_integer() else MISSING
         elif self.kind in ("number", "float") and isinstance(value, (int, float)):
-            if math.isfinite(value):
+            if _is_finite(value):
                 ok = float(value) if self.kind == "float" else value
         elif self.kind == "str" and isinstance(value, str):
             ok = value
@@ -101,12 +140,12 @@ class Rule:
         if ok is MISSING and self.choices:
             raise ConfigError(self._not_a_choice(value, path))
         if ok is MISSING:
-            raise ConfigError(f"{path}: expected {self._expected()}, got {value!r}")
+            raise ConfigError(f"{path}: expected {self._expected()}, got {short_repr(value)}")
         return ok
 
     def _not_a_choice(self, value: Any, path: str) -> str:
         accepted = ", ".join(str(c) for c in self.choices)
-        return f"{path}: {value!r} is not accepted; expected one of: {accepted}"
+        return f"{path}: {short_repr(value)} is not accepted; expected one of: {accepted}"
 
     def _expected(self) -> str:
         what = {"int": "an integer", "number": "a number", "float": "a number",
@@ -114,14 +153,29 @@ class Rule:
                 "dtype": "a NumPy numeric type name (e.g. uint8, float32)",
                 "ints": "a list of integers", "strs": "a string or a list of strings",
                 "section": "a mapping of keys", "timespec": "seconds"}[self.kind]
-        bounds = [f">= {self.minimum:g}" if self.minimum is not None else "",
-                  f"<= {self.maximum:g}" if self.maximum is not None else ""]
+        bounds = [f">= {_bound(self.minimum)}" if self.minimum is not None else "",
+                  f"<= {_bound(self.maximum)}" if self.maximum is not None else ""]
         if any(bounds):
             what += (" (each " if self.kind == "ints" else " ") + " and ".join(
                 b for b in bounds if b) + (")" if self.kind == "ints" else "")
         if self.optional:
             what += " or null" if self.unset is None else f" or {self.unset}"
         return what
+
+
+def _bound(x: float) -> str:
+    """A bound as a person reads it: 2^20 for large powers of two, integers in full."""
+    if float(x).is_integer():
+        n = int(x)
+        return f"2^{n.bit_length() - 1}" if n >= 2**20 and n & (n - 1) == 0 else str(n)
+    return f"{x:g}"
+
+
+def _is_finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int past the float range
+        return False
 
 
 def _is_numeric_dtype(name: str) -> bool:
@@ -136,9 +190,9 @@ def key(default: Any, kind: str, **rule: Any) -> Any:
     return field(default=default, metadata={"rule": Rule(kind, **rule)})
 
 
-def section(cls: type, optional: bool = False) -> Any:
+def section(cls: type, optional: bool = False, inert: str = "") -> Any:
     """A field holding a nested section (absent and optional -> None)."""
-    rule = Rule("section", optional=optional, section=cls)
+    rule = Rule("section", optional=optional, section=cls, inert=inert)
     if optional:
         return field(default=None, metadata={"rule": rule})
     return field(default_factory=cls, metadata={"rule": rule})
@@ -165,15 +219,19 @@ class Transformer:
 @dataclass(frozen=True)
 class Model:
     name: str = key("default", "str")
-    type: str | None = key(None, "str", optional=True)  # 'transformer': LLM checkpoint sizing
-    model_size_bytes: int = key(10240, "int", minimum=0)  # alias: model_size
-    optimization_groups: tuple[int, ...] = key((), "ints", minimum=0)  # legacy explicit sizes
-    num_layers: int = key(-1, "int")
-    layer_parameters: tuple[int, ...] = key((), "ints", minimum=0)  # legacy explicit sizes
-    model_datatype: str = key("fp16", "str", choices=DATATYPES)
-    optimizer_datatype: str = key("fp32", "str", choices=DATATYPES)
-    parallelism: Parallelism = section(Parallelism)
-    transformer: Transformer = section(Transformer)
+    # The rest sizes checkpoints.
+    type: str | None = key(None, "str", optional=True,  # 'transformer': LLM checkpoint sizing
+                           inert=CHECKPOINTING)
+    model_size_bytes: int = key(10240, "int", minimum=0, inert=CHECKPOINTING)  # alias: model_size
+    optimization_groups: tuple[int, ...] = key((), "ints", minimum=0,  # legacy explicit sizes
+                                               inert=CHECKPOINTING)
+    num_layers: int = key(-1, "int", inert=CHECKPOINTING)
+    layer_parameters: tuple[int, ...] = key((), "ints", minimum=0,  # legacy explicit sizes
+                                            inert=CHECKPOINTING)
+    model_datatype: str = key("fp16", "str", choices=DATATYPES, inert=CHECKPOINTING)
+    optimizer_datatype: str = key("fp32", "str", choices=DATATYPES, inert=CHECKPOINTING)
+    parallelism: Parallelism = section(Parallelism, inert=CHECKPOINTING)
+    transformer: Transformer = section(Transformer, inert=CHECKPOINTING)
 
 
 # --------------------------------------------------------------------------- workflow, storage
@@ -182,9 +240,12 @@ class Workflow:
     generate_data: bool = key(False, "bool")
     train: bool = key(True, "bool")
     evaluation: bool = key(False, "bool")
-    checkpoint: bool = key(False, "bool")
-    profiling: bool = key(False, "bool")
-    query: str | None = key(None, "str", optional=True)  # DLIO's query tool only; unused
+    checkpoint: bool = key(False, "bool", inert=CHECKPOINTING)
+    profiling: bool = key(False, "bool", inert=PROFILING)
+    query: str | None = key(None, "str", optional=True,
+                            inert="only DLIO's dlio_benchmark_query tool reads it")
+    debug: bool = key(False, "bool", inert="DLIO never reads it either (its bert_v100.yaml "
+                                           "sets it)")
 
 
 @dataclass(frozen=True)
@@ -201,9 +262,13 @@ class StorageOptions:
 
 @dataclass(frozen=True)
 class Storage:
-    storage_type: str = key("local_fs", "str", choices=("local_fs", "parallel_fs", "s3", "aistore"))
+    # local_fs and parallel_fs: both a POSIX path (DLIO 2.0.0 has no branch for parallel_fs)
+    storage_type: str = key("local_fs", "str", choices=("local_fs", "parallel_fs", "s3", "aistore"),
+                            unimplemented=("s3", "aistore"))
     storage_root: str = key("./", "str")  # prefixed to dataset.data_folder on file systems
-    storage_options: StorageOptions | None = section(StorageOptions, optional=True)
+    storage_options: StorageOptions | None = section(
+        StorageOptions, optional=True,
+        inert="it configures S3 and AIStore, which are not implemented yet")
 
 
 # --------------------------------------------------------------------------- dataset
@@ -216,27 +281,42 @@ class Hdf5:
 
 @dataclass(frozen=True)
 class Dataset:
-    record_length_bytes: float = key(65536, "number", minimum=0)  # alias: record_length
-    record_length_bytes_stdev: float = key(0, "number", minimum=0)  # alias: record_length_stdev
-    record_length_bytes_resize: float = key(0, "number", minimum=0)  # alias: record_length_resize
-    num_files_train: int = key(8, "int", minimum=0)
-    num_files_eval: int = key(0, "int", minimum=0)
+    # alias: record_length. 0 has no meaning: DLIO makes it 1-byte samples (or divides by
+    # zero with a stdev). Sizes stay below the 2^62 bytes the C engine addresses in a file.
+    record_length_bytes: float = key(65536, "number", minimum=1, maximum=MAX_BYTES)
+    record_length_bytes_stdev: float = key(0, "number", minimum=0,  # alias: record_length_stdev
+                                           maximum=MAX_BYTES)
+    record_length_bytes_resize: float = key(0, "number", minimum=0,  # alias: record_length_resize
+                                            maximum=MAX_BYTES, inert=BATCH_COPY)
+    # Every rank keeps a few bytes per file (drawn shapes, spot checks): 10^9 files is far
+    # beyond any data set a file system holds in one folder tree, and beyond memory at scale.
+    num_files_train: int = key(8, "int", minimum=0, maximum=MAX_FILES)
+    num_files_eval: int = key(0, "int", minimum=0, maximum=MAX_FILES)
     num_samples_per_file: int = key(1, "int", minimum=1)
-    generation_buffer_size: int = key(2147483648, "int", minimum=1)
+    generation_buffer_size: int = key(
+        2147483648, "int", minimum=1,
+        inert="it sizes the writes of DLIO's indexed_binary generator; the C generator "
+              "streams in chunks of its own")
     data_folder: str = key("./data", "str")
     num_subfolders_train: int = key(0, "int", minimum=0)
     num_subfolders_eval: int = key(0, "int", minimum=0)
     file_prefix: str = key("img", "str")
     format: str = key("tfrecord", "str", choices=FORMATS)
-    compression: str = key("none", "str", choices=("none", "gzip", "lzf", "bz2", "zip", "xz"))
-    compression_level: int = key(4, "int", minimum=0, maximum=9)
-    enable_chunking: bool = key(False, "bool")  # DLIO dead key
-    chunk_size: int = key(0, "int", minimum=0)  # DLIO dead key
+    # compressed files change what is measured (CPU-bound decompression, fewer bytes)
+    compression: str = key("none", "str", choices=("none", "gzip", "lzf", "bz2", "zip", "xz"),
+                           unimplemented=("gzip", "lzf", "bz2", "zip", "xz"))
+    compression_level: int = key(4, "int", minimum=0, maximum=9,
+                                 inert="dataset.compression is none (compression is not "
+                                       "implemented yet)")
+    enable_chunking: bool = key(False, "bool", inert=DEAD)
+    chunk_size: int = key(0, "int", minimum=0, inert=DEAD)
     keep_files: bool = key(True, "bool")
     record_element_type: str = key("uint8", "dtype")
-    record_element_bytes: int | None = key(None, "int", optional=True, minimum=1)  # derived
+    record_element_bytes: int | None = key(
+        None, "int", optional=True, minimum=1,
+        inert="the element size is dataset.record_element_type's, as DLIO derives it")
     record_dims: tuple[int, ...] = key((), "ints", minimum=1)
-    hdf5: Hdf5 = section(Hdf5)
+    hdf5: Hdf5 = section(Hdf5, inert="dataset.format hdf5 is not implemented yet")
     # ours: where the samples sit in npy/npz arrays ('first_axis': one sample is one contiguous
     # extent; 'last_axis': DLIO's generator layout)
     sample_layout: str = key("first_axis", "str", choices=("first_axis", "last_axis"))
@@ -245,30 +325,56 @@ class Dataset:
 # --------------------------------------------------------------------------- reader
 @dataclass(frozen=True)
 class Reader:
-    data_loader: str = key("tensorflow", "str", choices=DATA_LOADERS)
-    data_loader_classname: str | None = key(None, "str", optional=True)
-    data_loader_sampler: str | None = key(None, "str", optional=True,
-                                             choices=("iterative", "index", "none"))
-    reader_classname: str | None = key(None, "str", optional=True)
+    # pytorch and tensorflow: the native engine reads with that DLIO reader's access pattern
+    # (plan.loader_note); the others run Python or DALI code dlio-mpi does not have
+    data_loader: str = key("tensorflow", "str", choices=DATA_LOADERS,
+                           unimplemented=("dali", "native_dali", "custom", "synthetic"))
+    # when set, DLIO runs this user class whatever data_loader says
+    data_loader_classname: str | None = key(None, "str", optional=True,
+                                            unimplemented=NON_DEFAULT)
+    data_loader_sampler: str | None = key(
+        None, "str", optional=True, choices=("iterative", "index", "none"),
+        inert="the native engine deals every rank an exact share of each epoch's samples "
+              "(reader.sample_shuffle, reader.file_shuffle), whatever DLIO's sampler would be")
+    reader_classname: str | None = key(None, "str", optional=True, unimplemented=NON_DEFAULT)
     batch_size: int = key(1, "int", minimum=1)
     batch_size_eval: int = key(1, "int", minimum=1)
-    read_threads: int = key(1, "int", minimum=0)
-    computation_threads: int = key(1, "int", minimum=1)
-    prefetch_size: int = key(2, "int", minimum=0)
-    pin_memory: bool = key(True, "bool")
-    multiprocessing_context: str = key("fork", "str", choices=("fork", "spawn", "forkserver"))
+    read_threads: int = key(1, "int", minimum=0, maximum=4096)  # csrc/dio_engine.c MAX_THREADS
+    computation_threads: int = key(
+        1, "int", minimum=1,
+        inert="it sets the threads of the batch map in DLIO's tf.data TFRecord pipeline, a "
+              "stage the native engine does not have yet")
+    prefetch_size: int = key(2, "int", minimum=0, maximum=2**20)  # dio_engine_open's limit
+    pin_memory: bool = key(True, "bool",
+                           inert="the native engine does not copy batches to pinned memory "
+                                 "as the torch DataLoader does")
+    multiprocessing_context: str = key(
+        "fork", "str", choices=("fork", "spawn", "forkserver"),
+        inert="the native engine reads with threads, not the torch DataLoader's worker "
+              "processes")
     file_shuffle: str = key("off", "str", choices=SHUFFLES)
     sample_shuffle: str = key("off", "str", choices=SHUFFLES)
-    shuffle_size: int = key(1024, "int", minimum=1)
+    shuffle_size: int = key(
+        1024, "int", minimum=1,
+        inert="it sizes the shuffle buffer of DLIO's tf.data pipeline (and DALI's "
+              "initial_fill); the native engine shuffles whole epochs (reader.sample_shuffle)")
     read_type: str = key("on_demand", "str", choices=("on_demand", "memory"))
-    file_access: str = key("multi", "str",  # DLIO dead key
-                           choices=("multi", "shared", "collective", "mpio", "posix"))
-    transfer_size: int | None = key(None, "int", optional=True, minimum=1)
-    dont_use_mmap: bool = key(False, "bool")
+    file_access: str = key("multi", "str",
+                           choices=("multi", "shared", "collective", "mpio", "posix"),
+                           inert=DEAD)
+    transfer_size: int | None = key(
+        None, "int", optional=True, minimum=1,
+        inert="it is the buffer_size of DLIO's tf.data TFRecordDataset (tfrecord is not "
+              "implemented yet); the native engine reads whole extents")
+    dont_use_mmap: bool = key(False, "bool",
+                              inert="only DLIO's native DALI readers use it, and "
+                                    "reader.data_loader native_dali is not implemented yet")
     odirect: bool = key(False, "bool")
-    preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev")
-    transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1)
-    transformed_record_element_type: str = key("uint8", "dtype")
+    # a per-sample sleep inside the loader changes what is measured
+    preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev",
+                                    unimplemented=NON_DEFAULT)
+    transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1, inert=BATCH_COPY)
+    transformed_record_element_type: str = key("uint8", "dtype", inert=BATCH_COPY)
     # ours: how samples are read. 'sample': exact extents; 'file': the whole file per sample
     # (DLIO on_demand); 'file_once': each file once per epoch, samples served from memory (DLIO
     # memory); 'auto': read_type decides, except indexed_binary/mmap_indexed_binary/hdf5 -> sample
@@ -280,7 +386,7 @@ class Reader:
     access: str = key("loader", "str", choices=("loader", "lean"))
     # ours: descriptors kept open per rank for reads outside whole-file loads, split evenly
     # over the reader threads, each a least-recently-used cache
-    fd_cache_size: int = key(256, "int", minimum=1, maximum=2**24)
+    fd_cache_size: int = key(256, "int", minimum=1, maximum=2**24)  # dio_engine_open's limit
     # ours: before each epoch, posix_fadvise(DONTNEED) the files it will read, so that the
     # page cache cannot serve them
     drop_page_cache: bool = key(False, "bool")
@@ -301,7 +407,7 @@ class Train:
     epochs: int = key(1, "int", minimum=1)
     total_training_steps: int = key(-1, "int")  # > 0 caps the steps of each epoch
     computation_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="computation_time_stdev")
-    seed: int = key(123, "int")
+    seed: int = key(123, "int", minimum=0, maximum=2**32 - 1)  # as np.random.seed (DLIO)
     seed_change_epoch: bool = key(True, "bool")
     # ours: the last microseconds of each compute wait are polled rather than slept, hiding the
     # timer's wake-up latency; and the per-step barrier polls (yielding the core) this long
@@ -387,10 +493,10 @@ class Config:
     reader: Reader = section(Reader)
     train: Train = section(Train)
     evaluation: Evaluation = section(Evaluation)
-    checkpoint: Checkpoint = section(Checkpoint)
+    checkpoint: Checkpoint = section(Checkpoint, inert=CHECKPOINTING)
     output: Output = section(Output)
     metric: Metric = section(Metric)
-    profiling: Profiling = section(Profiling)
+    profiling: Profiling = section(Profiling, inert=PROFILING)
 
     def to_dict(self) -> dict[str, Any]:
         """Every key with its resolved value, canonical names, plain YAML types."""
@@ -432,6 +538,58 @@ def to_plain(obj: Any) -> dict[str, Any]:
         else:
             out[f.name] = rule.unset if value is None and rule.unset is not None else value
     return out
+
+
+def _set_keys(obj: Any, path: str = "", inherited: str = ""):
+    """(dotted key, rule, value, default, inert reason) of every key of `obj` set away from
+    its default; a set optional section is one entry (its keys are not shown)."""
+    for f in fields(obj):
+        rule, value, where = f.metadata["rule"], getattr(obj, f.name), _join(path, f.name)
+        default = f.default if f.default is not MISSING else f.default_factory()
+        inert = rule.inert or inherited
+        if rule.kind == "section" and value is not None and not rule.optional:
+            yield from _set_keys(value, where, inert)
+        elif value != default:
+            yield where, rule, value, default, inert
+
+
+def _yaml_text(value: Any) -> str:
+    """A value as written in YAML (true, [3, 4], {type: normal, ...})."""
+    if isinstance(value, TimeSpec):
+        value = value.to_yaml()
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(_yaml_text(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_yaml_text(v)}" for k, v in value.items()) + "}"
+    return "null" if value is None else str(value)
+
+
+def check_support(cfg: Config) -> None:
+    """Refuse a value dlio-mpi does not implement yet (Rule.unimplemented)."""
+    for where, rule, value, default, _ in _set_keys(cfg):
+        refused = rule.unimplemented
+        if refused == NON_DEFAULT or value in refused:
+            accepted = ([str(c) for c in rule.choices if c not in refused] if rule.choices
+                        else [_yaml_text(default)])
+            shown = short_repr(value) if isinstance(value, str) else _yaml_text(value)
+            raise ConfigError(f"{where}: {shown} is not implemented yet in dlio-mpi; "
+                              f"accepted: {', '.join(accepted)}")
+
+
+def support_notes(cfg: Config) -> list[str]:
+    """One note per reason, naming the keys set away from their default that have no effect
+    in dlio-mpi for that reason (Rule.inert)."""
+    by_reason: dict[str, list[str]] = {}
+    for where, rule, value, _, inert in _set_keys(cfg):
+        if inert:
+            shown = where if rule.kind == "section" else f"{where}={_yaml_text(value)}"
+            by_reason.setdefault(inert, []).append(shown)
+    return [f"{', '.join(keys)}: accepted, {'has' if len(keys) == 1 else 'have'} no effect in "
+            f"dlio-mpi because {reason}" for reason, keys in by_reason.items()]
 
 
 def schema_keys(cls: type = Config, path: str = "") -> list[str]:

@@ -16,10 +16,16 @@ from __future__ import annotations
 
 import difflib
 import math
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+# Parameters are at most 10^9 s (31.7 years); draws are clipped below 2^62 ns so that a step's
+# deadline (now + draw, in int64 nanoseconds) cannot overflow, whatever the distribution's tail.
+MAX_SECONDS = 1e9
+MAX_DRAW_SECONDS = 2**62 / 1e9
 
 # Parameter names of each distribution, in the order `TimeSpec.params` stores them.
 DISTRIBUTIONS: dict[str, tuple[str, ...]] = {
@@ -38,7 +44,8 @@ class TimeSpec:
 
     `type` is one of DISTRIBUTIONS; `params` holds its parameters in the order listed there
     (e.g. normal: (mean, stdev)). Draws below zero (normal only) are clipped to 0; DLIO instead
-    reflects them with abs(), which shifts the mean upwards by a different amount.
+    reflects them with abs(), which shifts the mean upwards by a different amount. Draws past
+    MAX_DRAW_SECONDS (about 146 years) are clipped to it.
     """
 
     type: str = "constant"
@@ -84,7 +91,8 @@ class TimeSpec:
         return p[0]  # constant, exponential (scale), poisson (lam)
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """`n` durations in seconds (float64), negative draws clipped to 0 (DLIO uses abs())."""
+        """`n` durations in seconds (float64), clipped to [0, MAX_DRAW_SECONDS] (DLIO reflects
+        negative draws with abs())."""
         p = self.params
         if self.type == "constant":
             values = np.full(n, p[0], dtype=np.float64)
@@ -98,7 +106,7 @@ class TimeSpec:
             values = rng.exponential(p[0], n)
         else:
             values = rng.poisson(p[0], n).astype(np.float64)
-        return np.maximum(values, 0.0)
+        return np.clip(values, 0.0, MAX_DRAW_SECONDS)
 
     def to_yaml(self) -> float | dict[str, Any]:
         """DLIO's spelling: a plain number for a constant, else {type, <params>}."""
@@ -110,10 +118,13 @@ class TimeSpec:
 def _number(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{where}: expected a number of seconds, got {value!r}")
-    if not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{where}: expected a finite number of seconds, got {value!r}")
     if value < 0:
-        raise ValueError(f"{where}: expected a number >= 0, got {value!r}")
+        raise ValueError(f"{where}: expected a number >= 0, got {reprlib.repr(value)}")
+    if value > MAX_SECONDS:
+        raise ValueError(f"{where}: expected at most {MAX_SECONDS:g} seconds (31.7 years), "
+                         f"got {reprlib.repr(value)}")
     return float(value)
 
 
