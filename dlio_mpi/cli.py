@@ -88,10 +88,12 @@ def _command(args, comm) -> int:
 
         ranks = comm.Get_size() if args.ranks is None else args.ranks
 
+        local_ranks = _ranks_on_this_host(comm)
+
         def plan_for_ranks():
             if ranks < 1:
                 raise UserError(f"--ranks {ranks}: a plan needs at least 1 rank")
-            return derive_plan(cfg, ranks)
+            return derive_plan(cfg, ranks, local_ranks=local_ranks)
 
         plan = check_all(comm, plan_for_ranks)
         if comm.Get_rank() == 0:
@@ -104,6 +106,16 @@ def _command(args, comm) -> int:
         return 0
     run(comm, cfg)
     return 0
+
+
+def _ranks_on_this_host(comm) -> int:
+    """Collectively: how many ranks of `comm` share this host."""
+    from mpi4py import MPI
+
+    host = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    size = host.Get_size()
+    host.Free()
+    return size
 
 
 def main(argv: list[str] | None = None) -> int:

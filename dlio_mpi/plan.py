@@ -157,14 +157,12 @@ def _check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
     if ds.record_dims or ds.record_length_bytes_stdev <= 0:
         return  # one shape for all files
     files = ds.num_files_train + ds.num_files_eval
-    need = files * SHAPE_BYTES_PER_FILE * ranks_per_node
-    if need > node_memory:
+    per_rank = files * SHAPE_BYTES_PER_FILE
+    if per_rank * ranks_per_node > node_memory:
         raise UserError(
             f"dataset.num_files_train={ds.num_files_train} and num_files_eval="
             f"{ds.num_files_eval} with dataset.record_length_bytes_stdev: the files' drawn "
-            f"sample shapes take {_size(files * SHAPE_BYTES_PER_FILE)} on each of "
-            f"{ranks_per_node} ranks per node, {_size(need)}, more than the node's "
-            f"{_size(node_memory)} of memory")
+            f"sample shapes need {_memory(per_rank, ranks_per_node, node_memory)}")
 
 
 def _sample_keys(ds) -> str:
@@ -223,23 +221,30 @@ def _check_batch_memory(cfg, plan_bytes: int, steps: int, ranks: int, ranks_per_
         return
     slots = cfg.reader.prefetch_size + 1
     batch = plan_bytes // (steps * ranks)
-    need = slots * batch * ranks_per_node
-    if need > node_memory:
+    if slots * batch * ranks_per_node > node_memory:
         raise UserError(
             f"reader.prefetch_size={cfg.reader.prefetch_size}, reader.batch_size="
             f"{cfg.reader.batch_size} and {_sample_keys(cfg.dataset)}: {slots} batch buffers "
-            f"of about {_size(batch)} on each of {ranks_per_node} ranks per node need "
-            f"{_size(need)}, more than the node's {_size(node_memory)} of memory; lower them, "
-            f"or read without keeping the data "
-            f"(reader.keep_data: false)")
+            f"of about {_size(batch)} need {_memory(slots * batch, ranks_per_node, node_memory)}"
+            f"; lower them, or read without keeping the data (reader.keep_data: false)")
+
+
+def _memory(per_rank: int, ranks_per_node: int, node_memory: int) -> str:
+    """'X per rank[, Y for the N ranks of a node], more than the node's Z of memory'."""
+    node = f", {_size(per_rank * ranks_per_node)} for the {ranks_per_node} ranks of a node" \
+        if ranks_per_node > 1 else ""
+    return (f"{_size(per_rank)} per rank{node}, more than the node's {_size(node_memory)} "
+            f"of memory")
 
 
 def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int | None = None,
-                memory_bytes: int | None = None, generating: bool = False) -> RunPlan:
+                memory_bytes: int | None = None, generating: bool = False,
+                local_ranks: int = 1) -> RunPlan:
     """Check what needs the rank count and derive the plan; raises UserError. Without a
     topology (validate --ranks) the ranks are on one node, or on emulated nodes of
     DLIO_MPI_RANKS_PER_NODE ranks, with this host's memory each. `generating`: the data will
-    be generated whatever workflow.generate_data says (`dlio-mpi generate`)."""
+    be generated whatever workflow.generate_data says (`dlio-mpi generate`). `local_ranks`:
+    the processes of this host deriving the plan at once (each holds its tables)."""
     # Memory is judged on the job's own nodes; a plan for ranks not running (validate) can
     # only say whether one rank would fit in this host's memory.
     known = ranks_per_node is not None and nodes is not None
@@ -259,7 +264,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         if fmt not in implemented_formats():
             raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
                             f"implemented: {', '.join(implemented_formats())}")
-        _check_shape_memory(cfg, *node)
+        _check_shape_memory(cfg, max(local_ranks, node[0]), node[1])
         splits = describe_dataset(cfg)
         _check_sizes(cfg, splits)
         layouts = {name: split.expected_layouts() for name, split in splits.items()}

@@ -262,3 +262,18 @@ def test_validate_at_scale_is_exact_and_quiet(tmp_path):
     per_epoch = 244 * 400 * 1024 * 338 * 338
     assert f"bytes per epoch {per_epoch / 2**40:.1f} TiB" in res.stdout
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("rank,printed", [("0", True), ("1", False)])
+def test_usage_errors_are_printed_by_the_first_rank_only(monkeypatch, capsys, rank, printed):
+    from dlio_mpi.cli import RANK_VARIABLES, main
+
+    for name in RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_RANK", rank)
+    with pytest.raises(SystemExit) as info:
+        main(["validate", "demo", "--reader.batch_size=4"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("dlio-mpi: error: unrecognized arguments: --reader.batch_size=4 "
+                     "(overrides take no dashes: reader.batch_size=4") == int(printed), err

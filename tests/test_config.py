@@ -407,3 +407,324 @@ def test_time_between_checkpoints_unset_sentinel():
     assert load_config("demo", ["checkpoint.time_between_checkpoints=-1"]) == load_config("demo")
     cfg = load_config("demo", ["checkpoint.time_between_checkpoints=2"])
     assert cfg.checkpoint.time_between_checkpoints == TimeSpec.constant(2)
+
+
+# --------------------------------------------------------------------------- what each key does
+# Keys that act in dlio-mpi. Every other key must be refused where not implemented
+# (Rule.unimplemented) or say why it has no effect (Rule.inert): a new key has to choose.
+ACTING = {
+    "model.name", "framework", "workflow.generate_data", "workflow.train", "workflow.evaluation",
+    "storage.storage_root", "dataset.record_length_bytes", "dataset.record_length_bytes_stdev",
+    "dataset.num_files_train", "dataset.num_files_eval", "dataset.num_samples_per_file",
+    "dataset.data_folder", "dataset.num_subfolders_train", "dataset.num_subfolders_eval",
+    "dataset.file_prefix", "dataset.format", "dataset.record_element_type",
+    "dataset.record_dims", "dataset.sample_layout", "reader.batch_size",
+    "reader.batch_size_eval", "reader.read_threads", "reader.prefetch_size",
+    "reader.file_shuffle", "reader.sample_shuffle", "reader.read_type", "reader.odirect",
+    "reader.read_mode", "reader.access", "reader.fd_cache_size", "reader.drop_page_cache",
+    "reader.keep_data", "train.epochs", "train.total_training_steps", "train.computation_time",
+    "train.seed", "train.seed_change_epoch", "train.compute_spin_us", "train.sync_spin_us",
+    "evaluation.eval_time", "evaluation.eval_after_epoch", "evaluation.epochs_between_evals",
+    "output.folder", "output.metric.exclude_start_steps", "output.metric.exclude_end_steps",
+    "output.access_log", "metric.au",
+    # made to act by their own changes (issue 6)
+    "dataset.keep_files", "output.log_file", "reader.io_watchdog_seconds",
+    "reader.io_watchdog_abort",
+}
+
+
+def _rules(cls=Config, path="", inherited=""):
+    from dataclasses import fields as dc_fields
+
+    for f in dc_fields(cls):
+        rule, where = f.metadata["rule"], f"{path}.{f.name}" if path else f.name
+        if rule.kind == "section" and not rule.optional:
+            yield from _rules(rule.section, where, rule.inert or inherited)
+        else:
+            yield where, rule, rule.inert or inherited
+
+
+def test_every_key_acts_is_refused_or_says_why_it_has_no_effect():
+    unclassified = [where for where, rule, inert in _rules()
+                    if where not in ACTING and not rule.unimplemented and not inert]
+    assert unclassified == []
+    inert_but_acting = [where for where, rule, inert in _rules() if where in ACTING and inert]
+    assert inert_but_acting == []
+
+
+def test_default_settings_have_no_notes():
+    from dlio_mpi.config import support_notes
+
+    assert support_notes(Config()) == []
+    assert support_notes(load_config("demo")) == []
+
+
+@pytest.mark.parametrize("override,accepted", [
+    ("storage.storage_type=s3", "local_fs, parallel_fs"),
+    ("storage.storage_type=aistore", "local_fs, parallel_fs"),
+    ("reader.data_loader=dali", "tensorflow, pytorch"),
+    ("reader.data_loader=native_dali", "tensorflow, pytorch"),
+    ("reader.data_loader=custom", "tensorflow, pytorch"),
+    ("reader.data_loader=synthetic", "tensorflow, pytorch"),
+    ("reader.data_loader_classname=plugins.MyLoader", "null"),
+    ("reader.reader_classname=plugins.MyReader", "null"),
+    ("reader.preprocess_time=0.1", "0"),
+    ("reader.preprocess_time={type: uniform, min: 0, max: 0.2}", "0"),
+    ("dataset.compression=gzip", "none"),
+    ("dataset.compression=xz", "none"),
+])
+def test_values_not_implemented_yet_are_refused(override, accepted):
+    key, _, value = override.partition("=")
+    message = error_of("demo", [override])
+    assert message.startswith(f"{key}: ") and "is not implemented yet in dlio-mpi" in message
+    assert message.endswith(f"; accepted: {accepted}")
+    if "{" not in value:
+        assert value in message
+
+
+def test_storage_types_meaning_a_posix_path_both_act():
+    from dlio_mpi.plan import derive_plan
+
+    plans = [derive_plan(load_config("demo", [f"storage.storage_type={kind}"]), 2)
+             for kind in ("local_fs", "parallel_fs")]
+    assert plans[0].dataset_bytes == plans[1].dataset_bytes > 0
+    assert not any("storage" in note for plan in plans for note in plan.notes)
+
+
+def test_data_loader_none_is_refused_as_dlio_refuses_it():
+    assert "reader.data_loader: 'none' is not accepted" in error_of("demo",
+                                                                   ["reader.data_loader=none"])
+
+
+@pytest.mark.parametrize("override,shown", [
+    ("reader.computation_threads=8", "reader.computation_threads=8"),
+    ("reader.transfer_size=262144", "reader.transfer_size=262144"),
+    ("reader.shuffle_size=16", "reader.shuffle_size=16"),
+    ("dataset.record_length_bytes_resize=1024", "dataset.record_length_bytes_resize=1024"),
+    ("reader.transformed_record_dims=[3,4]", "reader.transformed_record_dims=[3, 4]"),
+    ("reader.transformed_record_element_type=float32",
+     "reader.transformed_record_element_type=float32"),
+    ("reader.dont_use_mmap=true", "reader.dont_use_mmap=true"),
+    ("reader.pin_memory=false", "reader.pin_memory=false"),
+    ("reader.multiprocessing_context=spawn", "reader.multiprocessing_context=spawn"),
+    ("reader.data_loader_sampler=index", "reader.data_loader_sampler=index"),
+    ("reader.file_access=mpio", "reader.file_access=mpio"),
+    ("workflow.query=dataset.format", "workflow.query=dataset.format"),
+    ("workflow.debug=true", "workflow.debug=true"),
+    ("dataset.enable_chunking=true", "dataset.enable_chunking=true"),
+    ("dataset.chunk_size=4", "dataset.chunk_size=4"),
+    ("dataset.generation_buffer_size=1024", "dataset.generation_buffer_size=1024"),
+    ("dataset.compression_level=9", "dataset.compression_level=9"),
+    ("dataset.record_element_bytes=4", "dataset.record_element_bytes=4"),
+    ("dataset.hdf5.chunk_dims=[2]", "dataset.hdf5.chunk_dims=[2]"),
+    ("storage.storage_options={region: eu-west-1}", "storage.storage_options:"),
+    ("model.num_layers=4", "model.num_layers=4"),
+    ("model.transformer.hidden_size=64", "model.transformer.hidden_size=64"),
+    ("workflow.checkpoint=true", "workflow.checkpoint=true"),
+    ("checkpoint.fsync=true", "checkpoint.fsync=true"),
+    ("checkpoint.ksm={}", "checkpoint.ksm:"),
+    ("workflow.profiling=true", "workflow.profiling=true"),
+    ("profiling.profiler=darshan", "profiling.profiler=darshan"),
+])
+def test_settings_without_effect_are_noted_in_the_plan(override, shown):
+    from dlio_mpi.plan import derive_plan, describe_plan
+
+    extra = ["checkpoint.randomize_tensor=false"] if "ksm" in override else []
+    cfg = load_config("demo", [override, *extra])
+    notes = [n for n in derive_plan(cfg, 2).notes if "no effect" in n]
+    assert len(notes) == 1 and shown in notes[0], notes
+    assert ": accepted, ha" in notes[0] and " no effect in dlio-mpi because " in notes[0]
+    assert f"note            {notes[0]}" in describe_plan(derive_plan(cfg, 2), cfg)
+    assert "eu-west-1" not in notes[0]  # sections are named, not shown (they hold secrets)
+
+
+def test_notes_of_one_reason_are_one_line():
+    from dlio_mpi.config import support_notes
+
+    notes = support_notes(load_config("llama_7b"))
+    assert len(notes) == 1
+    assert notes[0].startswith("model.type=transformer, model.num_layers=32, ")
+    assert "workflow.checkpoint=true" in notes[0] and "checkpoint.fsync=true" in notes[0]
+    assert "have no effect in dlio-mpi because checkpointing is not implemented yet" in notes[0]
+
+
+def test_data_loader_acts_on_multi_sample_files_and_says_what_it_emulates():
+    from dlio_mpi.plan import derive_plan
+
+    def plan(*overrides):
+        return derive_plan(load_config("demo", ["dataset.num_files_train=8", *overrides]), 2)
+
+    torch = plan()
+    assert torch.read_mode == "file"
+    assert torch.notes[0] == (
+        "reader.data_loader=pytorch: the native C engine reads npz with the access pattern of "
+        "DLIO's pytorch reader (np.load of the whole file for every sample; as its tensorflow "
+        "reader does); the real torch DataLoader is not run (framework loaders are not "
+        "implemented yet)")
+    tf = ["framework=tensorflow", "reader.data_loader=tensorflow"]
+    assert plan(*tf).read_mode == "file"
+    assert "as its pytorch reader does" in plan(*tf).notes[0]
+    multi = plan(*tf, "dataset.num_samples_per_file=4")
+    assert multi.read_mode == "file_once"
+    assert multi.notes[0].startswith("reader.data_loader=tensorflow: the native C engine reads "
+                                     "npz with the access pattern of DLIO's tensorflow reader "
+                                     "(np.load of each file once for all its samples; its "
+                                     "pytorch reader: np.load of the whole file for every")
+    assert "real tf.data pipeline is not run" in multi.notes[0]
+    assert plan("dataset.num_samples_per_file=4").read_mode == "file"
+    chosen = plan(*tf, "dataset.num_samples_per_file=4", "reader.read_mode=sample")
+    assert chosen.read_mode == "sample"
+    assert "reader.read_mode=sample decides the reads, not DLIO's tensorflow" in chosen.notes[0]
+    indexed = plan("dataset.format=indexed_binary")
+    assert "(a read of each sample's extent; as its tensorflow reader does)" in indexed.notes[0]
+
+
+def test_the_plan_says_how_long_the_compute_takes():
+    from dlio_mpi.plan import derive_plan, describe_plan
+
+    cfg = load_config("demo", ["train.computation_time=1e9"])
+    text = describe_plan(derive_plan(cfg, 2), cfg)
+    assert ("run time        the run's compute alone takes 507.0 years (epochs x steps x "
+            "computation_time: 2 x 8 x 1e+09 s)") in text
+    cfg = load_config("demo", ["train.epochs=1e9"])
+    assert "takes 5.1 years" in describe_plan(derive_plan(cfg, 2), cfg)
+    cfg = load_config("demo")
+    assert "takes 0.32 s (" in describe_plan(derive_plan(cfg, 2), cfg)
+
+
+# --------------------------------------------------------------------------- bad sources
+def test_workload_files_that_are_not_workloads(tmp_path):
+    (tmp_path / "bin").write_bytes(b"\x7fELF\x02\x01\xd0\xff")
+    assert error_of(str(tmp_path / "bin")).endswith(
+        "not a YAML text file (byte 0xd0 at offset 6 is not UTF-8)")
+    (tmp_path / "ctl").write_bytes(b"\x7fELF\x02\x01")  # valid UTF-8, not text
+    assert error_of(str(tmp_path / "ctl")).endswith(
+        "not a YAML text file (character U+007F at offset 0 is not allowed in YAML)")
+    assert error_of(str(tmp_path)) == f"{tmp_path}: is a directory; expected a workload YAML file"
+    for text in ("", "# a comment\n", "workload:\n", "{}\n"):
+        (tmp_path / "w.yaml").write_text(text)
+        assert "the workload is empty" in error_of(str(tmp_path / "w.yaml"))
+    assert error_of("/dev/null").startswith("/dev/null: is not a regular file")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("dataset:\n  format: npz\n  format: npy\n", "key 'dataset.format' is given twice (lines 2 "
+                                                "and 3)"),
+    ("train: {epochs: 1}\nreader: {}\ntrain: {epochs: 2}\n", "key 'train' is given twice "
+                                                            "(lines 1 and 3)"),
+    ("train:\n  computation_time: {mean: 1, mean: 2}\n", "key 'train.computation_time.mean'"),
+    ("a: &x {k: 1}\nb:\n  <<: *x\n  k: 2\n", "unknown key 'a'"),  # a merge is no duplicate
+])
+def test_duplicate_yaml_keys_are_refused_with_their_lines(tmp_path, text, message):
+    assert message in error_of(write_yaml_text(tmp_path, text))
+
+
+def write_yaml_text(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "w.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_yaml_errors_name_the_file_and_line(tmp_path):
+    message = error_of(write_yaml_text(tmp_path, "dataset:\n\tformat: npz\n"))
+    assert message.startswith(f"{tmp_path / 'w.yaml'}, line 2 column 1: not valid YAML (")
+
+
+@pytest.mark.parametrize("overrides", [
+    ["train.epochs=2", "train.epochs=3"],
+    ["train.epochs=2", "++workload.train.epochs=3"],
+    ["dataset.record_length=1", "dataset.record_length_bytes=2"],
+    ["~train.epochs", "train.epochs=3"],
+])
+def test_a_key_set_twice_on_the_command_line_is_refused(overrides):
+    assert error_of("demo", overrides).startswith(f"overrides '{overrides[0]}' and "
+                                                  f"'{overrides[1]}' both set ")
+
+
+def test_nested_overrides_of_one_mapping_are_not_repeats():
+    cfg = load_config("demo", ["train.computation_time.type=normal",
+                               "train.computation_time.stdev=0.1"])
+    assert cfg.train.computation_time == TimeSpec("normal", (0.02, 0.1))
+
+
+# --------------------------------------------------------------------------- bounds
+@pytest.mark.parametrize("override,expected", [
+    ("dataset.record_length_bytes=0", "dataset.record_length_bytes: expected a number >= 1 and "
+                                      "<= 2^62, got 0"),
+    ("dataset.record_length_bytes=1e30", "dataset.record_length_bytes: expected a number"),
+    ("dataset.num_files_train=1e18", "dataset.num_files_train: expected an integer >= 0 and "
+                                     "<= 1000000000, got 1e+18"),
+    ("reader.prefetch_size=1e10", "reader.prefetch_size: expected an integer >= 0 and <= 2^20"),
+    ("reader.fd_cache_size=1e10", "reader.fd_cache_size: expected an integer >= 1 and <= 2^24"),
+    ("reader.read_threads=4097", "reader.read_threads: expected an integer >= 0 and <= 4096"),
+    ("train.total_training_steps=1e19", "train.total_training_steps: expected an integer that "
+                                        "fits in 64 bits, got 1e+19"),
+    ("model.num_layers=" + "9" * 30, "model.num_layers: expected an integer that fits in 64"),
+    ("train.seed=-1", "train.seed: expected an integer >= 0 and <= 4294967295, got -1"),
+    ("dataset.record_dims=[" + ",".join(["2"] * 13) + "]", "dataset.record_dims: expected at "
+                                                           "most 12 dimensions, got 13"),
+    ("train.computation_time=1e10", "train.computation_time: expected at most 1e+09 seconds "
+                                    "(31.7 years), got 1e+10"),
+    ("evaluation.eval_time={type: uniform, min: 0, max: 1e12}", "evaluation.eval_time.max: "
+                                                                "expected at most 1e+09"),
+    ("train.computation_time=" + "9" * 400, "train.computation_time: expected at most"),
+    ("dataset.record_length_bytes=" + "9" * 400, "dataset.record_length_bytes: expected a "
+                                                 "number"),
+    ("dataset.file_prefix=a/b", "dataset.file_prefix: 'a/b' is not a file name prefix"),
+    ("dataset.file_prefix=..", "dataset.file_prefix: '..' is not a file name prefix"),
+    ("dataset.file_prefix=''", "dataset.file_prefix: '' is not a file name prefix"),
+    ("dataset.data_folder=\"a\\0b\"", "dataset.data_folder: contains a NUL byte"),
+])
+def test_values_past_what_dlio_mpi_can_hold_are_refused(override, expected):
+    assert expected in error_of("demo", ["dataset.record_length_bytes_stdev=0", override]
+                                if "record_dims" in override else [override])
+
+
+def test_long_draws_are_clipped_to_what_int64_nanoseconds_hold():
+    from dlio_mpi.config.timespec import MAX_DRAW_SECONDS
+
+    draws = TimeSpec("exponential", (1e9,)).draw(np.random.default_rng(0), 100_000)
+    assert draws.max() == MAX_DRAW_SECONDS and MAX_DRAW_SECONDS * 1e9 < 2**63
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["dataset.num_samples_per_file=1e18"], "32 train files hold 32000000000000000000 samples, "
+                                            "more than the 2^62 sample ids"),
+    (["dataset.record_length_bytes_stdev=0", "dataset.record_dims=[1e7,1e7,1e7]"],
+     "dataset.record_dims=[10000000, 10000000, 10000000] of uint8 with "
+     "dataset.num_samples_per_file=1: a train file would hold 1000000000000000000000 bytes"),
+    (["dataset.record_length_bytes=4e18", "dataset.record_length_bytes_stdev=0",
+      "dataset.record_element_type=float64"], "dataset.record_length_bytes=4e+18 of float64"),
+    (["dataset.data_folder=/" + "d" * 4100], "dataset.data_folder: train file paths would be"),
+])
+def test_plans_past_int64_or_the_engine_are_refused(overrides, expected):
+    from dlio_mpi.errors import UserError
+    from dlio_mpi.plan import derive_plan
+
+    with pytest.raises(UserError, match=None) as info:
+        derive_plan(load_config("demo", overrides), 2)
+    assert expected in str(info.value)
+
+
+def test_plans_past_memory_are_refused_with_the_figures():
+    from dlio_mpi.errors import UserError
+    from dlio_mpi.plan import derive_plan
+
+    cfg = load_config("demo", ["dataset.num_files_train=1000000"])  # with a size stdev
+    with pytest.raises(UserError) as info:  # refused before the shapes are drawn
+        derive_plan(cfg, 8, ranks_per_node=4, nodes=2, memory_bytes=2 * 30 * 2**20)
+    assert str(info.value) == (
+        "dataset.num_files_train=1000000 and num_files_eval=0 with "
+        "dataset.record_length_bytes_stdev: the files' drawn sample shapes need 7.6 MiB per "
+        "rank, 30.5 MiB for the 4 ranks of a node, more than the node's 30.0 MiB of memory")
+    cfg = load_config("demo", ["reader.prefetch_size=1000", "dataset.record_length_bytes_stdev=0"])
+    with pytest.raises(UserError) as info:
+        derive_plan(cfg, 2, ranks_per_node=2, nodes=1, memory_bytes=2**30)
+    assert str(info.value) == (
+        "reader.prefetch_size=1000, reader.batch_size=2 and dataset.record_length_bytes=1048576: "
+        "1001 batch buffers of about 2.0 MiB need 2.0 GiB per rank, 3.9 GiB for the 2 ranks of "
+        "a node, more than the node's 1.0 GiB of memory; lower them, or read without keeping "
+        "the data (reader.keep_data: false)")
+    assert derive_plan(load_config("demo", ["reader.prefetch_size=1000", "reader.keep_data=false",
+                                            "dataset.record_length_bytes_stdev=0"]),
+                       2, ranks_per_node=2, nodes=1, memory_bytes=2**30).steps_per_epoch == 8

@@ -19,7 +19,6 @@ from typing import Any
 import yaml
 
 from .schema import (
-    DATA_LOADERS,
     Config,
     ConfigError,
     build_section,
@@ -56,13 +55,18 @@ _YamlLoader.add_implicit_resolver(
 def parse_yaml(text: str, what: str) -> Any:
     """The YAML document `text` (from `what`: a file or an override); a key given twice in
     one mapping is an error, as YAML 1.2 says (PyYAML would keep the last silently)."""
-    loader = _YamlLoader(text)
+    loader = None
     try:
+        loader = _YamlLoader(text)
         node = loader.get_single_node()
         if node is None:
             return None
         _refuse_duplicate_keys(node, "", what)
         return loader.construct_document(node)
+    except yaml.reader.ReaderError as exc:  # a control character: binary, not YAML text
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        raise ConfigError(f"{what}: not a YAML text file (character U+{char:04X} at offset "
+                          f"{exc.position} is not allowed in YAML)") from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f", line {mark.line + 1} column {mark.column + 1}" if mark else ""
@@ -71,7 +75,8 @@ def parse_yaml(text: str, what: str) -> Any:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what}: not valid YAML ({' '.join(str(exc).split())})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _refuse_duplicate_keys(node: yaml.Node, path: str, what: str) -> None:
@@ -296,10 +301,9 @@ def check_consistency(cfg: Config) -> None:
     reads_data = cfg.workflow.train or cfg.workflow.evaluation
     if reads_data and rd.data_loader in ("tensorflow", "pytorch") \
             and rd.data_loader != cfg.framework:
-        others = [d for d in DATA_LOADERS if d not in ("tensorflow", "pytorch")]
         raise ConfigError(f"reader.data_loader: '{rd.data_loader}' does not fit framework "
-                          f"'{cfg.framework}'; expected '{cfg.framework}' (or "
-                          f"{', '.join(others)})")
+                          f"'{cfg.framework}'; expected '{cfg.framework}' (or framework: "
+                          f"{rd.data_loader})")
     if 0 < model.num_layers < par.pipeline:
         raise ConfigError(f"model.num_layers: expected at least model.parallelism.pipeline "
                           f"({par.pipeline}) layers, got {model.num_layers}")

@@ -120,11 +120,12 @@ def _number(value: Any, where: str) -> float:
         raise ValueError(f"{where}: expected a number of seconds, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{where}: expected a finite number of seconds, got {value!r}")
+    shown = f"{value:g}" if isinstance(value, float) else reprlib.repr(value)
     if value < 0:
-        raise ValueError(f"{where}: expected a number >= 0, got {reprlib.repr(value)}")
+        raise ValueError(f"{where}: expected a number >= 0, got {shown}")
     if value > MAX_SECONDS:
         raise ValueError(f"{where}: expected at most {MAX_SECONDS:g} seconds (31.7 years), "
-                         f"got {reprlib.repr(value)}")
+                         f"got {shown}")
     return float(value)
 
 
