@@ -670,6 +670,8 @@ def test_nested_overrides_of_one_mapping_are_not_repeats():
     ("train.computation_time=" + "9" * 400, "train.computation_time: expected at most"),
     ("dataset.record_length_bytes=" + "9" * 400, "dataset.record_length_bytes: expected a "
                                                  "number"),
+    ("train.compute_spin_us=1e7", "train.compute_spin_us: expected a number >= 0 and "
+                                  "<= 1000000 or auto, got 10000000.0"),
     ("dataset.file_prefix=a/b", "dataset.file_prefix: 'a/b' is not a file name prefix"),
     ("dataset.file_prefix=..", "dataset.file_prefix: '..' is not a file name prefix"),
     ("dataset.file_prefix=''", "dataset.file_prefix: '' is not a file name prefix"),
@@ -728,3 +730,26 @@ def test_plans_past_memory_are_refused_with_the_figures():
     assert derive_plan(load_config("demo", ["reader.prefetch_size=1000", "reader.keep_data=false",
                                             "dataset.record_length_bytes_stdev=0"]),
                        2, ranks_per_node=2, nodes=1, memory_bytes=2**30).steps_per_epoch == 8
+
+
+ODD_VALUES = ["-1", "0", "1e30", "99999999999999999999999", "x", "[1e30]", "{a: 1}", "null",
+              "''", ".inf", "[1,2,3,4,5,6,7,8,9,10,11,12,13]"]
+
+
+def test_any_value_of_any_key_is_taken_or_refused_cleanly():
+    """Whatever a user sets, loading and planning end in a config and a plan or in the one
+    agreed error (ConfigError, UserError), never in an overflow or a crash."""
+    from dlio_mpi.config.schema import schema_keys
+    from dlio_mpi.errors import UserError
+    from dlio_mpi.plan import derive_plan, describe_plan
+
+    small = {"dataset.num_files_train": "8", "dataset.record_length_bytes": "4096",
+             "dataset.record_length_bytes_stdev": "0"}
+    for key in schema_keys():
+        for value in ODD_VALUES:
+            over = [f"{k}={v}" for k, v in {**small, key: value}.items()]
+            try:
+                cfg = load_config("demo", over)
+                describe_plan(derive_plan(cfg, 2), cfg)
+            except UserError:
+                pass

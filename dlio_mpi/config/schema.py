@@ -412,9 +412,11 @@ class Train:
     # ours: the last microseconds of each compute wait are polled rather than slept, hiding the
     # timer's wake-up latency; and the per-step barrier polls (yielding the core) this long
     # before napping. "auto": 1.5 x the wake-up latency measured on each rank at start.
+    # At most a second: the C pacer and barrier take int64 nanoseconds.
     compute_spin_us: float | None = key(None, "number", optional=True, minimum=0,
-                                        unset="auto")
-    sync_spin_us: float | None = key(None, "number", optional=True, minimum=0, unset="auto")
+                                        maximum=1e6, unset="auto")
+    sync_spin_us: float | None = key(None, "number", optional=True, minimum=0, maximum=1e6,
+                                     unset="auto")
 
 
 @dataclass(frozen=True)
