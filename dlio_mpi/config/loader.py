@@ -18,13 +18,7 @@ from typing import Any
 
 import yaml
 
-from .schema import (
-    Config,
-    ConfigError,
-    build_section,
-    check_support,
-    short_repr,
-)
+from .schema import Config, ConfigError, build_section, check_support, short_repr
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +159,10 @@ def _read_text(path: Path, name: str) -> str:
             raise ConfigError(f"configuration file not found: {name}")
         if not path.is_file():  # a FIFO or a device could block or never end
             raise ConfigError(f"{name}: is not a regular file; expected a workload YAML file")
-        if path.stat().st_size > MAX_YAML_BYTES:
-            raise ConfigError(f"{name}: is {path.stat().st_size} bytes, not a workload YAML "
-                              f"file (at most {MAX_YAML_BYTES >> 20} MiB)")
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"{name}: is {size} bytes, not a workload YAML file (at most "
+                              f"{MAX_YAML_BYTES >> 20} MiB)")
         data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read the workload file ({exc.strerror})") from None
