@@ -104,7 +104,8 @@ def _command(args, comm) -> int:
     if args.command == "generate":
         run_generation(comm, cfg, prepare(comm, cfg, generating=True)[0])
         return 0
-    run(comm, cfg)
+    path = source[len("workload="):] if source.startswith("workload=") else source
+    run(comm, cfg, workload=path if os.path.isfile(path) else None)
     return 0
 
 

@@ -245,7 +245,7 @@ def test_the_workload_file_is_never_replaced(tmp_path):
     before = workload.read_bytes()
     res = run_cli(["run", str(workload), "output.folder=.", "dataset.data_folder=data"],
                   cwd=tmp_path)
-    refused(res, "config.yaml")
+    refused(res, "config.yaml", "the workload file given")
     assert workload.read_bytes() == before and not (tmp_path / "summary.json").exists()
 
 
