@@ -99,6 +99,22 @@ int dio_syncfs(int fd);
  * the same array.  Returns 0, or -EINVAL if a value of in is not within [0, n). */
 int dio_permute(uint64_t n, uint64_t seed, const int64_t *in, int64_t count, int64_t *out);
 
+/* ------------------------------------------------------------------ opening data files */
+
+/* Open a data file (one this process did not create) for reading, unable to block: with
+ * O_NONBLOCK, as a FIFO or device in its place would block the open until a writer comes (on a
+ * regular file Linux ignores the flag), O_CLOEXEC, and O_DIRECT when odirect.  Anything but a
+ * regular file is refused, the message naming the path and what it is ("<path> is a FIFO, not
+ * a regular file"; EISDIR for a directory, else EINVAL); with O_DIRECT, a file system that
+ * refuses or only emulates direct I/O gets the reader.odirect message.  Returns the descriptor
+ * (the caller closes it) or -errno (EMFILE too: a caller holding descriptors may free some and
+ * retry). */
+int dio_open_regular(const char *path, int odirect, dio_error *err);
+
+/* The size of path (stat(2), which cannot block on a FIFO), refused as dio_open_regular
+ * refuses it when it is not a regular file.  Returns the size or -errno. */
+int64_t dio_regular_size(const char *path, dio_error *err);
+
 /* ------------------------------------------------------------------ direct I/O */
 
 /* Alignment O_DIRECT needs for path: statx STATX_DIOALIGN where the kernel reports it,
@@ -128,9 +144,21 @@ typedef struct dio_engine_config {
                            * deliver batches without data (data = NULL): the same system calls
                            * and bytes from storage without a batch's worth of memory traffic
                            * (nobody consumes an emulated batch) */
+    int64_t  watchdog_ns; /* the watchdog (reader.io_watchdog_seconds): an open or read of a
+                           * reader thread in flight this long (a dead NFS or Lustre server) is
+                           * reported on stderr, once per request, by the thread waiting for the
+                           * readers; 0 = never.  Not with nthreads == 0, where the only thread
+                           * is the one reading */
+    int      watchdog_abort; /* then dio_engine_next fails with -ETIMEDOUT, its message naming
+                              * the file and the wait, instead of reporting and waiting on */
+    const char *who;      /* whose engine, named in watchdog reports ("rank 3"); copied; NULL or
+                           * "" = nobody */
 } dio_engine_config;
 
-/* Create an engine and start its threads (idle until an epoch starts). NULL on error. */
+/* Create an engine and start its threads (idle until an epoch starts). NULL on error.
+ * Test hook: with DLIO_MPI_TEST_STALL=<open|read>:<seconds>:<suffix> in the environment, the
+ * first open (or read) of a file whose path ends with <suffix> sleeps <seconds> first, in
+ * flight as an open or read stuck on a dead server would be (for tests of the watchdog). */
 dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err);
 
 /* Stop the threads (abandoning any epoch in flight), close descriptors, free buffers. */
@@ -160,8 +188,9 @@ int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_er
 void dio_engine_close_files(dio_engine *e);
 
 /* posix_fadvise(POSIX_FADV_DONTNEED) each of files[0..n) (indices into the file table), so
- * that their pages leave the page cache; each is opened (O_NONBLOCK) and closed for it, which
- * the counters do not count.  Abandons an epoch in flight.  Returns 0 or -errno. */
+ * that their pages leave the page cache; each is opened (dio_open_regular: anything but a
+ * regular file is an error) and closed for it, which the counters do not count.  Abandons an
+ * epoch in flight.  Returns 0 or -errno. */
 int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_error *err);
 
 /* Request flags.  An access is a run of requests of one batch on one file, from a request
@@ -230,9 +259,10 @@ typedef struct dio_batch {
 /* Release the previously returned batch and wait for the next one (blocks; call without the
  * GIL).  Returns 1 with *out filled, 0 when the epoch has no more batches (or no epoch was
  * started), -errno if a request of this batch failed (open, short read: the file is shorter
- * than the request, EIO, ...).  After a failure the readers stop and every later call returns
- * the same error until the next dio_engine_start_epoch; batches before the failed one are
- * delivered normally.  One consumer thread at a time; destroy/start/set_files must not run
+ * than the request, EIO, ...) or, with watchdog_abort, -ETIMEDOUT when a reader's open or read
+ * has been in flight for watchdog_ns.  After a failure the readers stop and every later call
+ * returns the same error until the next dio_engine_start_epoch; batches before the failed one
+ * are delivered normally.  One consumer thread at a time; destroy/start/set_files must not run
  * concurrently with a call to next.
  * flags: DIO_NEXT_DEFER_WAKE leaves waking the readers for the released slot to a later
  * dio_engine_wake (or the next call that has to wait), so that a batch that is already there

@@ -87,17 +87,9 @@ int dio_probe_odirect(const char *path, dio_error *err)
     dio_clear_error(err);
     if (!path)
         return dio_fail(err, EINVAL, "", "probe_odirect: no path");
-    fd = open(path, O_RDONLY | O_DIRECT | O_CLOEXEC);
-    if (fd < 0) {
-        int e = errno;
-        if (e == EINVAL)
-            return dio_fail_odirect(err, e, path, NULL);
-        return dio_fail(err, e, path, "open %s with O_DIRECT: %s", path, strerror(e));
-    }
-    if (dio_odirect_fs_check(fd) != 0) {
-        close(fd);
-        return dio_fail_odirect(err, EINVAL, path, DIO_WHY_EMULATED);
-    }
+    fd = dio_open_regular(path, 1, err);
+    if (fd < 0)
+        return fd;
 #if defined(STATX_DIOALIGN)
     {
         struct statx sx;

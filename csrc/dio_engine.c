@@ -23,6 +23,12 @@
  * Errors: the first failure (lowest batch) is kept with its message; the cursor stops, and
  * dio_engine_next returns -errno for that batch and for every later call until a new epoch
  * starts (the error is sticky).  Batches before the failed one are delivered normally.
+ *
+ * Watchdog: each reader publishes the open or read it has in flight (watch_slot: when it began,
+ * reusing the clock read the latency needs, and which file), lock-free.  A thread waiting for
+ * the readers waits on done_cv with a timeout at the moment the oldest unreported one reaches
+ * watchdog_ns, then reports it (or fails with it): a reader stuck in the kernel cannot be
+ * interrupted, but the rank it belongs to can say so and end.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -47,6 +53,20 @@
 #define PLACE_ALIGN 64               /* request placement in a batch buffer without O_DIRECT */
 #define HUGE_ALIGN ((size_t)2 << 20)
 #define PATH_MAX_LEN 4096
+#define WHO_MAX_LEN 64
+#define STALL_ENV "DLIO_MPI_TEST_STALL"
+
+enum { WATCH_OPEN = 1, WATCH_READ = 2 };
+
+/* The open or read a reader has in flight, for the watchdog.  The reader writes file and op,
+ * then since (release); it clears since when done.  The watcher reads since, file, op, since
+ * again, and trusts them only if since did not change. */
+typedef struct watch_slot {
+    int64_t since;    /* dio_now_ns() when it began; 0 = nothing in flight */
+    int64_t file;     /* index into the file table */
+    int     op;       /* WATCH_OPEN or WATCH_READ */
+    int64_t reported; /* the watcher's own: `since` of the last one it reported */
+} watch_slot;
 
 typedef struct req {
     int64_t  file;    /* index into the file table */
@@ -81,6 +101,7 @@ typedef struct worker {
     char *scratch;       /* with discard: where every request of this thread lands */
     size_t scratch_cap;
     dio_error err;       /* this thread's last failure, copied into the engine under the lock */
+    watch_slot watch;    /* what it is blocked on, for the watchdog */
 } worker;
 
 typedef struct chunk_result {
@@ -140,6 +161,14 @@ struct dio_engine {
 
     /* counters (atomics) */
     int64_t opens, closes, stats, bytes_read, read_ops;
+
+    char who[WHO_MAX_LEN]; /* named in watchdog reports; "" = nobody */
+
+    /* the test hook (STALL_ENV): the first `stall_op` of a path ending with stall_suffix
+     * sleeps stall_ns; stall_armed (atomic) until it has */
+    int stall_op, stall_armed;
+    int64_t stall_ns;
+    char *stall_suffix;
 };
 
 /* ------------------------------------------------------------------ file table */
@@ -171,6 +200,136 @@ static const char *file_path(const file_table *t, int64_t file, char *buf)
     return buf;
 }
 
+/* ------------------------------------------------------------------ the watchdog */
+
+static inline void watch_begin(watch_slot *s, int op, int64_t file, int64_t since)
+{
+    __atomic_store_n(&s->file, file, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->op, op, __ATOMIC_RELAXED);
+    __atomic_store_n(&s->since, since, __ATOMIC_RELEASE);
+}
+
+static inline void watch_end(watch_slot *s)
+{
+    __atomic_store_n(&s->since, 0, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE); /* the next begin's stores come after this one */
+}
+
+/* What the slot's reader has in flight: 1 with *since, *file, *op; 0 if nothing (or if it
+ * changed while we looked: then it was not stuck). */
+static int watch_look(watch_slot *s, int64_t *since, int64_t *file, int *op)
+{
+    *since = __atomic_load_n(&s->since, __ATOMIC_ACQUIRE);
+    *file = __atomic_load_n(&s->file, __ATOMIC_RELAXED);
+    *op = __atomic_load_n(&s->op, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    return *since != 0 && __atomic_load_n(&s->since, __ATOMIC_RELAXED) == *since;
+}
+
+/* Report an open or read of `file` that began at `since` and is still in flight at `now`: on
+ * stderr (one line, naming who waits and the file), or with watchdog_abort, when the caller
+ * may fail, as the failure (-ETIMEDOUT) it returns. */
+static int report_stuck(dio_engine *e, int op, int64_t file, int64_t since, int64_t now,
+                        int may_fail, dio_error *err)
+{
+    char buf[PATH_MAX_LEN], what[PATH_MAX_LEN + 64], line[PATH_MAX_LEN + 256];
+    const char *path = file_path(&e->files, file, buf);
+    double limit = e->cfg.watchdog_ns / 1e9;
+    ssize_t said;
+    int n;
+    snprintf(what, sizeof what, "%s of %s has waited %.1f s",
+             op == WATCH_OPEN ? "an open" : "a read", path, (now - since) / 1e9);
+    if (e->cfg.watchdog_abort && may_fail)
+        return dio_fail(err, ETIMEDOUT, path, "watchdog: %s (reader.io_watchdog_seconds=%g; "
+                        "reader.io_watchdog_abort: true ends the job)", what, limit);
+    n = snprintf(line, sizeof line,
+                 "dlio-mpi: %s%swatchdog: %s (reader.io_watchdog_seconds=%g)\n", e->who,
+                 e->who[0] ? ": " : "", what, limit);
+    /* one write, so that lines of other threads and ranks do not cut into it (if stderr is
+     * gone, there is nowhere to say it) */
+    said = write(STDERR_FILENO, line, n < (int)sizeof line ? (size_t)n : sizeof line - 1);
+    (void)said;
+    return 0;
+}
+
+/* Under the lock: report each open or read in flight for watchdog_ns that was not reported yet
+ * (report_stuck); *wake gets when the next unreported one will reach the limit (now + limit
+ * if none is in flight). */
+static int watch_readers(dio_engine *e, int may_fail, int64_t *wake, dio_error *err)
+{
+    int64_t now = dio_now_ns(), limit = e->cfg.watchdog_ns;
+    *wake = now + limit;
+    for (int i = 0; i < e->nworkers; i++) {
+        watch_slot *slot = &e->workers[i].watch;
+        int64_t since, file;
+        int op, rc;
+        if (!watch_look(slot, &since, &file, &op) || since == slot->reported)
+            continue;
+        if (now - since < limit) {
+            if (since + limit < *wake)
+                *wake = since + limit;
+            continue;
+        }
+        slot->reported = since;
+        if ((rc = report_stuck(e, op, file, since, now, may_fail, err)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* Under the lock: wait for the readers' progress (done_cv); with the watchdog on, only until
+ * the next open or read in flight reaches its limit, which is then reported (or, may_fail and
+ * watchdog_abort, returned as -ETIMEDOUT).  Returns 0 after a wake-up, spurious ones included:
+ * callers wait in a loop on their condition. */
+static int wait_readers(dio_engine *e, int may_fail, dio_error *err)
+{
+    struct timespec ts;
+    int64_t wake;
+    int rc;
+    if (e->cfg.watchdog_ns <= 0 || e->nworkers == 0) {
+        pthread_cond_wait(&e->done_cv, &e->mu);
+        return 0;
+    }
+    if ((rc = watch_readers(e, may_fail, &wake, err)) < 0)
+        return rc;
+    ts.tv_sec = (time_t)(wake / 1000000000);
+    ts.tv_nsec = (long)(wake % 1000000000);
+    pthread_cond_timedwait(&e->done_cv, &e->mu, &ts);
+    return 0;
+}
+
+/* The test hook: sleep if this is the armed stall's first open or read of its file. */
+static void stall_if_chosen(dio_engine *e, int op, const char *path)
+{
+    size_t n = strlen(path), k = strlen(e->stall_suffix);
+    if (op == e->stall_op && n >= k && strcmp(path + n - k, e->stall_suffix) == 0 &&
+        __atomic_exchange_n(&e->stall_armed, 0, __ATOMIC_ACQ_REL))
+        dio_sleep_until_ns(dio_now_ns() + e->stall_ns, 0);
+}
+
+/* Arm the test hook from STALL_ENV (<open|read>:<seconds>:<suffix>), if set and well formed. */
+static void arm_stall(dio_engine *e)
+{
+    const char *spec = getenv(STALL_ENV);
+    char *end;
+    double seconds;
+    if (!spec)
+        return;
+    if (strncmp(spec, "open:", 5) == 0)
+        e->stall_op = WATCH_OPEN;
+    else if (strncmp(spec, "read:", 5) == 0)
+        e->stall_op = WATCH_READ;
+    else
+        return;
+    seconds = strtod(spec + 5, &end);
+    if (end == spec + 5 || *end != ':' || !(seconds > 0))
+        return;
+    if (!(e->stall_suffix = strdup(end + 1)))
+        return;
+    e->stall_ns = (int64_t)(seconds * 1e9);
+    e->stall_armed = 1;
+}
+
 /* ------------------------------------------------------------------ descriptors */
 
 static void close_counted(int fd, void *arg)
@@ -195,39 +354,26 @@ static int worker_init(dio_engine *e, worker *w, int cache_cap)
     return fd_cache_init(&w->cache, cache_cap);
 }
 
-/* Open file `file` as this engine reads (O_NONBLOCK: a FIFO or device in the dataset fails
- * below instead of blocking the thread, and with it the job, forever), fstat it, check it is
- * a regular file (and, with O_DIRECT, on a file system doing real direct I/O).  On EMFILE
- * the thread gives back its least recently used cached descriptors and tries again. */
+/* Open file `file` as this engine reads (dio_open_regular: never blocks on a FIFO or device,
+ * refuses anything but a regular file, checks O_DIRECT's file system), in the thread's watch
+ * slot.  On EMFILE the thread gives back its least recently used cached descriptors and tries
+ * again. */
 static int open_file(dio_engine *e, worker *w, int64_t file, dio_error *err)
 {
     const char *path = file_path(&e->files, file, w->path);
-    int flags = O_RDONLY | O_CLOEXEC | O_NONBLOCK | (e->cfg.odirect ? O_DIRECT : 0), fd;
-    struct stat st;
-    for (;;) {
-        fd = open(path, flags);
-        if (fd >= 0)
+    int fd, victim;
+    watch_begin(&w->watch, WATCH_OPEN, file, dio_now_ns());
+    if (DIO_UNLIKELY(e->stall_armed))
+        stall_if_chosen(e, WATCH_OPEN, path);
+    while ((fd = dio_open_regular(path, e->cfg.odirect, err)) == -EMFILE || fd == -ENFILE) {
+        if ((victim = fd_cache_evict(&w->cache)) < 0)
             break;
-        int er = errno, victim;
-        if (er == EINTR)
-            continue;
-        if ((er == EMFILE || er == ENFILE) && (victim = fd_cache_evict(&w->cache)) >= 0) {
-            close_counted(victim, e);
-            continue;
-        }
-        if (e->cfg.odirect && er == EINVAL)
-            return dio_fail_odirect(err, er, path, NULL);
-        return dio_fail(err, er, path, "open %s: %s", path, strerror(er));
+        close_counted(victim, e);
     }
-    __atomic_fetch_add(&e->opens, 1, __ATOMIC_RELAXED);
-    __atomic_fetch_add(&e->stats, 1, __ATOMIC_RELAXED);
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close_counted(fd, e);
-        return dio_fail(err, EINVAL, path, "open %s: not a regular file", path);
-    }
-    if (e->cfg.odirect && dio_odirect_fs_check(fd) != 0) {
-        close_counted(fd, e);
-        return dio_fail_odirect(err, EINVAL, path, DIO_WHY_EMULATED);
+    watch_end(&w->watch);
+    if (fd >= 0) {
+        __atomic_fetch_add(&e->opens, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&e->stats, 1, __ATOMIC_RELAXED); /* dio_open_regular's fstat */
     }
     return fd;
 }
@@ -351,11 +497,15 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
         t0 = t1 = 0;
         if (q->rd_len > 0) {
             t0 = dio_now_ns();
+            watch_begin(&w->watch, WATCH_READ, q->file, t0);
+            if (DIO_UNLIKELY(e->stall_armed))
+                stall_if_chosen(e, WATCH_READ, file_path(&e->files, q->file, w->path));
             char *dst = base ? base + q->buf_pos : scratch_for(e, w, q->rd_len);
             rc = dst ? read_request(e, w, q, fd, dst, &got, &ops)
                      : dio_fail(&w->err, ENOMEM, "", "read: out of memory for %lld bytes",
                                 (long long)q->rd_len);
             t1 = dio_now_ns();
+            watch_end(&w->watch);
         }
         r->bytes += got;
         r->ops += ops;
@@ -470,7 +620,7 @@ static void abandon_epoch(dio_engine *e)
     e->cursor = e->nreq;
     e->wait_idle = 1;
     while (e->inflight > 0)
-        pthread_cond_wait(&e->done_cv, &e->mu);
+        wait_readers(e, 0, NULL); /* reports a stuck reader, cannot fail */
     e->wait_idle = 0;
     e->holding = 0;
     pthread_mutex_unlock(&e->mu);
@@ -524,9 +674,17 @@ dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err)
     e->wait_batch = -1;
     e->err_batch = INT64_MAX;
     e->self.access_fd = -1;
+    snprintf(e->who, sizeof e->who, "%s", cfg->who ? cfg->who : "");
+    arm_stall(e);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->work_cv, NULL);
-    pthread_cond_init(&e->done_cv, NULL);
+    {
+        pthread_condattr_t monotonic; /* the watchdog's timed waits use dio_now_ns's clock */
+        pthread_condattr_init(&monotonic);
+        pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+        pthread_cond_init(&e->done_cv, &monotonic);
+        pthread_condattr_destroy(&monotonic);
+    }
     e->slot = calloc((size_t)e->nslots, sizeof *e->slot);
     e->slot_cap = calloc((size_t)e->nslots, sizeof *e->slot_cap);
     e->workers = calloc((size_t)(cfg->nthreads > 0 ? cfg->nthreads : 1), sizeof *e->workers);
@@ -591,6 +749,7 @@ void dio_engine_destroy(dio_engine *e)
     free(e->reqs);
     free(e->batches);
     table_free(&e->files);
+    free(e->stall_suffix);
     pthread_cond_destroy(&e->work_cv);
     pthread_cond_destroy(&e->done_cv);
     pthread_mutex_destroy(&e->mu);
@@ -669,17 +828,15 @@ int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_er
     abandon_epoch(e);
     for (int64_t i = 0; i < n; i++) {
         const char *path;
-        struct stat st;
         int fd, rc;
         if (files[i] < 0 || files[i] >= e->files.nfiles)
             return dio_fail(err, EINVAL, "", "drop_cache: file %lld is not in the table",
                             (long long)files[i]);
         path = file_path(&e->files, files[i], buf);
-        fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        fd = dio_open_regular(path, 0, err);
         if (fd < 0)
-            return dio_fail(err, errno, path, "open %s: %s", path, strerror(errno));
-        rc = fstat(fd, &st) == 0 && S_ISREG(st.st_mode)
-                 ? posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED) : 0;
+            return fd;
+        rc = posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
         close(fd);
         if (rc != 0)
             return dio_fail(err, rc, path, "posix_fadvise %s: %s", path, strerror(rc));
@@ -973,7 +1130,10 @@ int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
                 wake_readers(e); /* never sleep on readers that wait for our release */
             e->wait_batch = b;
             while (bs->done < n && e->err_batch > b)
-                pthread_cond_wait(&e->done_cv, &e->mu);
+                if (wait_readers(e, 1, &e->first_err) < 0) { /* the watchdog ends the epoch */
+                    e->err_batch = b;
+                    e->cursor = e->nreq;
+                }
             e->wait_batch = -1;
         }
     }

@@ -42,6 +42,8 @@ cdef extern from "dio.h" nogil:
     int dio_odirect_alignment(const char *path, uint32_t *mem_align, uint32_t *offset_align,
                               dio_error *err)
     int dio_probe_odirect(const char *path, dio_error *err)
+    int dio_open_regular(const char *path, int odirect, dio_error *err)
+    int64_t dio_regular_size(const char *path, dio_error *err)
 
     ctypedef struct dio_engine:
         pass
@@ -53,6 +55,9 @@ cdef extern from "dio.h" nogil:
         int fd_cache
         uint32_t align
         int discard
+        int64_t watchdog_ns
+        int watchdog_abort
+        const char *who
 
     ctypedef struct dio_file_pattern:
         int64_t nfiles
@@ -342,6 +347,38 @@ def probe_odirect(path):
     _check(rc, &err)
 
 
+# ---------------------------------------------------------------------------- data files
+
+def open_regular(path):
+    """Open a data file someone else put there for reading as the engine opens it
+    (dio_open_regular): never blocking on a FIFO or device in its place, and refusing anything
+    but a regular file with OSError naming the path and what it is.  Returns a binary file."""
+    cdef dio_error err
+    cdef bytes bpath = _fspath(path)
+    cdef const char *cpath = bpath
+    cdef int fd
+    _clear(&err)
+    with nogil:
+        fd = dio_open_regular(cpath, 0, &err)
+    _check(fd, &err)
+    import os
+    return os.fdopen(fd, "rb")
+
+
+def regular_size(path):
+    """The size of path (stat), refused as open_regular refuses anything but a regular file."""
+    cdef dio_error err
+    cdef bytes bpath = _fspath(path)
+    cdef const char *cpath = bpath
+    cdef int64_t size
+    _clear(&err)
+    with nogil:
+        size = dio_regular_size(cpath, &err)
+    if size < 0:
+        _check(<int>size, &err)
+    return size
+
+
 # ---------------------------------------------------------------------------- engine
 
 cdef class _BatchView:
@@ -421,6 +458,10 @@ cdef class Engine:
     read ahead of the one being consumed, optional O_DIRECT with extents aligned to `align`
     (0 = 4096), `fd_cache` descriptors kept open (split over the threads, each an LRU).
 
+    The watchdog: an open or read of a reader thread in flight for `watchdog_s` seconds (0 =
+    never) is reported on stderr, naming `who` and the file, while next() or run_steps() waits
+    for it; with `watchdog_abort` they raise OSError(ETIMEDOUT) instead.  Not with threads=0.
+
     Use from one thread at a time.  Usage per epoch: start_epoch(...), then next() until it
     returns None."""
     cdef dio_engine *e
@@ -429,9 +470,11 @@ cdef class Engine:
     cdef object _outs
 
     def __cinit__(self, int threads, int prefetch, odirect=False, int fd_cache=256,
-                  uint32_t align=0, discard=False):
+                  uint32_t align=0, discard=False, double watchdog_s=0.0, watchdog_abort=False,
+                  who=""):
         cdef dio_engine_config cfg
         cdef dio_error err
+        cdef bytes bwho = who.encode()
         self.e = NULL
         self.busy = False
         self._outs = None
@@ -443,12 +486,17 @@ cdef class Engine:
             raise ValueError(f"fd_cache must be >= 1, got {fd_cache}")
         if align & (align - 1):
             raise ValueError(f"align must be a power of two, got {align}")
+        if not 0 <= watchdog_s < 2**33:
+            raise ValueError(f"watchdog_s must be within [0, 2^33), got {watchdog_s}")
         cfg.nthreads = threads
         cfg.prefetch = prefetch
         cfg.odirect = 1 if odirect else 0
         cfg.fd_cache = fd_cache
         cfg.align = align
         cfg.discard = 1 if discard else 0
+        cfg.watchdog_ns = <int64_t>(watchdog_s * 1e9)
+        cfg.watchdog_abort = 1 if watchdog_abort else 0
+        cfg.who = bwho
         _clear(&err)
         with nogil:
             self.e = dio_engine_create(&cfg, &err)
@@ -618,8 +666,9 @@ cdef class Engine:
 
     def next(self):
         """Release the previous batch and wait (GIL released) for the next one; None at the
-        end of the epoch (or with no epoch).  Raises OSError if a request of the batch failed;
-        the error repeats on later calls until a new epoch starts."""
+        end of the epoch (or with no epoch).  Raises OSError if a request of the batch failed
+        (or the watchdog aborts: ETIMEDOUT); the error repeats on later calls until a new epoch
+        starts."""
         self._ready()
         cdef dio_batch b
         cdef dio_error err

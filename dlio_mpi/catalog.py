@@ -19,12 +19,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _core
 from .dataset import COLUMNS, DatasetSplit, LayoutTable, ListedLayouts, ShiftedLayouts
 from .errors import UserError, on_root
 from .formats import FileLayout
 from .manifest import differing_params, generation_params, read_manifest
 
 SPOT_CHECKS = 8
+CHANGED = ("the dataset changed after generation; regenerate it (workflow.generate_data=True) "
+           "or choose another dataset.data_folder")
 
 
 @dataclass(frozen=True)
@@ -73,19 +76,27 @@ def _missing_message(split: DatasetSplit, found: int, example: str | None) -> st
 
 
 def spot_check_sizes(split: DatasetSplit, expected: LayoutTable) -> None:
-    """The manifest vouches for the files: check a few are there with their expected size."""
+    """The manifest vouches for the files: check a few are there, regular files of their
+    expected size."""
     for index in spot_indices(split.num_files):
         path = split.path(index)
         try:
-            st = os.stat(path)
+            size = _core.regular_size(path)
         except FileNotFoundError:
-            raise UserError(_missing_message(split, 0, path)) from None
-        size = expected.layout(index).size
-        if not os.path.isfile(path) or st.st_size != size:
-            raise UserError(f"{path} has {st.st_size} bytes where the configuration that "
-                            f"generated it gives {size}: the dataset changed after "
-                            "generation; regenerate it (workflow.generate_data=True) or "
-                            "choose another dataset.data_folder")
+            raise UserError(f"{path} is missing: {CHANGED}") from None
+        except OSError as exc:  # not a regular file, not readable: the message names it
+            raise UserError(f"{exc.strerror or exc}: {CHANGED}") from None
+        want = expected.layout(index).size
+        if size != want:
+            raise UserError(f"{path} has {size} bytes where the configuration that generated "
+                            f"it gives {want}: {CHANGED}")
+
+
+def _first_missing(split: DatasetSplit, listed: list[str]) -> str | None:
+    """The first file of the split, by DLIO's names, that is not among the listed ones."""
+    present = set(listed)
+    return next((split.path(i) for i in range(split.num_files)
+                 if split.naming.relpath(i) not in present), None)
 
 
 def _list_split(split: DatasetSplit) -> list[str]:
@@ -96,12 +107,12 @@ def _list_split(split: DatasetSplit) -> list[str]:
     found = []
     with os.scandir(top) as entries:
         for entry in entries:
-            if entry.is_dir():
+            if entry.name.endswith(suffix):  # whatever it is: probing says if it is no file
+                found.append(os.path.join(split.name, entry.name))
+            elif entry.is_dir():
                 with os.scandir(entry.path) as inner:
                     found.extend(os.path.join(split.name, entry.name, e.name) for e in inner
                                  if e.name.endswith(suffix))
-            elif entry.name.endswith(suffix):
-                found.append(os.path.join(split.name, entry.name))
     return sorted(found, key=os.path.basename)
 
 
@@ -122,7 +133,10 @@ def probe_file(cfg, split: DatasetSplit, index: int, path: str) -> tuple[FileLay
         stored = split.format.probe(path)
         spec = stored.as_samples(split.samples_per_file, split.sample_layout)
     except (OSError, ValueError, KeyError) as exc:
-        raise UserError(f"{path} cannot be read as {split.format.name} data: {exc}") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        if path not in why:  # the C core's messages name the file already
+            why = f"{path} cannot be read as {split.format.name} data: {why}"
+        raise UserError(why) from None
     want = split.spec(index).sample_bytes
     if ds.record_length_bytes_stdev > 0:
         ok = abs(spec.sample_bytes - want) <= 6 * ds.record_length_bytes_stdev + spec.itemsize
@@ -147,7 +161,7 @@ def _locate_on_root(cfg, split: DatasetSplit):
     except FileNotFoundError:
         listed = []
     if len(listed) < split.num_files:
-        raise UserError(_missing_message(split, len(listed), None))
+        raise UserError(_missing_message(split, len(listed), _first_missing(split, listed)))
     chosen = listed[: split.num_files]
     named = all(chosen[i] == split.naming.relpath(i) for i in range(split.num_files))
     spots = spot_indices(split.num_files)

@@ -3,11 +3,29 @@ optional O_DIRECT). Python hands it a ReadPlan per epoch and waits for batches."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from . import _core
 from .catalog import SplitFiles
 from .planner import ReadPlan
+
+
+@dataclass(frozen=True)
+class IoWatchdog:
+    """What the engine does about an open or read stuck in the kernel (a dead NFS or Lustre
+    server): report it after `seconds` (0: never) on stderr, naming `rank` and the file, and
+    with `abort` end the job (the wait for the batch raises)."""
+
+    seconds: float = 60.0
+    abort: bool = False
+    rank: int | None = None
+
+    @staticmethod
+    def from_config(reader_cfg, rank: int) -> IoWatchdog:
+        """reader.io_watchdog_seconds and reader.io_watchdog_abort, for this rank."""
+        return IoWatchdog(reader_cfg.io_watchdog_seconds, reader_cfg.io_watchdog_abort, rank)
 
 
 class NativeReader:
@@ -17,18 +35,20 @@ class NativeReader:
     it kept open (reader.access: loader); else descriptors stay cached across epochs (lean).
     drop_page_cache: before each epoch, posix_fadvise(DONTNEED) the files it will read, so
     that the page cache cannot serve them. keep_data: False reads every request into one small
-    buffer per thread instead of the batch ring."""
+    buffer per thread instead of the batch ring. watchdog: see IoWatchdog."""
 
     def __init__(self, files: SplitFiles, read_threads: int, prefetch_size: int, odirect: bool,
                  fd_cache_size: int, close_at_epoch_end: bool = True,
-                 drop_page_cache: bool = False, keep_data: bool = True) -> None:
+                 drop_page_cache: bool = False, keep_data: bool = True,
+                 watchdog: IoWatchdog = IoWatchdog()) -> None:
         align = 0
         if odirect and files.count:
             first = files.path(0)
             _core.probe_odirect(first)  # a clear error before training if refused
             align = max(_core.odirect_alignment(first))
+        who = "" if watchdog.rank is None else f"rank {watchdog.rank}"
         self._engine = _core.Engine(read_threads, prefetch_size, odirect, fd_cache_size, align,
-                                    not keep_data)
+                                    not keep_data, watchdog.seconds, watchdog.abort, who)
         files.attach(self._engine)
         self.close_at_epoch_end, self.drop_page_cache = close_at_epoch_end, drop_page_cache
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per request of the current epoch

@@ -11,6 +11,11 @@ from .. import _core
 from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
 
 
+def _read_index(path: str) -> np.ndarray:
+    with _core.open_regular(path) as fp:
+        return np.fromfile(fp, dtype=np.uint64)
+
+
 class IndexedBinaryFormat:
     """dataset.format: indexed_binary"""
 
@@ -34,8 +39,7 @@ class IndexedBinaryFormat:
 
     def probe(self, path: str) -> StoredArray:
         off_path, sz_path = self.side_files(path)
-        offsets = np.fromfile(off_path, dtype=np.uint64)
-        sizes = np.fromfile(sz_path, dtype=np.uint64)
+        offsets, sizes = _read_index(off_path), _read_index(sz_path)
         if len(offsets) == 0 or len(offsets) != len(sizes):
             raise ValueError(f"has index files {off_path} and {sz_path} that disagree or are "
                              "empty")
@@ -44,7 +48,9 @@ class IndexedBinaryFormat:
         if not (np.all(sizes == sizes[0]) and np.array_equal(offsets, expected)):
             raise ValueError("has samples of unequal size or not back to back, which is not "
                              "supported yet")
-        return StoredArray(os.stat(path).st_size, int(offsets[0]), (len(offsets), step), "|u1")
+        with _core.open_regular(path) as fp:
+            size = os.fstat(fp.fileno()).st_size
+        return StoredArray(size, int(offsets[0]), (len(offsets), step), "|u1")
 
     def side_files(self, path: str) -> list[str]:
         return [path + ".off.idx", path + ".sz.idx"]

@@ -14,6 +14,7 @@ from typing import Callable
 
 import numpy as np
 
+from .. import _core
 from . import npload
 
 _LOCAL = 30  # zip local file header
@@ -31,11 +32,20 @@ class ZipFacts:
     zip64_end: bool
 
 
+def open_zip(fp, path: str) -> zipfile.ZipFile:
+    """The zip archive in the open file fp (of `path`); ValueError naming the path when fp
+    holds none (a truncated or foreign file)."""
+    try:
+        return zipfile.ZipFile(fp)
+    except zipfile.BadZipFile as exc:
+        raise ValueError(f"{path} is not a zip archive np.load can read ({exc})") from None
+
+
 def zip_facts(path: str) -> ZipFacts:
-    with zipfile.ZipFile(path) as archive:
-        info = archive.getinfo("x.npy")
-        cd_start = archive.start_dir
-    with open(path, "rb") as fp:
+    with _core.open_regular(path) as fp:
+        with open_zip(fp, path) as archive:
+            info = archive.getinfo("x.npy")
+            cd_start = archive.start_dir
         fp.seek(info.header_offset)
         name_len, extra_len = struct.unpack("<HH", fp.read(_LOCAL)[26:30])
         fp.seek(0, 2)

@@ -64,7 +64,7 @@ class NpyFormat:
         return staged.write(path, fill)
 
     def probe(self, path: str) -> StoredArray:
-        with open(path, "rb") as fp:
+        with _core.open_regular(path) as fp:
             return stored_array(fp, os.fstat(fp.fileno()).st_size, 0)
 
     def side_files(self, path: str) -> list[str]:

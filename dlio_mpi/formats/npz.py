@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _core
 from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
-from .loader import NpzLoads, ZipFacts, zip_facts
+from .loader import NpzLoads, ZipFacts, open_zip, zip_facts
 from .npy import npy_header, stored_array
 
 _LOCAL = struct.Struct("<IHHHHHIIIHH")          # local file header, 30 bytes
@@ -103,12 +103,12 @@ class NpzFormat:
         return staged.write(path, fill)
 
     def probe(self, path: str) -> StoredArray:
-        with zipfile.ZipFile(path) as archive:
-            info = archive.getinfo("x.npy")
+        with _core.open_regular(path) as fp:
+            with open_zip(fp, path) as archive:
+                info = archive.getinfo("x.npy")
             if info.compress_type != zipfile.ZIP_STORED:
                 raise ValueError("has a compressed x.npy, which cannot be read by sample extent "
                                  "(reader.read_mode: file reads whole files)")
-        with open(path, "rb") as fp:
             fp.seek(info.header_offset)
             local = fp.read(_LOCAL.size)
             name_len, extra_len = struct.unpack("<HH", local[26:30])
