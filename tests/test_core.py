@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
 import shutil
 import threading
 import time
@@ -526,16 +527,55 @@ def test_engine_api_edges(tmp_path):
     del unclosed  # dealloc closes
 
 
-def test_a_fifo_in_the_dataset_fails_instead_of_blocking(tmp_path):
-    fifo = tmp_path / "not_a_file.npy"
+# ------------------------------------------------------------------------------- data files
+# Opening a FIFO for reading blocks until a writer comes: these tests end the process (method
+# "thread") rather than hang when an open blocks.
+
+
+def not_regular(folder: Path) -> dict[str, tuple[str, str]]:
+    """Things where a data file should be: name -> (path, what the message calls it)."""
+    fifo, folder_ = folder / "fifo.npz", folder / "folder.npz"
     os.mkfifo(fifo)
-    engine = _core.Engine(1, 0, False, 4, 0)
-    engine.set_files([str(fifo)])
-    engine.start_epoch(np.array([0, 1], dtype=np.int64), np.array([0], dtype=np.int64),
-                       np.array([0], dtype=np.int64), np.array([10], dtype=np.int64))
-    with pytest.raises(OSError, match="not a regular file"):
-        engine.next()
-    engine.close()
+    folder_.mkdir()
+    return {"fifo": (str(fifo), "a FIFO"), "directory": (str(folder_), "a directory"),
+            "device": ("/dev/null", "a character device")}
+
+
+@pytest.mark.timeout(20, method="thread")
+def test_open_regular_refuses_what_is_no_regular_file_without_blocking(tmp_path):
+    for path, what in not_regular(tmp_path).values():
+        for call in (_core.open_regular, _core.regular_size, _core.probe_odirect):
+            with pytest.raises(OSError) as exc:
+                call(path)
+            assert exc.value.strerror == f"{path} is {what}, not a regular file", call
+            assert exc.value.filename == path
+            assert isinstance(exc.value, IsADirectoryError) == (what == "a directory")
+    data = make_files(tmp_path, [5000])[0]
+    with _core.open_regular(data) as fp:
+        assert fp.read() == Path(data).read_bytes()
+    assert _core.regular_size(data) == 5000
+    with pytest.raises(FileNotFoundError):
+        _core.open_regular(str(tmp_path / "missing"))
+
+
+@pytest.mark.timeout(20, method="thread")
+@pytest.mark.parametrize("threads", [0, 2])
+@pytest.mark.parametrize("odirect", [False, True])
+def test_the_engine_refuses_what_is_no_regular_file_without_blocking(disk_tmp, threads,
+                                                                     odirect):
+    paths = make_files(disk_tmp, [8192])
+    start, files, offset, length = arrays([[(0, 0, 4096)], [(1, 0, 4096)]])
+    for path, what in not_regular(disk_tmp).values():
+        with _core.Engine(threads, 1, odirect=odirect) as engine:
+            engine.set_files([*paths, path])
+            engine.start_epoch(start, files, offset, length)
+            assert engine.next().index == 0
+            with pytest.raises(OSError) as exc:
+                engine.next()
+            assert exc.value.filename == path
+            assert exc.value.strerror == f"{path} is {what}, not a regular file"
+            with pytest.raises(OSError, match="not a regular file"):
+                engine.drop_cache(np.array([1], dtype=np.int64))
 
 
 # ------------------------------------------------------------------------------- accesses
@@ -687,3 +727,62 @@ def test_discarding_engine_reads_the_same_bytes_into_no_batch_memory(tmp_path):
             got = [engine.next() for _ in batches]
             assert [b.bytes_read for b in got] == [3 * MiB + 1000, MiB]
             assert len(got[-1].data) == (MiB if keep else 0)
+
+
+# ------------------------------------------------------------------------------- the watchdog
+
+
+def stalled_engine(monkeypatch, tmp_path, stall: str, **watchdog):
+    """A 2-thread engine over files f0..f2 whose first `stall` (DLIO_MPI_TEST_STALL, the
+    engine's test hook) of f1.bin hangs, and an epoch of one request per file started."""
+    monkeypatch.setenv("DLIO_MPI_TEST_STALL", stall)
+    paths = make_files(tmp_path, [1000] * 3)
+    engine = _core.Engine(2, 1, who="rank 7", **watchdog)
+    engine.set_files(paths)
+    engine.start_epoch(*arrays([[(f, 0, 100)] for f in range(3)]))
+    return engine, paths[1]
+
+
+@pytest.mark.timeout(30, method="thread")
+@pytest.mark.parametrize("op", ["read", "open"])
+def test_the_watchdog_reports_a_stuck_request_once_and_waits_on(monkeypatch, tmp_path, capfd,
+                                                                op):
+    engine, stuck = stalled_engine(monkeypatch, tmp_path, f"{op}:1.5:f1.bin", watchdog_s=0.3)
+    with engine:
+        begin = time.monotonic()
+        assert [engine.next().index for _ in range(3)] == [0, 1, 2]
+        assert engine.next() is None
+        assert time.monotonic() - begin >= 1.5  # the request did complete
+    what = "a read" if op == "read" else "an open"
+    lines = capfd.readouterr().err.splitlines()
+    assert len(lines) == 1, lines  # stuck for 5 times the limit: reported once
+    m = re.fullmatch(f"dlio-mpi: rank 7: watchdog: {what} of {re.escape(stuck)} has waited "
+                     r"(\d\.\d) s \(reader.io_watchdog_seconds=0.3\)", lines[0])
+    assert m and 0.3 <= float(m.group(1)) < 0.6, lines
+
+
+@pytest.mark.timeout(30, method="thread")
+def test_the_watchdog_with_abort_fails_the_wait_at_the_limit(monkeypatch, tmp_path, capfd):
+    engine, stuck = stalled_engine(monkeypatch, tmp_path, "read:2:f1.bin", watchdog_s=0.3,
+                                   watchdog_abort=True)
+    with engine:
+        assert engine.next().index == 0
+        begin = time.monotonic()
+        with pytest.raises(TimeoutError) as exc:
+            engine.next()
+        assert 0.25 <= time.monotonic() - begin < 1.0  # at the limit, not when the read ends
+        assert exc.value.filename == stuck
+        assert exc.value.strerror.startswith(f"watchdog: a read of {stuck} has waited 0.")
+        assert "reader.io_watchdog_abort: true ends the job" in exc.value.strerror
+        with pytest.raises(TimeoutError):  # sticky for the epoch
+            engine.next()
+    assert capfd.readouterr().err == ""  # the error is the report
+
+
+@pytest.mark.timeout(30, method="thread")
+def test_without_the_watchdog_a_stuck_request_is_waited_for_silently(monkeypatch, tmp_path,
+                                                                     capfd):
+    engine, _ = stalled_engine(monkeypatch, tmp_path, "read:1:f1.bin")
+    with engine:
+        assert [engine.next().index for _ in range(3)] == [0, 1, 2]
+    assert capfd.readouterr().err == ""
