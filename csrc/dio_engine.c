@@ -165,7 +165,7 @@ struct dio_engine {
     char who[WHO_MAX_LEN]; /* named in watchdog reports; "" = nobody */
 
     /* the test hook (STALL_ENV): the first `stall_op` of a path ending with stall_suffix
-     * sleeps stall_ns; stall_armed (atomic) until it has */
+     * sleeps stall_ns (> 0: the hook is set); stall_armed (atomic) until it has */
     int stall_op, stall_armed;
     int64_t stall_ns;
     char *stall_suffix;
@@ -299,10 +299,15 @@ static int wait_readers(dio_engine *e, int may_fail, dio_error *err)
 }
 
 /* The test hook: sleep if this is the armed stall's first open or read of its file. */
-static void stall_if_chosen(dio_engine *e, int op, const char *path)
+static void stall_if_chosen(dio_engine *e, worker *w, int op, int64_t file)
 {
-    size_t n = strlen(path), k = strlen(e->stall_suffix);
-    if (op == e->stall_op && n >= k && strcmp(path + n - k, e->stall_suffix) == 0 &&
+    const char *path;
+    size_t n, k = strlen(e->stall_suffix);
+    if (op != e->stall_op || !__atomic_load_n(&e->stall_armed, __ATOMIC_RELAXED))
+        return;
+    path = file_path(&e->files, file, w->path);
+    n = strlen(path);
+    if (n >= k && strcmp(path + n - k, e->stall_suffix) == 0 &&
         __atomic_exchange_n(&e->stall_armed, 0, __ATOMIC_ACQ_REL))
         dio_sleep_until_ns(dio_now_ns() + e->stall_ns, 0);
 }
@@ -363,8 +368,8 @@ static int open_file(dio_engine *e, worker *w, int64_t file, dio_error *err)
     const char *path = file_path(&e->files, file, w->path);
     int fd, victim;
     watch_begin(&w->watch, WATCH_OPEN, file, dio_now_ns());
-    if (DIO_UNLIKELY(e->stall_armed))
-        stall_if_chosen(e, WATCH_OPEN, path);
+    if (DIO_UNLIKELY(e->stall_ns > 0))
+        stall_if_chosen(e, w, WATCH_OPEN, file);
     while ((fd = dio_open_regular(path, e->cfg.odirect, err)) == -EMFILE || fd == -ENFILE) {
         if ((victim = fd_cache_evict(&w->cache)) < 0)
             break;
@@ -498,8 +503,8 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
         if (q->rd_len > 0) {
             t0 = dio_now_ns();
             watch_begin(&w->watch, WATCH_READ, q->file, t0);
-            if (DIO_UNLIKELY(e->stall_armed))
-                stall_if_chosen(e, WATCH_READ, file_path(&e->files, q->file, w->path));
+            if (DIO_UNLIKELY(e->stall_ns > 0))
+                stall_if_chosen(e, w, WATCH_READ, q->file);
             char *dst = base ? base + q->buf_pos : scratch_for(e, w, q->rd_len);
             rc = dst ? read_request(e, w, q, fd, dst, &got, &ops)
                      : dio_fail(&w->err, ENOMEM, "", "read: out of memory for %lld bytes",
