@@ -9,6 +9,7 @@ import numpy as np
 
 from . import _core
 from .catalog import SplitFiles
+from .config.schema import Reader
 from .planner import ReadPlan
 
 
@@ -23,7 +24,7 @@ class IoWatchdog:
     rank: int | None = None
 
     @staticmethod
-    def from_config(reader_cfg, rank: int) -> IoWatchdog:
+    def from_config(reader_cfg: Reader, rank: int) -> IoWatchdog:
         """reader.io_watchdog_seconds and reader.io_watchdog_abort, for this rank."""
         return IoWatchdog(reader_cfg.io_watchdog_seconds, reader_cfg.io_watchdog_abort, rank)
 
