@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from mpi4py import MPI
 
-    from .errors import JobError
+    from .errors import JobError, describe
 
     comm = MPI.COMM_WORLD
     try:
@@ -151,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:  # noqa: B036 - any failure must abort the whole job
         if os.environ.get("DLIO_MPI_DEBUG"):
             traceback.print_exc()
-        what = str(exc) or type(exc).__name__
-        if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in what:
-            what += f" ({exc.filename})"
+        what = describe(exc)
         print(f"dlio-mpi: rank {comm.Get_rank()}: error: {what}", file=sys.stderr, flush=True)
         # MPI_Abort has the launcher kill every process, which can drop output it has not
         # forwarded yet: give it a moment to pass this rank's message on first.

@@ -21,9 +21,14 @@ class JobError(UserError):
     """A UserError that all ranks agreed on; rank 0 reports it, every rank exits non-zero."""
 
 
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.filename and str(exc.filename) not in str(exc):
-        return f"{exc} ({exc.filename})"
+def describe(exc: BaseException) -> str:
+    """One line for an exception: an OSError's own text (the C core's names the file), with
+    the file added where it does not, without Python's "[Errno N]" decoration."""
+    if isinstance(exc, OSError) and exc.strerror:
+        what = exc.strerror
+        if exc.filename and str(exc.filename) not in what:
+            what += f": {exc.filename}"
+        return what
     return str(exc) or type(exc).__name__
 
 
@@ -34,7 +39,7 @@ def check_all(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueErro
     try:
         result = fn()
     except expected as exc:
-        message = _describe(exc)
+        message = describe(exc)
     messages = comm.allgather(message)
     failed = [(rank, msg) for rank, msg in enumerate(messages) if msg is not None]
     if failed:
@@ -50,7 +55,7 @@ def on_root(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)
         try:
             payload = (True, fn())
         except expected as exc:
-            payload = (False, _describe(exc))
+            payload = (False, describe(exc))
     ok, value = comm.bcast(payload, root=0)
     if not ok:
         raise JobError(value)

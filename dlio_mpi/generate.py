@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _core
 from .catalog import spot_check_sizes
 from .dataset import SPLITS, DatasetSplit, LayoutTable
 from .errors import UserError, check_all, on_root
@@ -125,7 +126,7 @@ def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
             split = splits[name]
             path = split.path(index)
             try:
-                size = os.stat(path).st_size
+                size = _core.regular_size(path)  # a FIFO or folder there is refused by name
             except FileNotFoundError:
                 todo.append((name, index))
                 todo_bytes += -(-want // block) * block

@@ -26,7 +26,7 @@ from .ownership import remove_quietly
 from .pacing import Pacing, make_pacing
 from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .planner import AccessPolicy, plan_reads
-from .reader import NativeReader
+from .reader import IoWatchdog, NativeReader
 from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_shard
 from .topology import Topology, discover, emulated_ranks_per_node
 from .training import run_epoch
@@ -122,7 +122,7 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     reader = check_all(comm, lambda: NativeReader(
         files, rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
         close_at_epoch_end=rd.access == "loader", drop_page_cache=rd.drop_page_cache,
-        keep_data=rd.keep_data))
+        keep_data=rd.keep_data, watchdog=IoWatchdog.from_config(rd, comm.Get_rank())))
     if train:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,

@@ -37,23 +37,6 @@ RANKS = 2
 # Unshuffled, rank r reads the files [r * FILES / RANKS, (r + 1) * FILES / RANKS) (sharding.py).
 UNSHUFFLED = ["reader.file_shuffle=off", "reader.sample_shuffle=off"]
 
-# The CLI with reader.io_watchdog_* handed to the reader, which run.py does not do yet: remove
-# once run.open_phase passes watchdog=IoWatchdog.from_config(cfg.reader, comm.Get_rank())
-# (keywords given there take precedence over these).
-WIRED_CLI = """
-import functools, sys
-from dlio_mpi import cli, run
-from dlio_mpi.reader import IoWatchdog, NativeReader
-open_phase = run.open_phase
-def wired(comm, cfg, *args):
-    run.NativeReader = functools.partial(
-        NativeReader, watchdog=IoWatchdog.from_config(cfg.reader, comm.Get_rank()))
-    return open_phase(comm, cfg, *args)
-run.open_phase = wired
-sys.exit(cli.main())
-"""
-
-
 @dataclass
 class Job:
     returncode: int
@@ -72,7 +55,7 @@ def run_job(folder: Path, *overrides: str, env: dict | None = None) -> Job:
             "dataset.record_length_bytes_stdev=0", "reader.batch_size=2",
             "train.computation_time=0", "train.epochs=1", "workflow.generate_data=false",
             *overrides]
-    cmd = [mpiexec(), "-n", str(RANKS), sys.executable, "-P", "-c", WIRED_CLI, "run", "demo",
+    cmd = [mpiexec(), "-n", str(RANKS), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
            *over]
     start = time.monotonic()
     try:

@@ -247,21 +247,14 @@ def test_the_step_loop_falls_back_to_mpi4py_without_the_mpi_symbols(shared_tmp, 
 
 def test_a_stuck_read_is_reported_by_its_rank_alone_while_the_others_wait(shared_tmp,
                                                                           monkeypatch, capfd):
-    import functools
-
-    import dlio_mpi.run
-    from dlio_mpi.reader import IoWatchdog, NativeReader
-
     comm = _comm()
     rank, size = comm.Get_rank(), comm.Get_size()
     files = 4 * size  # unshuffled, one sample per file: rank r reads files 4r .. 4r + 3
     stuck = f"img_{4 * size - 3:0{len(str(files))}d}_of_{files}.npz"
     if rank == size - 1:  # the engine's test hook: this read hangs for 2 s
         monkeypatch.setenv("DLIO_MPI_TEST_STALL", f"read:2:{stuck}")
-    # what run.py is to do with reader.io_watchdog_seconds (it does not pass it on yet)
-    monkeypatch.setattr(dlio_mpi.run, "NativeReader", functools.partial(
-        NativeReader, watchdog=IoWatchdog(0.5, False, rank)))
     _run(shared_tmp, dataset__num_files_train=files, reader__batch_size=1, train__epochs=1,
+         reader__io_watchdog_seconds=0.5,
          reader__file_shuffle="off", reader__sample_shuffle="off")
     reports = [line for line in capfd.readouterr().err.splitlines() if "watchdog" in line]
     if rank == size - 1:
