@@ -287,6 +287,11 @@ typedef struct dio_step_sync {
     void   *request;
     int64_t spin_ns;
     int64_t nap_ns;
+    /* The request is an allreduce (MAX) of one int32 when these are set: before each start
+     * *stop_out = the stop signal this process received (dio_stop_signal), after completion
+     * *stop_in != 0 ends the loop on every rank after the same step.  NULL: a barrier. */
+    int32_t *stop_out;
+    const int32_t *stop_in;
 } dio_step_sync;
 
 /* One step's clock stamps (CLOCK_MONOTONIC ns) and what its batch brought. */
@@ -303,11 +308,20 @@ typedef struct dio_step_record {
 
 /* Run nsteps steps of the epoch started on e: take the next batch, wait compute_ns[i] with
  * the pacer, synchronise (sync may be NULL); out[i] gets step i's record, the first step
- * starting at start_ns.  Call without the GIL.  Returns 0, or -errno when a batch failed (the
+ * starting at start_ns.  Call without the GIL.  Returns the number of steps run (nsteps, or
+ * fewer when the ranks agreed to stop, see dio_step_sync), or -errno when a batch failed (the
  * engine's error) or the MPI calls failed; the records of the steps before are filled. */
-int dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
-                         int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
-                         dio_step_record *out, dio_error *err);
+int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
+                             int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
+                             dio_step_record *out, dio_error *err);
+
+/* A stop asked for by SIGINT or SIGTERM (a batch system's time limit, a user's Ctrl-C):
+ * dio_stop_on_signals installs handlers that record the first such signal, so the job can end
+ * at the next step on every rank and write its results; a second one takes the default
+ * action (kills the process).  dio_stop_signal: the signal recorded, or 0.  Returns 0 or
+ * -errno. */
+int dio_stop_on_signals(void);
+int dio_stop_signal(void);
 
 typedef struct dio_engine_counters {
     int64_t opens;            /* open() calls since create */

@@ -29,6 +29,8 @@ static int sync_steps(const dio_step_sync *s, dio_error *err)
     char status[256]; /* room for any MPI_Status */
     int flag = 0, rc;
     int64_t spin_until, poll_until, nap = NAP_FIRST_NS < s->nap_ns ? NAP_FIRST_NS : s->nap_ns;
+    if (s->stop_out)
+        *s->stop_out = dio_stop_signal();
     if ((rc = s->start(s->request)) != 0)
         return dio_fail(err, EIO, "", "step barrier: MPI_Start failed (%d)", rc);
     if ((rc = s->test(s->request, &flag, status)) != 0)
@@ -51,9 +53,9 @@ static int sync_steps(const dio_step_sync *s, dio_error *err)
     return 0;
 }
 
-int dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
-                         int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
-                         dio_step_record *out, dio_error *err)
+int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
+                             int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
+                             dio_step_record *out, dio_error *err)
 {
     int64_t start = start_ns;
     dio_clear_error(err);
@@ -79,6 +81,8 @@ int dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *s
         r->bytes = b.bytes_read;
         r->ops = b.read_ops;
         start = r->synced; /* the next wait starts where this step ended */
+        if (sync && sync->stop_in && *sync->stop_in)
+            return i + 1; /* every rank learnt the same stop request in this step */
     }
-    return 0;
+    return nsteps;
 }

@@ -10,7 +10,7 @@ buffer: numpy arrays, array.array('q'), ...); NumPy is not needed to build this 
 from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE,
                              PyBuffer_FillInfo, PyBuffer_Release, PyObject_GetBuffer)
 from libc.errno cimport EIO
-from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
 
 
@@ -38,6 +38,8 @@ cdef extern from "dio.h" nogil:
     int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                          uint32_t *crc, const char *path, dio_error *err)
     int dio_syncfs(int fd)
+    int dio_stop_on_signals()
+    int dio_stop_signal()
     int dio_permute(uint64_t n, uint64_t seed, const int64_t *inp, int64_t count, int64_t *out)
     int dio_odirect_alignment(const char *path, uint32_t *mem_align, uint32_t *offset_align,
                               dio_error *err)
@@ -114,11 +116,13 @@ cdef extern from "dio.h" nogil:
         void *request
         int64_t spin_ns
         int64_t nap_ns
+        int32_t *stop_out
+        const int32_t *stop_in
 
     ctypedef struct dio_step_record:
         int64_t start
 
-    int dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
+    int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
                              int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
                              dio_step_record *out, dio_error *err)
 
@@ -290,6 +294,19 @@ def write_random(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, p
         rc = dio_write_random(fd, offset, nbytes, s, chunk, &c, cpath, &err)
     _check(rc, &err)
     return c
+
+
+def stop_on_signals():
+    """From now on SIGINT and SIGTERM ask for a stop (stop_signal()) rather than end the
+    process; a second one ends it."""
+    cdef int rc = dio_stop_on_signals()
+    if rc < 0:
+        raise OSError(-rc, "sigaction failed")
+
+
+def stop_signal():
+    """The SIGINT or SIGTERM received since stop_on_signals(), or 0."""
+    return dio_stop_signal()
 
 
 def syncfs(int fd):
@@ -703,13 +720,16 @@ cdef class Engine:
         """Run the epoch's steps in C (GIL released): for step i take the next batch, wait
         compute_ns[i] with `pacer`, synchronise; out[i] gets (start, ready, got, deadline,
         computed, synced, bytes, read ops).  sync: None, or (MPI_Start address, MPI_Test
-        address, address of a persistent MPI_Request, spin ns, nap ns).  Raises OSError like
-        next() when a batch fails."""
+        address, address of a persistent MPI_Request, spin ns, nap ns, address of the int32
+        the request sends, of the int32 it receives); the last two 0 for a barrier, else the
+        request is an allreduce (MAX) of this process's stop signal and the loop ends after
+        the step in which any rank had one.  Returns the number of steps run.  Raises
+        OSError like next() when a batch fails."""
         self._ready()
         cdef dio_step_sync s
         cdef dio_step_sync *sp = NULL
         cdef dio_error err
-        cdef int rc
+        cdef int64_t rc
         cdef int64_t n = compute_ns.shape[0]
         if out.shape[0] != n or out.shape[1] != 8:
             raise ValueError(f"out must be ({n}, 8), got ({out.shape[0]}, {out.shape[1]})")
@@ -719,6 +739,8 @@ cdef class Engine:
             s.request = <void *><size_t>sync[2]
             s.spin_ns = sync[3]
             s.nap_ns = sync[4]
+            s.stop_out = <int32_t *><size_t>sync[5]
+            s.stop_in = <const int32_t *><size_t>sync[6]
             sp = &s
         _clear(&err)
         self.busy = True
@@ -730,7 +752,9 @@ cdef class Engine:
                                           &err)
         finally:
             self.busy = False
-        _check(rc, &err)
+        if rc < 0:
+            _check(<int>rc, &err)
+        return rc
 
     def counters(self):
         """Totals since the engine was created: opens, closes, stats, bytes_read, read_ops."""

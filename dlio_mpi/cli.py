@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     except JobError as exc:
         if comm.Get_rank() == 0:
             print(f"dlio-mpi: error: {exc}", file=sys.stderr, flush=True)
-        return 2
+        return exc.exit_status
     except BaseException as exc:  # noqa: B036 - any failure must abort the whole job
         if os.environ.get("DLIO_MPI_DEBUG"):
             traceback.print_exc()

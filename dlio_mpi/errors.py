@@ -20,6 +20,17 @@ class UserError(Exception):
 class JobError(UserError):
     """A UserError that all ranks agreed on; rank 0 reports it, every rank exits non-zero."""
 
+    exit_status = 2
+
+
+class Stopped(JobError):
+    """The ranks agreed to stop early on a signal (SIGINT, SIGTERM); exits 128 + its number,
+    as a process that signal ended would."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_status = 128 + signum
+
 
 def describe(exc: BaseException) -> str:
     """One line for an exception: an OSError's own text (the C core's names the file), with

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
 import time
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ import numpy as np
 from . import _core
 from .catalog import spot_check_sizes
 from .dataset import SPLITS, DatasetSplit, LayoutTable
-from .errors import UserError, check_all, on_root
+from .errors import JobError, Stopped, UserError, check_all, on_root
 from .formats.base import StagedWrites
 from .manifest import (
     MANIFEST_NAME,
@@ -149,7 +150,13 @@ def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
     # is then still known to be ours, and its temporaries by their tag.
     on_root(comm, lambda: write_manifest(root, params, complete=False, temporaries=[tag]))
     start = time.perf_counter()
-    written = check_all(comm, lambda: _write_files(splits, todo, tag, root))
+    try:
+        written = check_all(comm, lambda: _write_files(splits, todo, tag, root))
+    except JobError as exc:
+        stop = comm.allreduce(_core.stop_signal(), op=_max_op())
+        if stop:
+            raise Stopped(f"{exc}", stop) from None
+        raise
     elapsed = time.perf_counter() - start
     totals = comm.allreduce(np.array([len(todo), len(mine) - len(todo), written],
                                      dtype=np.int64))
@@ -167,6 +174,9 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str) -> in
     staged = StagedWrites(tag)
     try:
         for name, index in todo:
+            if _core.stop_signal():
+                raise UserError(f"generation stopped by {signal.Signals(_core.stop_signal()).name}"
+                                "; complete files stay, and a rerun resumes after them")
             split = splits[name]
             written += split.format.write(split.path(index), split.spec(index),
                                           file_seed(name, index), staged)

@@ -5,7 +5,8 @@ a few microseconds so that what the emulator itself spends does not pass for sto
   by default; set to 1 ns here) and the scheduler's wake-up latency (tens to hundreds of us,
   more on a VM). The C pacer sleeps until a margin before the deadline and polls the clock for
   the rest; "auto" adapts the margin to the lateness this rank's sleeps show.
-- Synchronisation: a persistent barrier polled with `sched_yield` between polls for
+- Synchronisation: a persistent allreduce (a barrier that also carries a stop request from
+  SIGINT/SIGTERM, see StepSync) polled with `sched_yield` between polls for
   `sync_spin_ns` (a runnable reader thread on this core gets the CPU at once), then with naps
   doubling from 10 us to 200 us, so a rank whose peers are stalled on storage does not keep
   taking the cores their readers need (at 16 ranks on 2 cores, fixed 20 us naps cost ~2 points
@@ -20,6 +21,8 @@ import ctypes
 import functools
 import os
 from dataclasses import dataclass
+
+import numpy as np
 
 from . import _core
 
@@ -54,34 +57,41 @@ def make_pacing(compute_spin_us: float | None, sync_spin_us: float | None) -> Pa
     return Pacing(pacer, sync)
 
 
-class StepBarrier:
+class StepSync:
     """The per-step synchronisation of a communicator, handed to the C step loop: a persistent
-    barrier (MPI 4 MPI_Barrier_init; a persistent request skips building the collective's
-    schedule each step, which costs ~30 us when the code is cold after a compute wait) started
-    and tested through the MPI library's own MPI_Start and MPI_Test. Where those symbols cannot
-    be found, or MPI_Barrier_init is missing, the C loop calls back into mpi4py instead."""
+    allreduce (MAX) of one int32, this rank's stop signal (MPI 4 MPI_Allreduce_init; a
+    persistent request skips building the collective's schedule each step, which costs ~30 us
+    when the code is cold after a compute wait), started and tested through the MPI library's
+    own MPI_Start and MPI_Test. It synchronises as a barrier does (no rank leaves before all
+    arrived) and carries a SIGINT or SIGTERM any rank received to all of them in the same
+    step, so that every rank stops after that step. Where the symbols cannot be found, or
+    MPI_Allreduce_init is missing, the C loop calls back into mpi4py instead."""
 
     def __init__(self, comm, spin_ns: int) -> None:
         from mpi4py import MPI
 
         self.comm, self.spin_ns = comm, spin_ns
+        self.stop_out = np.zeros(1, dtype=np.int32)
+        self.stop_in = np.zeros(1, dtype=np.int32)
         try:
-            self._request = comm.Barrier_init()
+            self._request = comm.Allreduce_init(self.stop_out, self.stop_in, op=MPI.MAX)
         except (NotImplementedError, AttributeError, MPI.Exception):
             self._request = None
         functions = mpi_functions() if self._request is not None else None
+        buffers = (self.stop_out.ctypes.data, self.stop_in.ctypes.data)
         if functions is not None:
             self._keep = None
             start, test = functions
-            self._sync = (start, test, MPI._addressof(self._request), spin_ns, NAP_NS)
+            self._sync = (start, test, MPI._addressof(self._request), spin_ns, NAP_NS, *buffers)
         else:  # the request argument is unused by the callbacks, but must not be NULL
-            self._keep = _callbacks(comm, self._request)
+            self._keep = _callbacks(comm, self._request, self.stop_out, self.stop_in)
             start, test = (ctypes.cast(f, ctypes.c_void_p).value for f in self._keep)
-            self._sync = (start, test, 1, spin_ns, NAP_NS)
+            self._sync = (start, test, 1, spin_ns, NAP_NS, *buffers)
 
     @property
-    def native(self) -> tuple[int, int, int, int, int]:
-        """(MPI_Start, MPI_Test, the request's address, spin ns, nap ns) for the C loop."""
+    def native(self) -> tuple[int, int, int, int, int, int, int]:
+        """(MPI_Start, MPI_Test, the request's address, spin ns, nap ns, the send and the
+        receive buffer's addresses) for the C loop."""
         return self._sync
 
     def close(self) -> None:
@@ -95,8 +105,10 @@ _TEST = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_
                          ctypes.c_void_p)
 
 
-def _callbacks(comm, persistent):
+def _callbacks(comm, persistent, stop_out: np.ndarray, stop_in: np.ndarray):
     """MPI_Start/MPI_Test look-alikes calling mpi4py (the GIL is taken for each call)."""
+    from mpi4py import MPI
+
     state = {"request": None}
 
     def start(_request) -> int:
@@ -104,7 +116,7 @@ def _callbacks(comm, persistent):
             persistent.Start()
             state["request"] = persistent
         else:
-            state["request"] = comm.Ibarrier()
+            state["request"] = comm.Iallreduce(stop_out, stop_in, op=MPI.MAX)
         return 0
 
     def test(_request, flag, _status) -> int:

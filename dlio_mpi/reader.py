@@ -70,15 +70,21 @@ class NativeReader:
 
     def run_steps(self, pacer, sync, compute_ns: np.ndarray, start_ns: int) -> np.ndarray:
         """Run the epoch's steps in the C loop (see _core.Engine.run_steps); returns the
-        (steps, 8) records: start, ready, got, deadline, computed, synced, bytes, read ops."""
+        (steps run, 8) records: start, ready, got, deadline, computed, synced, bytes, read
+        ops. Fewer steps than planned when the ranks agreed to stop (SIGINT, SIGTERM)."""
         out = np.zeros((len(compute_ns), 8), dtype=np.int64)
-        self._engine.run_steps(pacer, sync, np.ascontiguousarray(compute_ns, dtype=np.int64),
-                               start_ns, out)
-        return out
+        done = self._engine.run_steps(pacer, sync,
+                                      np.ascontiguousarray(compute_ns, dtype=np.int64),
+                                      start_ns, out)
+        return out[:done]
 
     def next_batch(self):
         """Wait (GIL released) for the next batch; None at the end of the epoch."""
         return self._engine.next()
+
+    def abandon_epoch(self) -> None:
+        """Stop an epoch before its last batch: the reads in flight end, every file closes."""
+        self._engine.close_files()
 
     def end_epoch(self) -> None:
         """After the last batch: close the files a loader would close."""

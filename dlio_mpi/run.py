@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import time
 from dataclasses import dataclass
 
@@ -17,7 +18,7 @@ from . import __version__, _core
 from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
-from .errors import UserError, check_all, on_root
+from .errors import Stopped, UserError, check_all, on_root
 from .generate import generate
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
@@ -75,6 +76,7 @@ def check_dataset_removable(cfg, plan: RunPlan) -> None:
 
 
 def run_generation(comm, cfg, plan: RunPlan, out: OutputFolder | None = None) -> None:
+    _core.stop_on_signals()
     splits = plan.splits
     result = generate(comm, cfg, splits, plan.layouts)
     say(comm, f"generated {result.files_written} files ({result.bytes_written / 2**20:.1f} MiB"
@@ -148,6 +150,10 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
     if cfg.output.access_log:
         out.write(access_log_name(phase.name, epoch, rank),
                   lambda fp: np.save(fp, trace.sample_ids), binary=True)
+    metric = cfg.output.metric
+    if trace.steps < phase.steps and trace.steps <= metric.exclude_start_steps + \
+            metric.exclude_end_steps:
+        return None  # stopped before any step AU counts (the same on every rank)
     latest = last_arrivals(comm, trace, topo.clock_offset_ns)
     record = condense(trace, latest, rank, phase.batch, reads.bytes_requested,
                       cfg.output.metric.exclude_start_steps, cfg.output.metric.exclude_end_steps,
@@ -167,9 +173,10 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
 
 
 def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputFolder
-          ) -> tuple[list[EpochSummary], list[EpochSummary]]:
+          ) -> tuple[list[EpochSummary], list[EpochSummary], int]:
     """The training epochs, each followed by evaluation when it is due; returns the train and
-    eval epoch summaries (complete on rank 0 only)."""
+    eval epoch summaries (complete on rank 0 only) and the signal that stopped them early on
+    every rank (0: none)."""
     rank = comm.Get_rank()
     rng = np.random.default_rng([cfg.train.seed, rank])
     wall_offset = time.time_ns() - _core.now_ns()
@@ -178,6 +185,7 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
         phases.append(open_phase(comm, cfg, plan, "eval", pacing))
     done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
     next_eval = cfg.evaluation.eval_after_epoch
+    stop = 0
     for epoch in range(1, cfg.train.epochs + 1):
         for phase in phases:
             if phase.name == "eval":
@@ -187,11 +195,18 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
             summary = run_phase_epoch(comm, cfg, phase, epoch, rng, topo, wall_offset, out)
             if summary is not None:
                 done[phase.name].append(summary)
+            # the step loop stops every rank after the same step; a signal that came during
+            # evaluation (no per-step synchronisation) or between epochs is agreed on here
+            stop = comm.allreduce(_core.stop_signal(), op=_max_op())
+            if stop:
+                break
+        if stop:
+            break
     # Closed only on success: on an error the job aborts at once, without waiting for reads
     # in flight (a stuck one would otherwise hold the abort back).
     for phase in phases:
         phase.reader.close()
-    return done["train"], done["eval"]
+    return done["train"], done["eval"], stop
 
 
 def _header(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, start: float,
@@ -244,10 +259,12 @@ def _spread_of(values: list[float]) -> dict:
 
 def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
                   train_epochs: list[EpochSummary], eval_epochs: list[EpochSummary],
-                  start: float, out: OutputFolder) -> dict:
+                  start: float, out: OutputFolder, stopped_by: int = 0) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml, each whole or not at
-    all; returns the summary."""
+    all; returns the summary. `stopped_by`: the signal that ended training early."""
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
+    header["dlio_mpi"]["complete"] = not stopped_by
+    header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
 
     def write() -> dict:
         summary = build_summary(train_epochs, eval_epochs, cfg, header)
@@ -292,6 +309,7 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
     """The whole job; returns the summary (on every rank) when training ran. `workload`: the
     workload file given, which is never replaced."""
     start = time.time()
+    _core.stop_on_signals()
     plan, topo = prepare(comm, cfg)
     out = open_output(comm, cfg, workload)
     if not cfg.dataset.keep_files:
@@ -299,15 +317,27 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
     say(comm, describe_plan(plan, cfg), out=out)
     if cfg.workflow.generate_data:
         run_generation(comm, cfg, plan, out)
-    summary = None
+    summary, stop = None, 0
     if cfg.workflow.train:
         pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
-        train_epochs, eval_epochs = train(comm, cfg, plan, topo, pacing, out)
+        train_epochs, eval_epochs, stop = train(comm, cfg, plan, topo, pacing, out)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
-                                start, out)
+                                start, out, stop)
+    if stop:
+        on_root(comm, lambda: out.finish("incomplete"))
+        raise Stopped(f"stopped by {signal.Signals(stop).name} after "
+                      f"{len(train_epochs)} complete or partial training epoch(s); the results "
+                      f"so far are in {out.path('summary.json')}, marked incomplete "
+                      "(dlio_mpi.complete: false)", stop)
     if not cfg.dataset.keep_files:
         remove_dataset(comm, plan)
         say(comm, f"removed the dataset under {plan.splits['train'].root} "
                   "(dataset.keep_files: false)", out=out)
     on_root(comm, lambda: out.finish("complete"))
     return summary
+
+
+def _max_op():
+    from mpi4py import MPI
+
+    return MPI.MAX

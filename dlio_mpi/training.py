@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _core
-from .pacing import Pacing, StepBarrier
+from .pacing import Pacing, StepSync
 from .planner import ReadPlan
 
 # Columns of EpochTrace.stamps (monotonic ns).
@@ -86,7 +86,7 @@ def run_epoch(comm, reader, plan: ReadPlan, compute_s: np.ndarray, epoch: int, p
               barrier: bool = True) -> EpochTrace:
     """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds."""
     planned = np.round(np.asarray(compute_s, dtype=np.float64) * 1e9).astype(np.int64)
-    barrier_ = StepBarrier(comm, pacing.sync_spin_ns) if barrier else None
+    barrier_ = StepSync(comm, pacing.sync_spin_ns) if barrier else None
     reader.prepare_epoch(plan)
     before = reader.counters()
     try:
@@ -99,15 +99,22 @@ def run_epoch(comm, reader, plan: ReadPlan, compute_s: np.ndarray, epoch: int, p
     finally:
         if barrier_ is not None:
             barrier_.close()
-    if reader.next_batch() is not None:
+    done = len(table)
+    if done < plan.steps:  # the ranks agreed to stop: the rest of the epoch is abandoned
+        reader.abandon_epoch()
+    elif reader.next_batch() is not None:
         raise RuntimeError("engine returned more batches than planned")
-    reader.end_epoch()
+    else:
+        reader.end_epoch()
     after = reader.counters()
+    requests = int(plan.batch_start[done])
+    per_step = len(plan.sample_ids) // max(plan.steps, 1)
     return EpochTrace(
         epoch=epoch, block_start_ns=block_start, block_end_ns=block_end,
-        stamps=np.ascontiguousarray(table[:, :6]), planned_compute_ns=planned,
+        stamps=np.ascontiguousarray(table[:, :6]), planned_compute_ns=planned[:done],
         step_bytes=table[:, 6].copy(), step_read_ops=table[:, 7].copy(),
-        payload_bytes=plan.payload_bytes, opens=after["opens"] - before["opens"],
-        closes=after["closes"] - before["closes"], stats=after["stats"] - before["stats"],
-        requests=len(plan.offset), lat_ns=reader.lat_ns.copy(), sample_ids=plan.sample_ids,
+        payload_bytes=int(plan.batch_payload[:done].sum()),
+        opens=after["opens"] - before["opens"], closes=after["closes"] - before["closes"],
+        stats=after["stats"] - before["stats"], requests=requests,
+        lat_ns=reader.lat_ns[:requests].copy(), sample_ids=plan.sample_ids[:done * per_step],
         synchronised=barrier)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import mpiexec
@@ -31,3 +33,30 @@ def run_cli(args: list[str], ranks: int = 2, timeout: float = 120,
     """Run `dlio-mpi ARGS` on `ranks` MPI ranks; fails the test if it hangs."""
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def rank_pids(marker: str) -> list[int]:
+    """The Python processes (ranks) whose command line holds `marker`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fp:
+                args = fp.read().split(b"\0")
+        except OSError:
+            continue
+        if args and b"python" in os.path.basename(args[0]) and marker.encode() in b" ".join(args):
+            pids.append(int(entry))
+    return pids
+
+
+def signal_one_rank_when(job: subprocess.Popen, marker: str, ready, sig: int) -> None:
+    """Once `ready()`, send `sig` to one rank (the highest pid) of the running `job`."""
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.02)
+    pids = rank_pids(marker)
+    assert pids, "no rank found"
+    os.kill(max(pids), sig)

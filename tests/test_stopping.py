@@ -1,0 +1,95 @@
+"""A batch system's time limit (SIGTERM) or a user's Ctrl-C (SIGINT) stops the job at the next
+step on every rank, with the results so far written and marked incomplete, and a non-zero exit
+(128 + the signal's number); a second signal ends it at once. On 2 MPI ranks, as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import mpiexec
+from helpers import rank_pids, signal_one_rank_when, workload_overrides
+
+pytestmark = pytest.mark.timeout(180)
+
+EPOCHS, STEPS = 6, 16
+
+
+def start_run(tmp_path: Path, step_seconds: float = 0.03) -> tuple[subprocess.Popen, Path]:
+    over = workload_overrides(tmp_path, workflow__generate_data="true",
+                              dataset__num_files_train=2 * 2 * STEPS,
+                              train__computation_time=step_seconds, train__epochs=EPOCHS)
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-P", "-m", "dlio_mpi", "run", "demo", *over]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return job, tmp_path / "out"
+
+
+def logged(out: Path, text: str) -> bool:
+    try:
+        return text in (out / "dlio.log").read_text()
+    except OSError:
+        return False
+
+
+def in_epoch_2(out: Path) -> bool:
+    return logged(out, "train epoch 1")
+
+
+def wait_until(ready, job: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+        time.sleep(0.02)
+
+
+def assert_stopped(job: subprocess.Popen, out: Path, sig: int) -> dict:
+    stdout, stderr = job.communicate(timeout=60)
+    assert job.returncode == 128 + sig, (job.returncode, stderr)
+    errors = [line for line in stderr.splitlines() if line.startswith("dlio-mpi: error")]
+    assert len(errors) == 1 and f"stopped by {signal.Signals(sig).name}" in errors[0], stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dlio_mpi"]["complete"] is False
+    assert summary["dlio_mpi"]["stopped_by"] == signal.Signals(sig).name
+    assert 1 <= len(summary["metric"]["train_au_percentage"]) < EPOCHS
+    assert json.loads((out / "dlio_mpi_results.json").read_text())["state"] == "incomplete"
+    assert not [p for p in out.rglob("*") if ".dlio_mpi-" in p.name]
+    return summary
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_launcher_stops_every_rank_with_the_results_so_far(tmp_path, sig):
+    job, out = start_run(tmp_path)
+    wait_until(lambda: in_epoch_2(out), job)
+    job.send_signal(sig)  # mpiexec forwards it to every rank, as srun does
+    assert_stopped(job, out, sig)
+
+
+def test_a_signal_to_one_rank_stops_all_of_them_after_the_same_step(tmp_path):
+    job, out = start_run(tmp_path)
+    signal_one_rank_when(job, str(out), lambda: in_epoch_2(out), signal.SIGTERM)
+    summary = assert_stopped(job, out, signal.SIGTERM)
+    stats = json.loads((out / "per_epoch_stats.json").read_text())
+    # the epoch it stopped in is there when AU could count a step of it, and shorter
+    last = stats[str(len(summary["metric"]["train_au_percentage"]))]
+    assert 1 <= last["steps"] <= STEPS
+
+
+def test_a_second_signal_ends_the_job_at_once(tmp_path):
+    job, out = start_run(tmp_path, step_seconds=20)  # the first stop would wait for the step
+    wait_until(lambda: logged(out, "generated"), job)
+    time.sleep(1)
+    start = time.monotonic()
+    for _ in range(2):
+        for pid in rank_pids(str(out)):
+            os.kill(pid, signal.SIGTERM)
+        time.sleep(0.3)
+    job.communicate(timeout=60)
+    assert job.returncode != 0 and time.monotonic() - start < 10
+    assert not (out / "summary.json").exists()
