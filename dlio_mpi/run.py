@@ -19,7 +19,7 @@ from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import Stopped, UserError, check_all, on_root
-from .generate import generate
+from .generate import check_free_space, generate
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
 from .output import OutputFolder, access_log_name
@@ -49,13 +49,26 @@ def prepare(comm, cfg, generating: bool = False) -> tuple[RunPlan, Topology]:
     return plan, topo
 
 
-def open_output(comm, cfg, workload: str | None) -> OutputFolder:
+def results_bytes(cfg, plan: RunPlan, ranks: int) -> int:
+    """About what a run writes into output.folder: the access logs (8 bytes a sample) and a
+    few MiB of summaries and log."""
+    samples = 0
+    if cfg.output.access_log:
+        samples = cfg.train.epochs * ranks * (
+            plan.steps_per_epoch * cfg.reader.batch_size
+            + plan.eval_steps_per_epoch * cfg.reader.batch_size_eval)
+    return 8 * samples + (4 << 20)
+
+
+def open_output(comm, cfg, plan: RunPlan, workload: str | None) -> OutputFolder:
     """Rank 0 claims output.folder (refusing before any I/O if it holds anything not ours)
     and every rank learns the tag its result temporaries carry."""
     out = OutputFolder(cfg.output.folder, cfg.output.log_file, workload)
 
     def claim() -> str:
         out.claim(cfg.output.access_log)
+        check_free_space(cfg.output.folder, results_bytes(cfg, plan, comm.Get_size()),
+                         "output.folder")
         return out.tag
 
     out.tag = on_root(comm, claim)
@@ -311,7 +324,7 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
     start = time.time()
     _core.stop_on_signals()
     plan, topo = prepare(comm, cfg)
-    out = open_output(comm, cfg, workload)
+    out = open_output(comm, cfg, plan, workload)
     if not cfg.dataset.keep_files:
         on_root(comm, lambda: check_dataset_removable(cfg, plan))
     say(comm, describe_plan(plan, cfg), out=out)

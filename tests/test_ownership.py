@@ -69,13 +69,14 @@ def test_foreign_data_and_index_files_are_refused(tmp_path, name):
     assert snapshot(tmp_path / "data") == before
 
 
-def test_a_foreign_manifest_is_refused(tmp_path):
+@pytest.mark.parametrize("name", ["dlio_mpi_manifest.json", "dlio_mpi.lock"])
+def test_a_foreign_manifest_or_lock_is_refused(tmp_path, name):
     data = tmp_path / "data"
     data.mkdir()
-    (data / "dlio_mpi_manifest.json").write_text('{"mine": true}')
+    (data / name).write_text('{"mine": true}')
     res = run_cli(["generate", "demo", *workload_overrides(tmp_path)])
-    refused(res, str(data / "dlio_mpi_manifest.json"))
-    assert (data / "dlio_mpi_manifest.json").read_text() == '{"mine": true}'
+    refused(res, str(data / name))
+    assert snapshot(data) == {name: hashlib.sha1(b'{"mine": true}').hexdigest()}
 
 
 def test_a_file_changed_under_a_generated_name_is_not_overwritten(tmp_path):
