@@ -18,7 +18,7 @@ from . import __version__, _core
 from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
-from .errors import Stopped, UserError, check_all, on_root
+from .errors import JobError, Stopped, UserError, check_all, on_root
 from .generate import check_free_space, generate
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
@@ -324,9 +324,27 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
     start = time.time()
     _core.stop_on_signals()
     plan, topo = prepare(comm, cfg)
-    out = open_output(comm, cfg, plan, workload)
     if not cfg.dataset.keep_files:
         on_root(comm, lambda: check_dataset_removable(cfg, plan))
+    out = open_output(comm, cfg, plan, workload)
+    try:
+        summary = _run_claimed(comm, cfg, plan, topo, out, start)
+    except JobError as exc:  # agreed on by every rank: the log says why the run ended
+        state = "incomplete" if isinstance(exc, Stopped) else "failed"
+        message = f"dlio-mpi: error: {exc}"
+
+        def close_log() -> None:
+            out.log(message)
+            out.finish(state)
+
+        on_root(comm, close_log)
+        raise
+    on_root(comm, lambda: out.finish("complete"))
+    return summary
+
+
+def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
+                 start: float) -> dict | None:
     say(comm, describe_plan(plan, cfg), out=out)
     if cfg.workflow.generate_data:
         run_generation(comm, cfg, plan, out)
@@ -337,7 +355,6 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
                                 start, out, stop)
     if stop:
-        on_root(comm, lambda: out.finish("incomplete"))
         raise Stopped(f"stopped by {signal.Signals(stop).name} after "
                       f"{len(train_epochs)} complete or partial training epoch(s); the results "
                       f"so far are in {out.path('summary.json')}, marked incomplete "
@@ -346,7 +363,6 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
         remove_dataset(comm, plan)
         say(comm, f"removed the dataset under {plan.splits['train'].root} "
                   "(dataset.keep_files: false)", out=out)
-    on_root(comm, lambda: out.finish("complete"))
     return summary
 
 

@@ -293,3 +293,15 @@ def test_keep_files_false_removes_only_our_dataset(tmp_path):
         output__folder=tmp_path / "out2")])
     refused(res, "dataset.keep_files")
     assert snapshot(tmp_path / "data") == before
+    assert not (tmp_path / "out2").exists()  # refused before any I/O
+
+
+def test_a_failed_run_says_why_in_its_log(tmp_path):
+    over = workload_overrides(tmp_path, workflow__generate_data="false")
+    res = run_cli(["run", "demo", *over])  # no data
+    refused(res)
+    out = tmp_path / "out"
+    error = [line for line in res.stderr.splitlines() if line.startswith("dlio-mpi: error")]
+    assert (out / "dlio.log").read_text().splitlines()[-1] == error[0]
+    assert json.loads((out / "dlio_mpi_results.json").read_text())["state"] == "failed"
+    assert not (out / "summary.json").exists()
