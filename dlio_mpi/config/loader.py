@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ..ownership import read_regular
 from .schema import Config, ConfigError, build_section, check_support, short_repr
 
 log = logging.getLogger(__name__)
@@ -163,9 +164,16 @@ def _read_text(path: Path, name: str) -> str:
         if size > MAX_YAML_BYTES:
             raise ConfigError(f"{name}: is {size} bytes, not a workload YAML file (at most "
                               f"{MAX_YAML_BYTES >> 20} MiB)")
-        data = path.read_bytes()
+        data = read_regular(str(path), MAX_YAML_BYTES)  # cannot block, even if swapped since
+    except ConfigError:
+        raise
+    except ValueError:  # read_regular: not a regular file after all
+        raise ConfigError(f"{name}: is not a regular file; expected a workload YAML file") \
+            from None
     except OSError as exc:
         raise ConfigError(f"{name}: cannot read the workload file ({exc.strerror})") from None
+    if data is None:
+        raise ConfigError(f"configuration file not found: {name}")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
