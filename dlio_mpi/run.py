@@ -27,7 +27,7 @@ from .ownership import remove_quietly
 from .pacing import Pacing, make_pacing
 from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .planner import AccessPolicy, plan_reads
-from .reader import IoWatchdog, NativeReader
+from .readers import ReaderBackend, ReaderOptions, open_reader
 from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_shard
 from .topology import Topology, discover, emulated_ranks_per_node
 from .training import run_epoch
@@ -106,7 +106,7 @@ class Phase:
     name: str
     split: DatasetSplit
     files: SplitFiles
-    reader: NativeReader
+    reader: ReaderBackend
     shuffle: ShuffleSpec
     steps: int
     batch: int
@@ -134,10 +134,9 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
                                             fmt.loader_facts(files.path(0))))
     policy = AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
         facts, np.dtype(split.dtype).itemsize, split.samples_per_file))
-    reader = check_all(comm, lambda: NativeReader(
-        files, rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
-        close_at_epoch_end=rd.access == "loader", drop_page_cache=rd.drop_page_cache,
-        keep_data=rd.keep_data, watchdog=IoWatchdog.from_config(rd, comm.Get_rank())))
+    options = ReaderOptions.from_config(rd, comm.Get_rank())
+    # reader.file_access has one backend yet (DLIO itself never reads the key: plan note)
+    reader = check_all(comm, lambda: open_reader("multi", files, options, comm))
     if train:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,

@@ -13,9 +13,12 @@ import numpy as np
 from . import _core
 from .pacing import Pacing, StepSync
 from .planner import ReadPlan
+from .readers import ReaderBackend
+from .readers.base import BYTES, COMPUTED, DEADLINE, GOT, OPS, READY, START, SYNCED
 
-# Columns of EpochTrace.stamps (monotonic ns).
-START, READY, GOT, DEADLINE, COMPUTED, SYNCED = range(6)
+# Columns of EpochTrace.stamps (monotonic ns): the first six of the step records
+# (readers.base), re-exported for the metrics.
+__all__ = ["COMPUTED", "DEADLINE", "GOT", "READY", "START", "SYNCED", "EpochTrace", "run_epoch"]
 
 
 @dataclass
@@ -82,8 +85,8 @@ class EpochTrace:
         return np.maximum(self.column(COMPUTED) - self.column(DEADLINE), 0)
 
 
-def run_epoch(comm, reader, plan: ReadPlan, compute_s: np.ndarray, epoch: int, pacing: Pacing,
-              barrier: bool = True) -> EpochTrace:
+def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray, epoch: int,
+              pacing: Pacing, barrier: bool = True) -> EpochTrace:
     """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds."""
     planned = np.round(np.asarray(compute_s, dtype=np.float64) * 1e9).astype(np.int64)
     barrier_ = StepSync(comm, pacing.sync_spin_ns) if barrier else None
@@ -93,7 +96,7 @@ def run_epoch(comm, reader, plan: ReadPlan, compute_s: np.ndarray, epoch: int, p
         comm.Barrier()  # all ranks open the block together ...
         block_start = _core.now_ns()
         reader.start_epoch(plan)  # ... and read nothing ahead outside it (in step 0's wait)
-        table = reader.run_steps(pacing.pacer, barrier_.native if barrier_ else None, planned,
+        table = reader.run_steps(pacing.pacer, barrier_, planned,
                                  block_start)
         block_end = _core.now_ns()
     finally:
@@ -111,8 +114,8 @@ def run_epoch(comm, reader, plan: ReadPlan, compute_s: np.ndarray, epoch: int, p
     per_step = len(plan.sample_ids) // max(plan.steps, 1)
     return EpochTrace(
         epoch=epoch, block_start_ns=block_start, block_end_ns=block_end,
-        stamps=np.ascontiguousarray(table[:, :6]), planned_compute_ns=planned[:done],
-        step_bytes=table[:, 6].copy(), step_read_ops=table[:, 7].copy(),
+        stamps=np.ascontiguousarray(table[:, :BYTES]), planned_compute_ns=planned[:done],
+        step_bytes=table[:, BYTES].copy(), step_read_ops=table[:, OPS].copy(),
         payload_bytes=int(plan.batch_payload[:done].sum()),
         opens=after["opens"] - before["opens"], closes=after["closes"] - before["closes"],
         stats=after["stats"] - before["stats"], requests=requests,

@@ -1,0 +1,108 @@
+"""The reader-backend seam: what the step loop, the metrics and the summary know of whatever
+reads the batches (the native C engine, MPI-IO, later the framework loaders and caching tiers).
+
+A backend is opened once per phase with the split's files and the run's options (hints and
+settings are given here, once), then per epoch: `prepare_epoch(plan)` outside the clock,
+`start_epoch(plan)` inside it, `run_steps(...)` for the epoch's steps (or fewer, when the ranks
+agreed to stop), then `end_epoch()` or `abandon_epoch()`. `counters()` are totals since open;
+`lat_ns` the per-request latencies of the current epoch; `describe()` what went into
+summary.json. A backend may run threads or worker processes of its own.
+
+Backends whose batches arrive through `next_batch()` get the step loop from `python_steps`: the
+native engine runs the same loop in C (no Python between a compute deadline and the next)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from .. import _core
+from ..planner import ReadPlan
+
+
+@dataclass(frozen=True)
+class IoWatchdog:
+    """What a backend does about an open or read stuck in the kernel (a dead NFS or Lustre
+    server): report it after `seconds` (0: never) on stderr, naming `rank` and the file, and
+    with `abort` end the job (the wait for the batch raises)."""
+
+    seconds: float = 60.0
+    abort: bool = False
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class ReaderOptions:
+    """The run's reading settings, as every backend receives them."""
+
+    read_threads: int
+    prefetch_size: int
+    odirect: bool
+    fd_cache_size: int
+    close_at_epoch_end: bool  # reader.access: loader (else lean: descriptors cached)
+    drop_page_cache: bool
+    keep_data: bool
+    watchdog: IoWatchdog
+
+    @staticmethod
+    def from_config(reader_cfg, rank: int) -> ReaderOptions:
+        rd = reader_cfg
+        return ReaderOptions(rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
+                             rd.access == "loader", rd.drop_page_cache, rd.keep_data,
+                             IoWatchdog(rd.io_watchdog_seconds, rd.io_watchdog_abort, rank))
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """One batch as `next_batch()` hands it over: when it was complete (monotonic ns), the
+    bytes storage returned for it and the read calls it took."""
+
+    ready_ns: int
+    bytes_read: int
+    read_ops: int
+
+
+# Columns of the step records run_steps returns (CLOCK_MONOTONIC ns, then bytes and reads).
+START, READY, GOT, DEADLINE, COMPUTED, SYNCED, BYTES, OPS = range(8)
+
+
+class ReaderBackend(Protocol):
+    lat_ns: np.ndarray  # per request of the current epoch
+
+    def prepare_epoch(self, plan: ReadPlan) -> None: ...
+    def start_epoch(self, plan: ReadPlan) -> None: ...
+    def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
+                  start_ns: int) -> np.ndarray: ...
+    def next_batch(self) -> BatchStats | None: ...
+    def end_epoch(self) -> None: ...
+    def abandon_epoch(self) -> None: ...
+    def counters(self) -> dict[str, int]: ...
+    def describe(self) -> dict: ...
+    def close(self) -> None: ...
+
+
+def python_steps(backend: ReaderBackend, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
+                 start_ns: int) -> np.ndarray:
+    """The step loop for backends without one of their own: for each step take the next
+    batch, wait its compute time with `pacer`, synchronise with `sync` (a StepSync or None);
+    returns the (steps run, 8) records, as the C loop does (fewer steps when the ranks agreed
+    to stop)."""
+    out = np.zeros((len(compute_ns), 8), dtype=np.int64)
+    start = start_ns
+    for i, compute in enumerate(np.asarray(compute_ns, dtype=np.int64).tolist()):
+        batch = backend.next_batch()
+        if batch is None:
+            raise RuntimeError(f"the reader has {i} batches, the plan {len(compute_ns)}")
+        got = _core.now_ns()
+        deadline = got + compute
+        computed = pacer.wait_until(deadline) if compute > 0 else got
+        stop = sync.synchronise() if sync is not None else 0
+        synced = _core.now_ns()
+        out[i] = (start, batch.ready_ns, got, deadline, computed, synced, batch.bytes_read,
+                  batch.read_ops)
+        start = synced
+        if stop:
+            return out[:i + 1]
+    return out

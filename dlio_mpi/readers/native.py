@@ -1,0 +1,86 @@
+"""The native backend (reader.file_access: multi): one split's files behind the C engine
+(threads, prefetch ring, pread with optional O_DIRECT), which also runs the step loop in C."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _core
+from ..catalog import SplitFiles
+from ..pacing import StepSync
+from ..planner import ReadPlan
+from .base import BatchStats, ReaderOptions
+
+
+class NativeReader:
+    """Reads planned batches of one split with the C engine (a ReaderBackend).
+
+    options.close_at_epoch_end: close every descriptor when an epoch ends, as a loader closes
+    the files it kept open (reader.access: loader); else descriptors stay cached across epochs
+    (lean). drop_page_cache: before each epoch, posix_fadvise(DONTNEED) the files it will read,
+    so that the page cache cannot serve them. keep_data: False reads every request into one
+    small buffer per thread instead of the batch ring. watchdog: see IoWatchdog."""
+
+    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+        align = 0
+        o = options
+        if o.odirect and files.count:
+            first = files.path(0)
+            _core.probe_odirect(first)  # a clear error before training if refused
+            align = max(_core.odirect_alignment(first))
+        who = "" if o.watchdog.rank is None else f"rank {o.watchdog.rank}"
+        self._engine = _core.Engine(o.read_threads, o.prefetch_size, o.odirect,
+                                    o.fd_cache_size, align, not o.keep_data, o.watchdog.seconds,
+                                    o.watchdog.abort, who)
+        files.attach(self._engine)
+        self.close_at_epoch_end, self.drop_page_cache = o.close_at_epoch_end, o.drop_page_cache
+        self.lat_ns = np.zeros(0, dtype=np.int64)  # per request of the current epoch
+
+    def prepare_epoch(self, plan: ReadPlan) -> None:
+        """Work before the epoch's clock starts: the batch buffers, and dropping the plan's
+        files from the page cache."""
+        self._engine.reserve(plan.batch_start, plan.file_idx, plan.offset, plan.length,
+                             plan.flags, plan.expect)
+        if self.drop_page_cache:
+            self._engine.drop_cache(plan.files())
+
+    def start_epoch(self, plan: ReadPlan) -> None:
+        """Hand the engine an epoch of requests; its threads start prefetching at once."""
+        self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
+        self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
+                                 None, self.lat_ns, None, plan.flags, plan.expect)
+
+    def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
+                  start_ns: int) -> np.ndarray:
+        """Run the epoch's steps in the C loop (see _core.Engine.run_steps); returns the
+        (steps run, 8) records (base.START ... base.OPS). Fewer steps than planned when the
+        ranks agreed to stop (SIGINT, SIGTERM)."""
+        out = np.zeros((len(compute_ns), 8), dtype=np.int64)
+        done = self._engine.run_steps(pacer, sync.native if sync is not None else None,
+                                      np.ascontiguousarray(compute_ns, dtype=np.int64),
+                                      start_ns, out)
+        return out[:done]
+
+    def next_batch(self) -> BatchStats | None:
+        """Wait (GIL released) for the next batch; None at the end of the epoch."""
+        batch = self._engine.next()
+        return None if batch is None else BatchStats(batch.ready_ns, batch.bytes_read,
+                                                     batch.read_ops)
+
+    def abandon_epoch(self) -> None:
+        """Stop an epoch before its last batch: the reads in flight end, every file closes."""
+        self._engine.close_files()
+
+    def end_epoch(self) -> None:
+        """After the last batch: close the files a loader would close."""
+        if self.close_at_epoch_end:
+            self._engine.close_files()
+
+    def counters(self) -> dict:
+        return self._engine.counters()
+
+    def describe(self) -> dict:
+        return {"backend": "native", "file_access": "multi"}
+
+    def close(self) -> None:
+        self._engine.close()
