@@ -45,6 +45,8 @@ class ReaderOptions:
     drop_page_cache: bool
     keep_data: bool
     watchdog: IoWatchdog
+    file_access: str = "multi"  # the backend (readers.BACKENDS)
+    mpiio_hints: tuple[tuple[str, str], ...] = ()  # MPI-IO info hints, given at every open
 
     @staticmethod
     def from_config(reader_cfg, rank: int) -> ReaderOptions:
