@@ -430,6 +430,8 @@ ACTING = {
     # made to act by their own changes (issue 6)
     "dataset.keep_files", "output.log_file", "reader.io_watchdog_seconds",
     "reader.io_watchdog_abort",
+    # ours (issue 7): applied by filesystems.apply_striping
+    "storage.lustre",
 }
 
 
@@ -489,6 +491,47 @@ def test_storage_types_meaning_a_posix_path_both_act():
              for kind in ("local_fs", "parallel_fs")]
     assert plans[0].dataset_bytes == plans[1].dataset_bytes > 0
     assert not any("storage" in note for plan in plans for note in plan.notes)
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ([], None),
+    (["storage.lustre={}"], (None, None, None, False)),
+    (["storage.lustre.stripe_count=-1"], (-1, None, None, False)),
+    (["storage.lustre.stripe_count=8", "storage.lustre.stripe_size=4M"], (8, 4 << 20, None,
+                                                                           False)),
+    (["storage.lustre.stripe_size=1048576", "storage.lustre.pool=testfs.flash",
+      "storage.lustre.required=true"], (None, 1 << 20, "testfs.flash", True)),
+    (["storage.lustre.stripe_size=512k"], (None, 512 << 10, None, False)),
+    (["storage.lustre.stripe_size=' 3G '"], (None, 3 << 30, None, False)),
+])
+def test_lustre_section_is_read_with_sizes_in_bytes(overrides, expected, tmp_path):
+    from dlio_mpi.plan import derive_plan
+
+    cfg = load_config("demo", overrides)
+    lustre = cfg.storage.lustre
+    got = lustre and (lustre.stripe_count, lustre.stripe_size, lustre.pool, lustre.required)
+    assert got == expected
+    assert load_config(write_yaml(tmp_path, {"workload": cfg.to_dict()})) == cfg
+    assert not any("lustre" in note for note in derive_plan(cfg, 2).notes)  # not inert
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("storage.lustre.stripe_count=-2", "storage.lustre.stripe_count: expected an integer >= -1 "
+                                       "and <= 2000 or null, got -2"),
+    ("storage.lustre.stripe_count=2001", "<= 2000"),
+    ("storage.lustre.stripe_size=100", "storage.lustre.stripe_size: expected a size in bytes, "
+                                       "or with a suffix K, M or G (binary), that is a "
+                                       "multiple of 64K below 4G, got '100'"),
+    ("storage.lustre.stripe_size=4G", "got '4G'"),
+    ("storage.lustre.stripe_size=0", "got '0'"),
+    ("storage.lustre.stripe_size=1.5M", "got '1.5M'"),
+    ("storage.lustre.stripe_size=[4M]", "storage.lustre.stripe_size: expected a string"),
+    ("storage.lustre.pool='a b'", "storage.lustre.pool: expected an OST pool name"),
+    ("storage.lustre.required=yes please", "storage.lustre.required: expected true or false"),
+    ("storage.lustre.stripe_cont=4", "did you mean 'storage.lustre.stripe_count'?"),
+])
+def test_lustre_section_refuses_what_lfs_would(override, expected):
+    assert expected in error_of("demo", [override])
 
 
 def test_data_loader_none_is_refused_as_dlio_refuses_it():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import reprlib
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
@@ -260,6 +261,41 @@ class StorageOptions:
     s3_max_attempts: int = key(5, "int", minimum=1)
 
 
+STRIPE_SIZE_UNIT = 64 * 1024  # lfs: a stripe size is a multiple of 64 KiB, below 4 GiB
+_SIZE_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+
+
+def _stripe_size_bytes(text: str, path: str) -> int:
+    """A stripe size as lfs takes it, in bytes: '1048576', '4M', '512k' (binary suffixes)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)\s*", text)
+    size = int(match[1]) * _SIZE_SUFFIXES[match[2].upper()] if match else 0
+    if not match or size % STRIPE_SIZE_UNIT or not 0 < size < 2**32:
+        raise ConfigError(f"{path}: expected a size in bytes, or with a suffix K, M or G "
+                          f"(binary), that is a multiple of 64K below 4G, got {short_repr(text)}")
+    return size
+
+
+@dataclass(frozen=True)
+class Lustre:
+    """Ours: the Lustre layout set with `lfs setstripe` on the data folder before files are
+    created (filesystems.apply_striping). Unset keys keep lfs's defaults."""
+
+    stripe_count: int | None = key(None, "int", optional=True, minimum=-1,  # -1: all OSTs
+                                   maximum=2000)  # Lustre's LOV_MAX_STRIPE_COUNT
+    stripe_size: int | None = key(None, "str", optional=True)  # bytes, or "4M"; stored as bytes
+    pool: str | None = key(None, "str", optional=True)  # an OST pool: "flash" or "fsname.flash"
+    # true: a data folder that is not on Lustre, or a layout lfs cannot set, is an error
+    required: bool = key(False, "bool")
+
+    def __post_init__(self) -> None:
+        if self.stripe_size is not None:
+            object.__setattr__(self, "stripe_size", _stripe_size_bytes(
+                str(self.stripe_size), "storage.lustre.stripe_size"))
+        if self.pool is not None and not re.fullmatch(r"[\w.-]{1,64}", self.pool):
+            raise ConfigError(f"storage.lustre.pool: expected an OST pool name (letters, "
+                              f"digits, '_', '-', '.'), got {short_repr(self.pool)}")
+
+
 @dataclass(frozen=True)
 class Storage:
     # local_fs and parallel_fs: both a POSIX path (DLIO 2.0.0 has no branch for parallel_fs)
@@ -269,6 +305,7 @@ class Storage:
     storage_options: StorageOptions | None = section(
         StorageOptions, optional=True,
         inert="it configures S3 and AIStore, which are not implemented yet")
+    lustre: Lustre | None = section(Lustre, optional=True)  # ours
 
 
 # --------------------------------------------------------------------------- dataset
