@@ -13,6 +13,7 @@ import numpy as np
 from .config import support_notes
 from .dataset import DatasetSplit, LayoutTable, describe_dataset
 from .errors import UserError
+from .filesystems import setstripe_args
 from .formats import implemented_formats
 from .planner import READ_MODES
 from .sharding import steps_per_epoch
@@ -306,8 +307,59 @@ def _size(n: float) -> str:
     return f"{n} B"
 
 
-def describe_plan(plan: RunPlan, cfg) -> str:
-    """The plan as a few lines of text."""
+def _filesystem_text(name: str, info: Mapping) -> str:
+    """'data_folder: lustre at /lus (srv:/fs), default layout 4 stripes of 1.0 MiB'."""
+    text = f"{name}: {info['type']} at {info['mount_point']}"
+    if info.get("device") not in (None, "unknown"):
+        text += f" ({info['device']})"
+    if info["type"] == "gpfs" and info.get("block_size"):
+        text += f", block size {_size(info['block_size'])}"
+    layout = info.get("stripe_layout") or {}
+    if "stripe_count" in layout:
+        count = layout["stripe_count"]
+        text += (f", default layout {'all OSTs' if count == -1 else f'{count} stripe(s)'} of "
+                 f"{_size(layout.get('stripe_size', 0))}"
+                 + (f" in pool {layout['pool']}" if layout.get("pool") else ""))
+    elif layout:
+        text += (", composite default layout" if "components" in layout
+                 else f", layout unknown ({layout.get('error', 'unreadable')})")
+    return text
+
+
+def storage_lines(cfg, data_folder: str | None, filesystems: Mapping[str, Mapping] | None = None,
+                  striping: Mapping | None = None) -> list[str]:
+    """Plan lines on the run's file systems (filesystems.describe_filesystems) and the
+    striping storage.lustre asks for (filesystems.check_striping's outcome when known);
+    `data_folder` None: the run uses no data set."""
+    lines = [f"file system     {_filesystem_text(name, info)}"
+             for name, info in (filesystems or {}).items()]
+    lustre = cfg.storage.lustre
+    if lustre is None or data_folder is None:
+        return lines
+    args = setstripe_args(lustre, data_folder)
+    command = " ".join(["lfs", *args]) if args else "no lfs setstripe (no layout asked for)"
+    if striping is not None and "note" in striping and striping["status"] != "planned":
+        lines.append(f"striping        {striping['note']}")
+    else:
+        when = "" if striping is not None else " if the data folder is on Lustre"
+        lines.append(f"striping        storage.lustre: {command}{when}, before files are "
+                     "created; files already there keep their layout"
+                     + (" (storage.lustre.required)" if lustre.required else ""))
+    # The issue's MPI-IO backend takes striping hints too: they set the layout of the files
+    # MPI-IO creates, at creation, whatever the folder's default says.
+    hints = getattr(cfg.reader, "mpiio_hints", None) or {}
+    striping_hints = sorted(set(hints) & {"striping_factor", "striping_unit"})
+    if args and striping_hints:
+        lines.append(f"note            reader.mpiio_hints {', '.join(striping_hints)} set the "
+                     "layout of files MPI-IO creates, storage.lustre the folder's default for "
+                     "the others; the layout a data file took is in summary.json")
+    return lines
+
+
+def describe_plan(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
+                  striping: Mapping | None = None) -> str:
+    """The plan as a few lines of text; `filesystems` (describe_filesystems) and `striping`
+    (check_striping), when given, add what rank 0 found on the storage."""
     compute = cfg.train.computation_time.mean
     lines = [
         f"workload        {cfg.model.name}: {plan.format}, read mode {plan.read_mode}, "
@@ -339,5 +391,7 @@ def describe_plan(plan: RunPlan, cfg) -> str:
             lines.append(f"note            the dataset fits in the memory of the {plan.nodes} "
                          "node(s): after the first epoch reads may come from the page cache "
                          "(reader.odirect: true or reader.drop_page_cache: true avoid it)")
+    data_folder = plan.splits["train"].root if plan.splits else None
+    lines += storage_lines(cfg, data_folder, filesystems, striping)
     lines.extend(f"note            {note}" for note in plan.notes)
     return "\n".join(lines)

@@ -400,3 +400,62 @@ def test_lustre_folders_and_files_are_described_with_their_layout(lustre):
     assert lustre.calls() == [["getstripe", "-d", str(lustre.mount)],
                               ["getstripe", str(data_file)]]  # a file's own layout
     assert stripe_layout(str(data_file))["stripe_count"] == 4
+
+
+# --------------------------------------------------------------------------- the plan
+def plan_text(overrides=(), filesystems=None, striping=None) -> str:
+    from dlio_mpi.plan import derive_plan, describe_plan
+
+    cfg = load_config("demo", list(overrides))
+    return describe_plan(derive_plan(cfg, 2), cfg, filesystems, striping)
+
+
+def lines_of(text: str, head: str) -> list[str]:
+    """The plan lines headed `head`, without their 16-column head."""
+    return [line[16:] for line in text.splitlines() if line.startswith(head)]
+
+
+def test_the_plan_names_the_striping_asked_for_before_the_storage_is_seen():
+    data = os.path.abspath("data/demo")
+    assert lines_of(plan_text(), "striping") == []
+    text = plan_text(["storage.lustre.stripe_count=-1", "storage.lustre.stripe_size=4M",
+                      "storage.lustre.required=true"])
+    assert lines_of(text, "striping") == [
+        f"storage.lustre: lfs setstripe -c -1 -S 4194304 {data} if the data folder is on "
+        "Lustre, before files are created; files already there keep their layout "
+        "(storage.lustre.required)"]
+
+
+def test_the_plan_says_not_applicable_off_lustre(tmp_path):
+    over = ["storage.lustre.stripe_count=4", f"storage.storage_root={tmp_path}"]
+    lustre = load_config("demo", over).storage.lustre
+    data = str(tmp_path / "./data/demo")
+    striping = check_striping(lustre, data)
+    filesystems = describe_filesystems({"data_folder": data})
+    text = plan_text(over, filesystems, striping)
+    fs_type, mount_point = _df(tmp_path)
+    assert lines_of(text, "striping") == [
+        f"storage.lustre: not applicable: {data} is on {fs_type} mounted at {mount_point}, "
+        "not Lustre"]
+    assert lines_of(text, "file system") == [
+        f"data_folder: {fs_type} at {mount_point} ({filesystems['data_folder']['device']})"]
+
+
+def test_the_plan_shows_lustre_layouts_and_gpfs_block_sizes(lustre):
+    over = ["storage.lustre.stripe_count=4", f"storage.storage_root={lustre.mount}"]
+    data = os.path.join(str(lustre.mount), "./data/demo")
+    filesystems = describe_filesystems({"data_folder": data}, str(lustre.mountinfo))
+    filesystems["output_folder"] = {"type": "gpfs", "mount_point": "/gpfs/fs1",
+                                    "device": "fs1", "block_size": 16 << 20}
+    filesystems["scratch"] = {"type": "lustre", "mount_point": "/lus", "device": "unknown",
+                              "stripe_layout": {"error": "lfs getstripe: no answer"}}
+    text = plan_text(over, filesystems, check_striping(
+        load_config("demo", over).storage.lustre, data, str(lustre.mountinfo)))
+    assert lines_of(text, "file system") == [
+        f"data_folder: lustre at {lustre.mount} (10.0.0.1@o2ib:/testfs), default layout "
+        "4 stripe(s) of 1.0 MiB in pool flash",
+        "output_folder: gpfs at /gpfs/fs1 (fs1), block size 16.0 MiB",
+        "scratch: lustre at /lus, layout unknown (lfs getstripe: no answer)"]
+    assert lines_of(text, "striping") == [
+        f"storage.lustre: lfs setstripe -c 4 {os.path.abspath(data)}, before files are "
+        "created; files already there keep their layout"]
