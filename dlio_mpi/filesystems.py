@@ -65,7 +65,7 @@ def _unescape(field: str) -> str:
 def parse_mountinfo(text: str) -> list[Mount]:
     """The mounts in mountinfo text, in its order; malformed lines are skipped."""
     mounts = []
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines(): a path may hold a form feed
         fields = line.split(" ")
         if "-" not in fields[6:]:
             continue
@@ -140,8 +140,12 @@ def run_lfs(args: list[str], timeout: float = LFS_TIMEOUT_SECONDS) -> str:
     command = shlex.join(["lfs", *args])
     if lfs is None:
         raise LfsError(f"{command}: lfs is not on PATH (install the Lustre client tools)")
-    proc = subprocess.Popen([lfs, *args], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, errors="replace")
+    try:
+        proc = subprocess.Popen([lfs, *args], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                errors="replace")
+    except OSError as exc:  # not executable, not a program
+        raise LfsError(f"{command}: cannot run {lfs}: {exc.strerror or exc}") from None
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -370,6 +370,17 @@ def test_lfs_missing_on_lustre_is_a_note_or_the_required_error(lustre, tmp_path,
     assert "lfs is not on PATH" in layout["error"]
 
 
+def test_an_lfs_that_cannot_run_is_reported_not_raised(lustre, tmp_path, monkeypatch):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "lfs").write_bytes(b"\x7fELF not really")
+    (broken / "lfs").chmod(0o755)
+    monkeypatch.setenv("PATH", str(broken))
+    layout = describe_filesystems({"data": str(lustre.mount)},
+                                  str(lustre.mountinfo))["data"]["stripe_layout"]
+    assert layout["error"].startswith(f"lfs getstripe -d '{lustre.mount}': cannot run ")
+
+
 def test_off_lustre_striping_is_not_applicable_and_runs_nothing(lustre, tmp_path):
     data = tmp_path / "ext4 data"  # beside the fake Lustre mount
     result = apply_striping(lustre_section("stripe_count=4"), str(data), str(lustre.mountinfo))
