@@ -5,6 +5,7 @@ on every rank, before anything is touched; `dlio-mpi validate` prints it."""
 from __future__ import annotations
 
 import math
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -337,7 +338,7 @@ def storage_lines(cfg, data_folder: str | None, filesystems: Mapping[str, Mappin
     if lustre is None or data_folder is None:
         return lines
     args = setstripe_args(lustre, data_folder)
-    command = " ".join(["lfs", *args]) if args else "no lfs setstripe (no layout asked for)"
+    command = shlex.join(["lfs", *args]) if args else "no lfs setstripe (no layout asked for)"
     if striping is not None and "note" in striping and striping["status"] != "planned":
         lines.append(f"striping        {striping['note']}")
     else:

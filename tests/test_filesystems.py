@@ -468,5 +468,19 @@ def test_the_plan_shows_lustre_layouts_and_gpfs_block_sizes(lustre):
         "output_folder: gpfs at /gpfs/fs1 (fs1), block size 16.0 MiB",
         "scratch: lustre at /lus, layout unknown (lfs getstripe: no answer)"]
     assert lines_of(text, "striping") == [
-        f"storage.lustre: lfs setstripe -c 4 {os.path.abspath(data)}, before files are "
-        "created; files already there keep their layout"]
+        f"storage.lustre: lfs setstripe -c 4 '{os.path.abspath(data)}', before files are "
+        "created; files already there keep their layout"]  # quoted: the mount has a space
+
+
+def test_the_plan_notes_mpiio_striping_hints_beside_storage_lustre():
+    from types import SimpleNamespace
+
+    from dlio_mpi.plan import storage_lines
+
+    storage = load_config("demo", ["storage.lustre.stripe_count=4"]).storage
+    cfg = SimpleNamespace(storage=storage, reader=SimpleNamespace(
+        mpiio_hints={"striping_factor": "8", "romio_cb_read": "enable"}))
+    assert lines_of("\n".join(storage_lines(cfg, "/lus/data")), "note") == [
+        "reader.mpiio_hints striping_factor set the layout of files MPI-IO creates, "
+        "storage.lustre the folder's default for the others; the layout a data file took is "
+        "in summary.json"]
