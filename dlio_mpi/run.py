@@ -19,6 +19,7 @@ from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
+from .filesystems import apply_striping, check_striping, describe_filesystems
 from .generate import check_free_space, generate
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
@@ -88,13 +89,22 @@ def check_dataset_removable(cfg, plan: RunPlan) -> None:
                         "its files are not dlio-mpi's to delete; set keep_files: true")
 
 
-def run_generation(comm, cfg, plan: RunPlan, out: OutputFolder | None = None) -> None:
+def run_generation(comm, cfg, plan: RunPlan, out: OutputFolder | None = None) -> dict | None:
+    """Generate the dataset (striping the data folder first when storage.lustre asks);
+    returns what the striping did, or None."""
     _core.stop_on_signals()
     splits = plan.splits
+    striping = None
+    if cfg.storage.lustre is not None:
+        striping = on_root(comm, lambda: apply_striping(cfg.storage.lustre, splits["train"].root))
+        for key in ("note", "mismatch"):
+            if striping.get(key):
+                say(comm, f"striping: {striping[key]}", out=out)
     result = generate(comm, cfg, splits, plan.layouts)
     say(comm, f"generated {result.files_written} files ({result.bytes_written / 2**20:.1f} MiB"
               f", {result.mib_per_second:.1f} MiB/s), {result.files_skipped} already complete,"
               f" under {splits['train'].root}", out=out)
+    return striping
 
 
 @dataclass
@@ -271,14 +281,22 @@ def _spread_of(values: list[float]) -> dict:
 
 def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
                   train_epochs: list[EpochSummary], eval_epochs: list[EpochSummary],
-                  start: float, out: OutputFolder, stopped_by: int = 0) -> dict:
+                  start: float, out: OutputFolder, stopped_by: int = 0,
+                  striping: dict | None = None) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml, each whole or not at
-    all; returns the summary. `stopped_by`: the signal that ended training early."""
+    all; returns the summary. `stopped_by`: the signal that ended training early; `striping`:
+    what storage.lustre did."""
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
 
     def write() -> dict:
+        train = plan.splits["train"]
+        # on rank 0 only (lfs runs once); data_file: the layout a data file really took
+        header["dlio_mpi"]["filesystems"] = describe_filesystems(
+            {"data_folder": train.root, "data_file": train.path(0),
+             "output_folder": cfg.output.folder})
+        header["dlio_mpi"]["striping"] = striping
         summary = build_summary(train_epochs, eval_epochs, cfg, header)
         stats = {str(e.epoch): e.to_json() for e in train_epochs}
         for e in eval_epochs:
@@ -325,9 +343,13 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
     plan, topo = prepare(comm, cfg)
     if not cfg.dataset.keep_files:
         on_root(comm, lambda: check_dataset_removable(cfg, plan))
+    striping = None
+    if cfg.storage.lustre is not None:  # storage.lustre.required refuses before any I/O
+        striping = on_root(comm, lambda: check_striping(cfg.storage.lustre,
+                                                        plan.splits["train"].root))
     out = open_output(comm, cfg, plan, workload)
     try:
-        summary = _run_claimed(comm, cfg, plan, topo, out, start)
+        summary = _run_claimed(comm, cfg, plan, topo, out, start, striping)
     except JobError as exc:  # agreed on by every rank: the log says why the run ended
         state = "incomplete" if isinstance(exc, Stopped) else "failed"
         message = f"dlio-mpi: error: {exc}"
@@ -343,16 +365,19 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
 
 
 def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
-                 start: float) -> dict | None:
-    say(comm, describe_plan(plan, cfg), out=out)
+                 start: float, striping: dict | None) -> dict | None:
+    root = plan.splits["train"].root
+    filesystems = on_root(comm, lambda: describe_filesystems(
+        {"data_folder": root, "output_folder": cfg.output.folder}))
+    say(comm, describe_plan(plan, cfg, filesystems, striping), out=out)
     if cfg.workflow.generate_data:
-        run_generation(comm, cfg, plan, out)
+        striping = run_generation(comm, cfg, plan, out) or striping
     summary, stop = None, 0
     if cfg.workflow.train:
         pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
         train_epochs, eval_epochs, stop = train(comm, cfg, plan, topo, pacing, out)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
-                                start, out, stop)
+                                start, out, stop, striping)
     if stop:
         raise Stopped(f"stopped by {signal.Signals(stop).name} after "
                       f"{len(train_epochs)} complete or partial training epoch(s); the results "

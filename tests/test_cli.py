@@ -38,6 +38,18 @@ def test_run_writes_results(tmp_path):
     assert set(json.loads((out / "per_epoch_stats.json").read_text())) == {"1", "2"}
     assert (out / "config.yaml").exists()
     assert "train AU" in res.stdout
+    # the file systems the run used, as /proc/self/mountinfo names them
+    fs = summary["dlio_mpi"]["filesystems"]
+    assert set(fs) == {"data_folder", "data_file", "output_folder"}
+    assert fs["data_folder"]["type"] not in ("", "unknown") and fs["data_folder"]["mount_point"]
+    assert "file system     data_folder:" in res.stdout and summary["dlio_mpi"]["striping"] is None
+
+
+def test_lustre_striping_required_off_lustre_is_refused_before_any_io(tmp_path):
+    res = run_cli(["run", "demo", *workload_overrides(tmp_path),
+                   "storage.lustre.required=true", "storage.lustre.stripe_count=4"])
+    assert res.returncode == 2 and res.stderr.count("storage.lustre.required") == 1, res.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()
 
 
 def test_unknown_key_is_reported_once_with_a_suggestion(tmp_path):
