@@ -83,6 +83,8 @@ int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_syn
         start = r->synced; /* the next wait starts where this step ended */
         if (sync && sync->stop_in && *sync->stop_in)
             return i + 1; /* every rank learnt the same stop request in this step */
+        if (!(sync && sync->request) && dio_stop_signal())
+            return i + 1; /* no synchronisation (evaluation): the caller agrees afterwards */
     }
     return nsteps;
 }

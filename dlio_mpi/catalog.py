@@ -26,8 +26,9 @@ from .formats import FileLayout
 from .manifest import differing_params, generation_params, read_manifest
 
 SPOT_CHECKS = 8
-CHANGED = ("the dataset changed after generation; regenerate it (workflow.generate_data=True) "
-           "or choose another dataset.data_folder")
+CHANGED = ("the dataset changed after generation; delete the changed file and run "
+           "`dlio-mpi generate` with this configuration to write it again, or choose another "
+           "dataset.data_folder")
 
 
 @dataclass(frozen=True)

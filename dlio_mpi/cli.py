@@ -102,7 +102,8 @@ def _command(args, comm) -> int:
     from .run import prepare, run, run_generation
 
     if args.command == "generate":
-        run_generation(comm, cfg, prepare(comm, cfg, generating=True)[0])
+        run_generation(comm, cfg, prepare(comm, cfg, generating=True)[0],
+                       check_every_file=True)
         return 0
     path = source[len("workload="):] if source.startswith("workload=") else source
     run(comm, cfg, workload=path if os.path.isfile(path) else None)

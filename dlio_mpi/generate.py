@@ -18,15 +18,10 @@ from . import _core
 from .catalog import spot_check_sizes
 from .dataset import SPLITS, DatasetSplit, LayoutTable
 from .errors import JobError, Stopped, UserError, check_all, on_root
+from .filesystems import apply_striping
 from .formats.base import StagedWrites
-from .manifest import (
-    MANIFEST_NAME,
-    differing_params,
-    generation_params,
-    read_manifest,
-    write_manifest,
-)
-from .ownership import TMP_MARK, FolderLock, is_temporary_of, new_tag, remove_quietly
+from .manifest import differing_params, generation_params, read_manifest, write_manifest
+from .ownership import LOCK_NAME, FolderLock, is_temporary_of, new_tag, remove_quietly
 
 
 @dataclass(frozen=True)
@@ -35,6 +30,7 @@ class GenerationResult:
     files_skipped: int
     bytes_written: int
     seconds: float  # slowest rank
+    striping: dict | None = None  # what storage.lustre did (filesystems.apply_striping)
 
     @property
     def mib_per_second(self) -> float:
@@ -59,23 +55,29 @@ def _my_files(splits: dict[str, DatasetSplit], rank: int, size: int
 
 
 def generate(comm, cfg, splits: dict[str, DatasetSplit],
-             layouts: dict[str, LayoutTable] | None = None) -> GenerationResult:
+             layouts: dict[str, LayoutTable] | None = None,
+             trust_complete: bool = True) -> GenerationResult:
     """Generate the dataset of `cfg` collectively; returns totals over all ranks. `layouts`
-    are the splits' expected layouts when the caller has them already. Rank 0 holds the data
-    folder's lock throughout; files are only ever created, never replaced (ownership.py)."""
+    are the splits' expected layouts when the caller has them already. trust_complete: a
+    complete manifest is trusted after a few spot checks (else every file is looked at and
+    what is missing written: `dlio-mpi generate` repairs a dataset that lost files). Rank 0
+    holds the data folder's lock throughout; files are only ever created, never replaced
+    (ownership.py)."""
     root = splits["train"].root
     params = generation_params(cfg)
     lock = FolderLock(root, "generation")
     if layouts is None:
         layouts = {name: split.expected_layouts() for name, split in splits.items()}
     try:
-        return _generate(comm, splits, layouts, root, params, lock)
+        return _generate(comm, splits, layouts, root, params, lock, cfg.storage.lustre,
+                         trust_complete)
     finally:
         lock.release()
 
 
-def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
-    def prepare() -> tuple[bool, bool, str]:
+def _generate(comm, splits, layouts, root, params, lock, lustre,
+              trust_complete: bool) -> GenerationResult:
+    def prepare() -> tuple[bool, bool, str, dict | None]:
         """Rank 0: take the folder's lock; decide whether existing files are ours (a manifest
         with these parameters lists them) and whether they are complete (the manifest says
         so and a few spot checks agree: a rerun then costs no look at every file); remove
@@ -93,22 +95,23 @@ def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
                 f"{root} holds a dataset generated with other parameters "
                 f"({', '.join(differing_params(manifest, params))} differ); choose another "
                 "dataset.data_folder or delete that dataset yourself")
-        if ours and manifest.get("complete"):
+        if ours and manifest.get("complete") and trust_complete:
             try:
                 for name, split in splits.items():
                     spot_check_sizes(split, layouts[name])
-                return ours, True, ""
+                return ours, True, "", None
             except UserError:
                 pass  # a file changed since: the survey looks at every file
         # both split folders, even an empty valid/: DLIO lists it whatever num_files_eval is
         folders = sorted({f for s in splits.values() for f in s.naming.folders()})
+        striping = None if lustre is None else _stripe(lustre, root, folders, ours)
         for folder in folders:
             os.makedirs(folder, exist_ok=True)
         if ours:
             _remove_temporaries([root, *folders], manifest.get("temporaries", []))
-        return ours, False, new_tag()
+        return ours, False, new_tag(), striping
 
-    ours, complete, tag = on_root(comm, prepare)
+    ours, complete, tag, striping = on_root(comm, prepare)
     mine = _my_files(splits, comm.Get_rank(), comm.Get_size())
     if complete:
         return GenerationResult(0, sum(s.num_files for s in splits.values()), 0, 0.0)
@@ -127,6 +130,9 @@ def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
             split = splits[name]
             path = split.path(index)
             try:
+                if os.path.islink(path):  # even a dangling one: it is not a file of ours
+                    raise UserError(f"{path} is a symbolic link, not a file dlio-mpi "
+                                    "generated; remove it or choose another dataset.data_folder")
                 size = _core.regular_size(path)  # a FIFO or folder there is refused by name
             except FileNotFoundError:
                 todo.append((name, index))
@@ -148,7 +154,7 @@ def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
     on_root(comm, lambda: check_free_space(root, need, "dataset.data_folder"))
     # Only now, with no foreign file in the way, claim the names: an interrupted generation
     # is then still known to be ours, and its temporaries by their tag.
-    on_root(comm, lambda: write_manifest(root, params, complete=False, temporaries=[tag]))
+    on_root(comm, lambda: write_manifest(root, params, complete=False, tag=tag, temporaries=[tag]))
     start = time.perf_counter()
     try:
         written = check_all(comm, lambda: _write_files(splits, todo, tag, root))
@@ -162,9 +168,28 @@ def _generate(comm, splits, layouts, root, params, lock) -> GenerationResult:
                                      dtype=np.int64))
     seconds = comm.allreduce(elapsed, op=_max_op())
     on_root(comm, lambda: write_manifest(
-        root, params, complete=True, files={name: s.num_files for name, s in splits.items()},
+        root, params, complete=True, tag=tag,
+        files={name: s.num_files for name, s in splits.items()},
         bytes={name: layouts[name].total("size") for name in splits}))
-    return GenerationResult(int(totals[0]), int(totals[1]), int(totals[2]), seconds)
+    return GenerationResult(int(totals[0]), int(totals[1]), int(totals[2]), seconds, striping)
+
+
+def _stripe(lustre, root: str, folders: list[str], ours: bool) -> dict:
+    """storage.lustre on the data folder, before its folders and files are created: only on
+    a folder that is new, empty (but for our lock) or ours, never on a user's; on a dataset of
+    ours its existing folders too (new files take their folder's layout)."""
+    if not ours and [e for e in os.listdir(root) if e != LOCK_NAME]:
+        if lustre.required:
+            raise UserError(f"storage.lustre.required is true, but {root} holds files that "
+                            "are not dlio-mpi's: its layout is left as it is")
+        return {"folder": root, "status": "not applied",
+                "note": f"storage.lustre: {root} holds files that are not dlio-mpi's: its "
+                        "layout is left as it is"}
+    result = apply_striping(lustre, root)
+    if ours and result.get("status") == "applied":
+        result["folders"] = {f: apply_striping(lustre, f)["status"]
+                             for f in folders if os.path.isdir(f)}
+    return result
 
 
 def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str) -> int:
@@ -175,6 +200,7 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str) -> in
     try:
         for name, index in todo:
             if _core.stop_signal():
+                staged.commit()  # the files written so far are whole: keep them
                 raise UserError(f"generation stopped by {signal.Signals(_core.stop_signal()).name}"
                                 "; complete files stay, and a rerun resumes after them")
             split = splits[name]
@@ -205,13 +231,11 @@ def _clear_side_files(paths: list[str], ours: bool) -> None:
 
 
 def _remove_temporaries(folders: list[str], tags: list[str]) -> None:
-    """Remove the temporaries of earlier generations of ours (by their recorded tags, and the
-    manifest's own) from `folders`."""
-    manifest_tmp = MANIFEST_NAME + TMP_MARK
+    """Remove the temporaries of earlier generations of ours (by the tags their manifest
+    recorded: data files, side files and the manifest's own) from `folders`."""
     for folder in folders:
         with os.scandir(folder) as entries:
-            stale = [e.path for e in entries if is_temporary_of(e.name, tags) or (
-                e.name.startswith(manifest_tmp) and e.name.endswith(".tmp"))]
+            stale = [e.path for e in entries if is_temporary_of(e.name, tags)]
         remove_quietly(stale)
 
 

@@ -17,7 +17,8 @@ import time
 
 from .errors import UserError
 from .ownership import (
-    TMP_MARK,
+    LOCK_NAME,
+    FolderLock,
     create_exclusive,
     is_temporary_of,
     new_tag,
@@ -29,6 +30,9 @@ from .ownership import (
 
 RESULTS_MANIFEST = "dlio_mpi_results.json"
 ACCESS_LOG = "access_log"
+# what a run writes besides its log (output.log_file may not take these names)
+RESERVED = ("summary.json", "per_epoch_stats.json", "config.yaml", RESULTS_MANIFEST,
+            ACCESS_LOG, "dlio_mpi.lock")
 
 
 class OutputFolder:
@@ -41,6 +45,7 @@ class OutputFolder:
         self.files: dict[str, list[int]] = {}
         self.tag = new_tag()
         self._log = None
+        self._lock: FolderLock | None = None
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
@@ -49,11 +54,15 @@ class OutputFolder:
     def claim(self, access_log: bool) -> None:
         """Check the folder holds nothing but our earlier results, remove those, and start
         this run's manifest and log; UserError naming the first foreign file otherwise."""
-        if os.path.basename(self.log_name) != self.log_name or self.log_name in ("", ".", ".."):
+        if os.path.basename(self.log_name) != self.log_name or self.log_name in (
+                "", ".", "..", *RESERVED):
             raise UserError(f"output.log_file: {self.log_name!r} must be a file name inside "
-                            "output.folder (no '/')")
+                            f"output.folder (no '/'), other than {', '.join(RESERVED)}")
         try:
             os.makedirs(self.folder, exist_ok=True)
+            # one run at a time: a live run's files are not an earlier run's results
+            self._lock = FolderLock(self.folder, "run")
+            self._lock.acquire()
             previous = self._previous_results()
             self._remove(previous)
             if access_log:
@@ -62,8 +71,17 @@ class OutputFolder:
             self._write_manifest("running")
             self._log = os.fdopen(create_exclusive(self.path(self.log_name)), "w")
         except OSError as exc:
+            self.release()
             raise UserError(f"output.folder: cannot write results to {self.folder}: "
                             f"{exc.strerror or exc}") from exc
+        except UserError:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Let the next run have the folder."""
+        if self._lock is not None:
+            self._lock.release()
 
     def _previous_results(self) -> list[str]:
         """The entries of the folder (relative paths), all of them earlier results of ours."""
@@ -79,7 +97,7 @@ class OutputFolder:
             for name in sorted(filenames) + [d for d in dirnames if os.path.islink(
                     os.path.join(dirpath, d))]:
                 rel = os.path.normpath(os.path.join(rel_dir, name))
-                if rel == RESULTS_MANIFEST:
+                if rel in (RESULTS_MANIFEST, LOCK_NAME):
                     continue
                 full = os.path.join(dirpath, name)
                 if os.path.realpath(full) == self.workload:
@@ -87,7 +105,6 @@ class OutputFolder:
                         f"output.folder: {self.folder} holds {rel}, the workload file given, "
                         "which dlio-mpi never replaces: choose another output.folder")
                 ours = (rel in growing or is_temporary_of(name, tags)
-                        or name.startswith(RESULTS_MANIFEST + TMP_MARK)
                         or (unfinished and is_access_log(rel))
                         or _unchanged(full, listed.get(rel)))
                 if not ours:
@@ -151,11 +168,14 @@ class OutputFolder:
     def finish(self, state: str) -> None:
         """Close the log and write the manifest with the final state ('complete',
         'incomplete')."""
-        if self._log is not None:
-            self._log.close()
-            self._log = None
-            self.record(self.log_name)
-        self._write_manifest(state)
+        try:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+                self.record(self.log_name)
+            self._write_manifest(state)
+        finally:
+            self.release()
 
     def _write_manifest(self, state: str) -> None:
         from . import __version__

@@ -173,7 +173,8 @@ class FolderLock:
     def _holder(self) -> dict:
         try:
             holder = json.loads(read_regular(self.path, 4096) or b"")
-            if holder.get("tool") == "dlio-mpi":
+            if holder.get("tool") == "dlio-mpi" and isinstance(holder.get("pid"), int) and \
+                    all(isinstance(holder.get(k), str) for k in ("what", "host", "since")):
                 return holder
         except (OSError, ValueError, AttributeError):
             pass
@@ -184,7 +185,7 @@ class FolderLock:
     def _alive(holder: dict) -> bool:
         if holder.get("host") != socket.gethostname():
             return True  # cannot tell: another host's job is taken to be alive
-        start = _process_start(int(holder.get("pid", 0)))
+        start = _process_start(holder["pid"])
         return start is not None and start == holder.get("start")
 
     def release(self) -> None:

@@ -8,6 +8,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import time
 from dataclasses import dataclass
 
@@ -19,7 +20,7 @@ from .catalog import SplitFiles, locate_split
 from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
-from .filesystems import apply_striping, check_striping, describe_filesystems
+from .filesystems import check_striping, describe_filesystems
 from .generate import check_free_space, generate
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
@@ -32,6 +33,11 @@ from .readers import ReaderBackend, ReaderOptions, open_reader
 from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_shard
 from .topology import Topology, discover, emulated_ranks_per_node
 from .training import run_epoch
+
+
+def data_root(cfg) -> str:
+    """The data folder (storage.storage_root joined with dataset.data_folder)."""
+    return os.path.join(cfg.storage.storage_root, cfg.dataset.data_folder)
 
 
 def say(comm, *lines: str, out: OutputFolder | None = None) -> None:
@@ -79,7 +85,7 @@ def open_output(comm, cfg, plan: RunPlan, workload: str | None) -> OutputFolder:
 def check_dataset_removable(cfg, plan: RunPlan) -> None:
     """Rank 0: `dataset.keep_files: false` deletes the dataset after the run, as DLIO does;
     we delete only files our manifest lists, so the data must be ours (or be generated now)."""
-    root = plan.splits["train"].root
+    root = data_root(cfg)
     if cfg.workflow.generate_data:
         return  # generation refuses a folder that is not ours
     manifest = read_manifest(root) if os.path.isdir(root) else None
@@ -89,18 +95,18 @@ def check_dataset_removable(cfg, plan: RunPlan) -> None:
                         "its files are not dlio-mpi's to delete; set keep_files: true")
 
 
-def run_generation(comm, cfg, plan: RunPlan, out: OutputFolder | None = None) -> dict | None:
+def run_generation(comm, cfg, plan: RunPlan, out: OutputFolder | None = None,
+                   check_every_file: bool = False) -> dict | None:
     """Generate the dataset (striping the data folder first when storage.lustre asks);
-    returns what the striping did, or None."""
+    returns what the striping did, or None. check_every_file: do not trust a complete
+    manifest's spot checks (the `generate` command: it repairs a dataset that lost files)."""
     _core.stop_on_signals()
     splits = plan.splits
-    striping = None
-    if cfg.storage.lustre is not None:
-        striping = on_root(comm, lambda: apply_striping(cfg.storage.lustre, splits["train"].root))
-        for key in ("note", "mismatch"):
-            if striping.get(key):
-                say(comm, f"striping: {striping[key]}", out=out)
-    result = generate(comm, cfg, splits, plan.layouts)
+    result = generate(comm, cfg, splits, plan.layouts, trust_complete=not check_every_file)
+    striping = result.striping
+    for key in ("note", "mismatch"):
+        if striping and striping.get(key):
+            say(comm, f"striping: {striping[key]}", out=out)
     say(comm, f"generated {result.files_written} files ({result.bytes_written / 2**20:.1f} MiB"
               f", {result.mib_per_second:.1f} MiB/s), {result.files_skipped} already complete,"
               f" under {splits['train'].root}", out=out)
@@ -173,9 +179,11 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
         out.write(access_log_name(phase.name, epoch, rank),
                   lambda fp: np.save(fp, trace.sample_ids), binary=True)
     metric = cfg.output.metric
-    if trace.steps < phase.steps and trace.steps <= metric.exclude_start_steps + \
-            metric.exclude_end_steps:
-        return None  # stopped before any step AU counts (the same on every rank)
+    # stopped early: with the per-step synchronisation every rank ran the same steps, without
+    # it (evaluation) each stopped on its own, so agree on the fewest
+    steps = trace.steps if phase.barrier else comm.allreduce(trace.steps, op=_min_op())
+    if steps < phase.steps and steps <= metric.exclude_start_steps + metric.exclude_end_steps:
+        return None  # stopped before any step AU counts
     latest = last_arrivals(comm, trace, topo.clock_offset_ns)
     record = condense(trace, latest, rank, phase.batch, reads.bytes_requested,
                       cfg.output.metric.exclude_start_steps, cfg.output.metric.exclude_end_steps,
@@ -314,18 +322,32 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
     return on_root(comm, write)
 
 
-def remove_dataset(comm, plan: RunPlan) -> None:
+def remove_dataset(comm, plan: RunPlan) -> int:
     """`dataset.keep_files: false`: every rank deletes its share of the generated files (and
-    their side files); rank 0 then the manifest and the folders left empty."""
+    their side files) that are still as generated (a regular file of the generated size: a
+    changed one cannot be told from a foreign one, and stays); rank 0 then the manifest and
+    the folders left empty. Returns how many files were kept, over all ranks."""
     rank, size = comm.Get_rank(), comm.Get_size()
-    for split in plan.splits.values():
-        for index in range(rank, split.num_files, size):
+    kept = 0
+    for name, split in plan.splits.items():
+        mine = np.arange(rank, split.num_files, size, dtype=np.int64)
+        expected = plan.layouts[name].take(mine).size
+        for index, want in zip(mine.tolist(), expected.tolist()):
             path = split.path(index)
-            remove_quietly([path, *split.format.side_files(path)])
-    comm.Barrier()
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            if not stat.S_ISREG(st.st_mode) or st.st_size != want:
+                kept += 1
+                continue
+            remove_quietly([path, *(p for p in split.format.side_files(path)
+                                    if os.path.isfile(p) and not os.path.islink(p))])
+    kept = comm.allreduce(kept)
     if rank == 0:
         root = plan.splits["train"].root
-        remove_quietly([manifest_path(root)])
+        if not kept:
+            remove_quietly([manifest_path(root)])
         folders = {f for s in plan.splits.values() for f in s.naming.folders()}
         for folder in sorted(folders | {os.path.dirname(f) for f in folders} | {root},
                              key=len, reverse=True):
@@ -333,6 +355,7 @@ def remove_dataset(comm, plan: RunPlan) -> None:
                 os.rmdir(folder)
             except OSError:
                 pass  # not empty: something not ours is there, and stays
+    return kept
 
 
 def run(comm, cfg, workload: str | None = None) -> dict | None:
@@ -341,12 +364,11 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
     start = time.time()
     _core.stop_on_signals()
     plan, topo = prepare(comm, cfg)
-    if not cfg.dataset.keep_files:
+    if not cfg.dataset.keep_files and plan.splits:
         on_root(comm, lambda: check_dataset_removable(cfg, plan))
     striping = None
     if cfg.storage.lustre is not None:  # storage.lustre.required refuses before any I/O
-        striping = on_root(comm, lambda: check_striping(cfg.storage.lustre,
-                                                        plan.splits["train"].root))
+        striping = on_root(comm, lambda: check_striping(cfg.storage.lustre, data_root(cfg)))
     out = open_output(comm, cfg, plan, workload)
     try:
         summary = _run_claimed(comm, cfg, plan, topo, out, start, striping)
@@ -366,7 +388,7 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
 
 def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
                  start: float, striping: dict | None) -> dict | None:
-    root = plan.splits["train"].root
+    root = data_root(cfg)
     filesystems = on_root(comm, lambda: describe_filesystems(
         {"data_folder": root, "output_folder": cfg.output.folder}))
     say(comm, describe_plan(plan, cfg, filesystems, striping), out=out)
@@ -383,10 +405,12 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
                       f"{len(train_epochs)} complete or partial training epoch(s); the results "
                       f"so far are in {out.path('summary.json')}, marked incomplete "
                       "(dlio_mpi.complete: false)", stop)
-    if not cfg.dataset.keep_files:
-        remove_dataset(comm, plan)
+    if not cfg.dataset.keep_files and plan.splits:
+        kept = remove_dataset(comm, plan)
         say(comm, f"removed the dataset under {plan.splits['train'].root} "
-                  "(dataset.keep_files: false)", out=out)
+                  "(dataset.keep_files: false)" + (
+                      f"; kept {kept} file(s) changed since they were generated, and the "
+                      "manifest" if kept else ""), out=out)
     return summary
 
 
@@ -394,3 +418,9 @@ def _max_op():
     from mpi4py import MPI
 
     return MPI.MAX
+
+
+def _min_op():
+    from mpi4py import MPI
+
+    return MPI.MIN

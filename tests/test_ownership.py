@@ -150,9 +150,11 @@ def test_a_killed_generation_resumes_exactly(tmp_path, sig):
     if sig == signal.SIGKILL:
         assert job.returncode != 0
         assert temporaries(data), "the kill came too late to test anything"
-    else:  # stopped at the next file, its temporaries removed
+    else:  # stopped at the next file, what it wrote committed, no temporaries left
         assert job.returncode == 128 + sig and "generation stopped by SIGTERM" in err, err
         assert temporaries(data) == []
+        # the other rank wrote its 1,500 files; the stopped one kept what it had written
+        assert len(list((data / "train").glob("*.npz"))) > 1500
     res = run_cli(["generate", "demo", *over], timeout=120)
     assert res.returncode == 0, res.stderr
     assert temporaries(data) == [] and not (data / "dlio_mpi.lock").exists()
@@ -305,3 +307,60 @@ def test_a_failed_run_says_why_in_its_log(tmp_path):
     assert (out / "dlio.log").read_text().splitlines()[-1] == error[0]
     assert json.loads((out / "dlio_mpi_results.json").read_text())["state"] == "failed"
     assert not (out / "summary.json").exists()
+
+
+def test_keep_files_false_keeps_a_file_changed_since_generation(tmp_path):
+    from dlio_mpi.catalog import spot_indices
+
+    over = workload_overrides(tmp_path, dataset__num_files_train=40, dataset__format="npy",
+                              reader__read_mode="sample", reader__access="lean")
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    index = min(set(range(40)) - set(spot_indices(40)))  # one the start-up checks skip
+    changed = tmp_path / "data" / "train" / f"img_{index:02d}_of_40.npy"
+    with open(changed, "ab") as fp:  # still read fine by extent
+        fp.write(b"someone's bytes")
+    res = run_cli(["run", "demo", *over, "workflow.generate_data=false",
+                   "dataset.keep_files=false"])
+    assert res.returncode == 0, res.stderr
+    assert "kept 1 file(s) changed since they were generated" in res.stdout
+    assert sorted(p.name for p in (tmp_path / "data").rglob("*") if p.is_file()) == [
+        "dlio_mpi_manifest.json", changed.name]
+
+
+def test_the_generate_command_writes_a_lost_file_again(tmp_path):
+    over = workload_overrides(tmp_path)
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    lost = tmp_path / "data" / "train" / "img_3_of_8.npz"
+    lost.unlink()
+    res = run_cli(["generate", "demo", *over])  # every file looked at, not spot checks
+    assert res.returncode == 0 and "generated 1 files" in res.stdout, res.stdout
+    assert lost.exists()
+
+
+def test_a_dangling_symlink_under_a_data_name_is_refused(tmp_path):
+    train = tmp_path / "data" / "train"
+    train.mkdir(parents=True)
+    (train / "img_2_of_8.npz").symlink_to(tmp_path / "nowhere")
+    res = run_cli(["generate", "demo", *workload_overrides(tmp_path)])
+    refused(res, str(train / "img_2_of_8.npz"), "symbolic link")
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_one_run_at_a_time_in_an_output_folder(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        out = tmp_path / "out"
+        lock = _lock(out, holder.pid, _start_time(holder.pid))
+        res = run_cli(["run", "demo", *workload_overrides(tmp_path,
+                                                           workflow__generate_data="true")])
+        refused(res, "in use by another dlio-mpi job", str(lock))
+        assert sorted(p.name for p in out.iterdir()) == ["dlio_mpi.lock"]
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("name", ["summary.json", "dlio_mpi_results.json", "a/b.log"])
+def test_the_log_cannot_take_a_results_name(tmp_path, name):
+    res = run_cli(["run", "demo", *workload_overrides(tmp_path, output__log_file=name)])
+    refused(res, "output.log_file")

@@ -93,3 +93,22 @@ def test_a_second_signal_ends_the_job_at_once(tmp_path):
     job.communicate(timeout=60)
     assert job.returncode != 0 and time.monotonic() - start < 10
     assert not (out / "summary.json").exists()
+
+
+def test_a_signal_during_evaluation_stops_it_at_the_next_step(tmp_path):
+    over = workload_overrides(tmp_path, workflow__generate_data="true",
+                              workflow__evaluation="true", dataset__num_files_eval=64,
+                              reader__batch_size_eval=1, evaluation__eval_time=0.5,
+                              train__epochs=3)
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-P", "-m", "dlio_mpi", "run", "demo", *over]
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out = tmp_path / "out"
+    wait_until(lambda: in_epoch_2(out), job)  # epoch 1's evaluation runs 16 s
+    time.sleep(0.5)
+    start = time.monotonic()
+    job.send_signal(signal.SIGTERM)
+    job.communicate(timeout=60)
+    assert time.monotonic() - start < 5 and job.returncode == 128 + signal.SIGTERM
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dlio_mpi"]["stopped_by"] == "SIGTERM"
+    assert len(summary["metric"]["train_au_percentage"]) == 1

@@ -56,8 +56,10 @@ def parse_yaml(text: str, what: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        _refuse_duplicate_keys(node, "", what)
+        _refuse_duplicate_keys(node, "", what, set())
         return loader.construct_document(node)
+    except RecursionError:
+        raise ConfigError(f"{what}: nested too deeply to be a workload") from None
     except yaml.reader.ReaderError as exc:  # a control character: binary, not YAML text
         char = exc.character if isinstance(exc.character, int) else ord(exc.character)
         raise ConfigError(f"{what}: not a YAML text file (character U+{char:04X} at offset "
@@ -74,10 +76,15 @@ def parse_yaml(text: str, what: str) -> Any:
             loader.dispose()
 
 
-def _refuse_duplicate_keys(node: yaml.Node, path: str, what: str) -> None:
+def _refuse_duplicate_keys(node: yaml.Node, path: str, what: str, seen_nodes: set) -> None:
+    # each node once: an alias is the same node again, and nested aliases repeat it
+    # exponentially ("billion laughs")
+    if id(node) in seen_nodes:
+        return
+    seen_nodes.add(id(node))
     if isinstance(node, yaml.SequenceNode):
         for item in node.value:
-            _refuse_duplicate_keys(item, path, what)
+            _refuse_duplicate_keys(item, path, what, seen_nodes)
     if not isinstance(node, yaml.MappingNode):
         return
     seen: dict[str, int] = {}
@@ -89,7 +96,7 @@ def _refuse_duplicate_keys(node: yaml.Node, path: str, what: str) -> None:
             raise ConfigError(f"{what}: key '{dotted}' is given twice (lines {seen[name]} and "
                               f"{line}); keep one")
         seen[name] = line
-        _refuse_duplicate_keys(value_node, dotted, what)
+        _refuse_duplicate_keys(value_node, dotted, what, seen_nodes)
 
 
 # --------------------------------------------------------------------------- shipped workloads

@@ -433,7 +433,7 @@ class Reader:
     keep_data: bool = key(True, "bool")
     # ours: a read or open that has waited this many seconds (a dead NFS or Lustre server) is
     # reported, naming the rank, the file and the wait; 0: never
-    io_watchdog_seconds: float = key(60.0, "float", minimum=0)
+    io_watchdog_seconds: float = key(60.0, "float", minimum=0, maximum=2**33 - 1)
     # ours: end the job (every rank, non-zero exit) once the watchdog has reported
     io_watchdog_abort: bool = key(False, "bool")
 
