@@ -161,6 +161,9 @@ def _locate_on_root(cfg, split: DatasetSplit):
         listed = _list_split(split)
     except FileNotFoundError:
         listed = []
+    except NotADirectoryError as exc:
+        raise UserError(f"dataset.data_folder: {split.root}: {exc.filename} is not a "
+                        "folder") from None
     if len(listed) < split.num_files:
         raise UserError(_missing_message(split, len(listed), _first_missing(split, listed)))
     chosen = listed[: split.num_files]

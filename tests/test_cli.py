@@ -289,3 +289,12 @@ def test_usage_errors_are_printed_by_the_first_rank_only(monkeypatch, capsys, ra
     err = capsys.readouterr().err
     assert err.count("dlio-mpi: error: unrecognized arguments: --reader.batch_size=4 "
                      "(overrides take no dashes: reader.batch_size=4") == int(printed), err
+
+
+@pytest.mark.parametrize("generate", ["true", "false"])
+def test_a_data_folder_under_a_regular_file_names_the_key(tmp_path, generate):
+    (tmp_path / "afile").write_text("x")
+    res = run_cli(["run", "demo", *workload_overrides(
+        tmp_path, dataset__data_folder=tmp_path / "afile" / "data",
+        workflow__generate_data=generate)])
+    assert res.returncode == 2 and res.stderr.count("dataset.data_folder") == 1, res.stderr
