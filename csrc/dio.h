@@ -315,6 +315,11 @@ int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_syn
                              int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
                              dio_step_record *out, dio_error *err);
 
+/* One step's synchronisation as the C step loop does it (for step loops in Python): start
+ * the request, poll it (yielding, then napping); with stop_out/stop_in set, *stop_in holds the
+ * agreed stop signal afterwards.  Call without the GIL.  Returns 0 or -errno. */
+int dio_step_sync_once(const dio_step_sync *sync, dio_error *err);
+
 /* A stop asked for by SIGINT or SIGTERM (a batch system's time limit, a user's Ctrl-C):
  * dio_stop_on_signals installs handlers that record the first such signal, so the job can end
  * at the next step on every rank and write its results; a second one takes the default

@@ -53,6 +53,14 @@ static int sync_steps(const dio_step_sync *s, dio_error *err)
     return 0;
 }
 
+int dio_step_sync_once(const dio_step_sync *sync, dio_error *err)
+{
+    dio_clear_error(err);
+    if (!sync || !sync->request)
+        return dio_fail(err, EINVAL, "", "step sync: no request");
+    return sync_steps(sync, err);
+}
+
 int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
                              int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
                              dio_step_record *out, dio_error *err)

@@ -122,6 +122,7 @@ cdef extern from "dio.h" nogil:
     ctypedef struct dio_step_record:
         int64_t start
 
+    int dio_step_sync_once(const dio_step_sync *sync, dio_error *err)
     int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
                              int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
                              dio_step_record *out, dio_error *err)
@@ -294,6 +295,30 @@ def write_random(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, p
         rc = dio_write_random(fd, offset, nbytes, s, chunk, &c, cpath, &err)
     _check(rc, &err)
     return c
+
+
+cdef void _step_sync(tuple sync, dio_step_sync *s) except *:
+    """A StepSync.native tuple as the C struct."""
+    s.start = <int (*)(void *) noexcept nogil><size_t>sync[0]
+    s.test = <int (*)(void *, int *, void *) noexcept nogil><size_t>sync[1]
+    s.request = <void *><size_t>sync[2]
+    s.spin_ns = sync[3]
+    s.nap_ns = sync[4]
+    s.stop_out = <int32_t *><size_t>sync[5]
+    s.stop_in = <const int32_t *><size_t>sync[6]
+
+
+def sync_once(tuple sync):
+    """One step's synchronisation as the C step loop does it (see Engine.run_steps for the
+    tuple), the GIL released while it polls."""
+    cdef dio_step_sync s
+    cdef dio_error err
+    cdef int rc
+    _step_sync(sync, &s)
+    _clear(&err)
+    with nogil:
+        rc = dio_step_sync_once(&s, &err)
+    _check(rc, &err)
 
 
 def stop_on_signals():
@@ -734,13 +759,7 @@ cdef class Engine:
         if out.shape[0] != n or out.shape[1] != 8:
             raise ValueError(f"out must be ({n}, 8), got ({out.shape[0]}, {out.shape[1]})")
         if sync is not None:
-            s.start = <int (*)(void *) noexcept nogil><size_t>sync[0]
-            s.test = <int (*)(void *, int *, void *) noexcept nogil><size_t>sync[1]
-            s.request = <void *><size_t>sync[2]
-            s.spin_ns = sync[3]
-            s.nap_ns = sync[4]
-            s.stop_out = <int32_t *><size_t>sync[5]
-            s.stop_in = <const int32_t *><size_t>sync[6]
+            _step_sync(sync, &s)
             sp = &s
         _clear(&err)
         self.busy = True

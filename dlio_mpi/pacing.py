@@ -96,15 +96,9 @@ class StepSync:
 
     def synchronise(self) -> int:
         """One step's synchronisation from Python (for backends whose step loop is
-        readers.python_steps); returns the stop signal any rank had, or 0."""
-        from mpi4py import MPI
-
-        self.stop_out[0] = _core.stop_signal()
-        if self._request is not None:
-            self._request.Start()
-            self._request.Wait()
-        else:
-            self.comm.Allreduce(self.stop_out, self.stop_in, op=MPI.MAX)
+        readers.python_steps), polled in C as the C step loop polls it; returns the stop
+        signal any rank had, or 0."""
+        _core.sync_once(self._sync)
         return int(self.stop_in[0])
 
     def close(self) -> None:
