@@ -12,8 +12,10 @@ from .base import BatchStats, IoWatchdog, ReaderBackend, ReaderOptions, python_s
 # file_access value -> (module, class)
 BACKENDS = {
     "multi": ("dlio_mpi.readers.native", "NativeReader"),
+    "shared": ("dlio_mpi.readers.mpiio", "SharedReader"),
+    "collective": ("dlio_mpi.readers.mpiio", "CollectiveReader"),
 }
-ALIASES = {"posix": "multi"}  # DLIO's names for the same access
+ALIASES = {"posix": "multi", "mpio": "shared"}  # DLIO's names for the same access
 
 
 def open_reader(file_access: str, files: SplitFiles, options: ReaderOptions,

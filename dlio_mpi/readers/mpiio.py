@@ -1,0 +1,416 @@
+"""The MPI-IO backends (reader.file_access: shared, collective), through mpi4py.
+
+- shared: independent reads, one nonblocking `Iread_at` per request. Files are opened on
+  MPI.COMM_SELF when first read and kept in a least-recently-used cache of
+  reader.fd_cache_size handles: independent reads need no communicator, a dataset of one file
+  per sample would otherwise cost a collective open per file, and each rank opens just what it
+  reads, as the POSIX engine does, so the two compare on the read path alone.
+- collective: every file opened collectively on the communicator at open (refused beyond
+  COLLECTIVE_FILE_LIMIT files). Per step, each file that any rank reads in that batch gets one
+  `Iread_at_all` from every rank, in file order, through a file view covering all of the
+  rank's requests in that file (zero-length where it has none), so differing request counts
+  never deadlock. The files of each batch are agreed before the epoch's clock starts.
+
+Prefetch: a reader thread per backend reads up to `prefetch_size` batches ahead into a ring of
+prefetch_size + 1 batch buffers. It posts nonblocking reads and polls them with `Test`: ROMIO's
+wait (aio_suspend, or a blocking collective) holds the MPI library's lock for the whole read,
+which stalls the step loop's barrier in the other thread (measured: 5-10 ms per 16 MiB read),
+while ROMIO's Iread_at runs in glibc's POSIX aio threads without it. A request's latency is
+from its post until the thread saw it complete (for a collective read, the call's time,
+given to each of its requests)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import _core
+from ..catalog import SplitFiles
+from ..errors import UserError
+from ..planner import ReadPlan
+from .base import BatchStats, ReaderOptions, python_steps
+
+COLLECTIVE_FILE_LIMIT = 1024  # files opened on the communicator by `collective`
+NAP_NS = (20_000, 500_000)    # polling naps of the reader thread: first, longest
+
+
+@dataclass(frozen=True)
+class MpiioBatch(BatchStats):
+    """A batch with its bytes: request i of the batch at data[offsets[i]:] (None without
+    reader.keep_data). Valid until the next next_batch()."""
+
+    data: np.ndarray | None = None
+    offsets: np.ndarray | None = None
+
+
+def mpiio_implementation() -> str:
+    """The MPI-IO layer that runs: ROMIO in MPICH and its derivatives, OMPIO in Open MPI
+    unless its io framework was pointed at ROMIO."""
+    version = MPI.Get_library_version()
+    if "Open MPI" in version:
+        return "ROMIO" if "romio" in os.environ.get("OMPI_MCA_io", "") else "OMPIO"
+    return "ROMIO"
+
+
+def info_of(hints: dict[str, str]) -> MPI.Info:
+    info = MPI.Info.Create()
+    for name, value in hints.items():
+        info.Set(name, value)
+    return info
+
+
+def effective_hints(handle: MPI.File) -> dict[str, str]:
+    """The hints the MPI-IO layer reports for an open file (File.Get_info)."""
+    info = handle.Get_info()
+    try:
+        return {info.Get_nthkey(i): info.Get(info.Get_nthkey(i))
+                for i in range(info.Get_nkeys())}
+    finally:
+        info.Free()
+
+
+def open_file(comm, path: str, info: MPI.Info) -> MPI.File:
+    """File.Open read-only (collective on `comm`); an OSError naming the file if refused."""
+    try:
+        return MPI.File.Open(comm, path, MPI.MODE_RDONLY, info)
+    except MPI.Exception as exc:
+        kind = exc.Get_error_class()  # its class's text: the full string is a call stack
+        code = errno.ENOENT if kind == MPI.ERR_NO_SUCH_FILE else errno.EIO
+        raise OSError(code, f"cannot open {path} with MPI-IO: {MPI.Get_error_string(kind)}",
+                      path) from None
+
+
+def short_read(path: str, got: int, expected: int, offset: int) -> OSError:
+    return OSError(errno.EIO, f"short read: {got} of {expected} bytes at offset {offset} "
+                              f"of {path}", path)
+
+
+class _Prefetch:
+    """The reader thread of one epoch: `read(b, buffer)` for b in [0, limit), never more than
+    `slots` batches ahead of the consumer."""
+
+    def __init__(self, read, steps: int, slots: int) -> None:
+        self._read, self._cond = read, threading.Condition()
+        self.limit, self.started, self.free = steps, 0, slots
+        self.ready: list[BatchStats] = []
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="mpiio-prefetch", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self.started >= self.limit or self.free > 0)
+                    if self.started >= self.limit:
+                        return
+                    self.free -= 1
+                    index = self.started
+                    self.started += 1
+                stats = self._read(index)
+                with self._cond:
+                    self.ready.append(stats)
+                    self._cond.notify_all()
+        except BaseException as exc:  # noqa: B036 - surfaces in the consumer's next()
+            with self._cond:
+                self.error = exc
+                self._cond.notify_all()
+
+    def next(self, release: bool) -> BatchStats | None:
+        """The next batch, releasing the previous one's buffer when `release`; raises what
+        the thread raised."""
+        with self._cond:
+            if release:
+                self.free += 1
+                self._cond.notify_all()
+            self._cond.wait_for(lambda: self.ready or self.error is not None
+                                or not self._thread.is_alive())
+            if self.error is not None:
+                raise self.error
+            return self.ready.pop(0) if self.ready else None
+
+    def stop(self, agree=None) -> None:
+        """End the epoch early: no batch is started after those already started (or after
+        `agree(started)` batches, the number all ranks agreed on); the rest are discarded."""
+        with self._cond:
+            self.limit = self.started
+        if agree is not None:
+            with self._cond:
+                self.limit = agree(self.started)
+        with self._cond:
+            self.free = self.limit  # nobody consumes any more
+            self._cond.notify_all()
+        self.join()
+
+    def join(self) -> None:
+        self._thread.join()
+
+
+class _MpiioReader:
+    """What the two MPI-IO backends share: hints, the batch ring, the reader thread, counters
+    and describe(). Subclasses give `file_access`, `_read_batch` and the file handles."""
+
+    file_access = ""
+
+    def __init__(self, files: SplitFiles, options: ReaderOptions, comm) -> None:
+        self.files, self.options = files, options
+        self.comm = comm if comm is not None else MPI.COMM_WORLD
+        self.hints = dict(options.mpiio_hints)
+        if options.odirect:  # ROMIO's O_DIRECT hint; honoured by some file systems only
+            self.hints.setdefault("direct_read", "true")
+        self._info = info_of(self.hints)
+        self.read_back: dict[str, str] | None = None  # Get_info of the first file opened
+        self.totals = dict.fromkeys(("opens", "closes", "stats", "bytes_read", "read_ops"), 0)
+        self.lat_ns = np.zeros(0, dtype=np.int64)
+        self._ring: list[np.ndarray] = []
+        self._prefetch: _Prefetch | None = None
+        self._holding = False
+
+    # buffers and the epoch
+
+    def prepare_epoch(self, plan: ReadPlan) -> None:
+        """Outside the clock: the batch buffers, and where each request lands in its batch's."""
+        ends = np.cumsum(plan.length)
+        self.dest = ends - plan.length - np.repeat(
+            np.concatenate(([0], ends))[plan.batch_start[:-1]], np.diff(plan.batch_start))
+        per_batch = np.diff(np.concatenate(([0], ends))[plan.batch_start])
+        need = int(per_batch.max(initial=0))
+        count = self.options.prefetch_size + 1 if self.options.keep_data else 1
+        if len(self._ring) != count or (self._ring and len(self._ring[0]) < need):
+            self._ring = [np.empty(need, dtype=np.uint8) for _ in range(count)]
+
+    def start_epoch(self, plan: ReadPlan) -> None:
+        self.plan = plan
+        self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
+        self._holding = False
+        self._prefetch = _Prefetch(self._read_into_ring, plan.steps,
+                                   self.options.prefetch_size + 1)
+
+    def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
+                  start_ns: int) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns)
+
+    def next_batch(self) -> MpiioBatch | None:
+        """Wait for the next batch (its buffer is the caller's until the next call)."""
+        batch = self._prefetch.next(release=self._holding)
+        self._holding = batch is not None
+        return batch
+
+    def end_epoch(self) -> None:
+        self._prefetch.join()
+
+    def abandon_epoch(self) -> None:
+        self._prefetch.stop()
+
+    def _read_into_ring(self, index: int) -> MpiioBatch:
+        plan = self.plan
+        first, last = int(plan.batch_start[index]), int(plan.batch_start[index + 1])
+        buffer = self._ring[index % len(self._ring)]
+        got, calls = self._read_batch(plan, first, last, buffer)
+        self.totals["bytes_read"] += got
+        self.totals["read_ops"] += calls
+        keep = self.options.keep_data
+        return MpiioBatch(_core.now_ns(), got, calls,
+                          buffer[:int(self.dest[last - 1] + plan.length[last - 1])]
+                          if keep and last > first else None,
+                          self.dest[first:last] if keep else None)
+
+    def _read_batch(self, plan: ReadPlan, first: int, last: int, buffer: np.ndarray
+                    ) -> tuple[int, int]:
+        """Read requests [first, last) into `buffer` at self.dest; (bytes, MPI read calls)."""
+        raise NotImplementedError
+
+    def _wait(self, requests: list[MPI.Request], posted_ns: int) -> list[tuple[int, int, int]]:
+        """Poll `requests` to completion with naps (a blocking wait would hold the MPI
+        library's lock, see the module docstring); (index, bytes, latency ns) of each."""
+        done, status, nap = [], MPI.Status(), NAP_NS[0]
+        pending = list(range(len(requests)))
+        while pending:
+            still = []
+            for i in pending:
+                if requests[i].Test(status):
+                    done.append((i, status.Get_count(MPI.BYTE), _core.now_ns() - posted_ns))
+                else:
+                    still.append(i)
+            if len(still) == len(pending):
+                time.sleep(nap / 1e9)
+                nap = min(2 * nap, NAP_NS[1])
+            pending = still
+        return done
+
+    def _opened(self, handle: MPI.File) -> MPI.File:
+        self.totals["opens"] += 1
+        if self.read_back is None:
+            self.read_back = effective_hints(handle)
+        return handle
+
+    # results
+
+    def counters(self) -> dict[str, int]:
+        return dict(self.totals)
+
+    def describe(self) -> dict:
+        reported = (self.read_back or {}).get("direct_read")
+        return {
+            "backend": "mpiio", "file_access": self.file_access,
+            "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
+            "mpiio_implementation": mpiio_implementation(),
+            "hints_requested": dict(self.hints),
+            "hints_effective": self.read_back,  # None when no file was opened
+            # ROMIO honours direct_read on some file systems only, and then reports it
+            "direct_read": {"requested": self.hints.get("direct_read") == "true",
+                            "reported_by_get_info": reported},
+            "prefetch_batches": self.options.prefetch_size,
+            "latency": "post to completion seen by the reader thread; a collective read's "
+                       "time is given to each of its requests",
+        }
+
+    def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.stop()
+        self._close_files()
+        self._info.Free()
+
+    def _close_files(self) -> None:
+        raise NotImplementedError
+
+
+class SharedReader(_MpiioReader):
+    """reader.file_access: shared (DLIO's mpio): independent MPI-IO reads, files opened on
+    COMM_SELF when first read, reader.fd_cache_size kept open (least recently used closed)."""
+
+    file_access = "shared"
+
+    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+        super().__init__(files, options, comm)
+        self._handles: OrderedDict[int, MPI.File] = OrderedDict()
+
+    def _handle(self, index: int) -> MPI.File:
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = open_file(MPI.COMM_SELF, self.files.path(index), self._info)
+            self._handles[index] = self._opened(handle)
+        self._handles.move_to_end(index)
+        return handle
+
+    def _read_batch(self, plan: ReadPlan, first: int, last: int, buffer: np.ndarray
+                    ) -> tuple[int, int]:
+        posted = _core.now_ns()
+        requests = [self._handle(int(plan.file_idx[r])).Iread_at(
+            int(plan.offset[r]), buffer[self.dest[r]:self.dest[r] + plan.length[r]])
+            for r in range(first, last)]
+        got = 0
+        for i, count, latency in self._wait(requests, posted):
+            r = first + i
+            self.lat_ns[r] = latency
+            if count < plan.expect[r]:
+                raise short_read(self.files.path(int(plan.file_idx[r])), count,
+                                 int(plan.expect[r]), int(plan.offset[r]))
+            got += count
+        while len(self._handles) > self.options.fd_cache_size:  # not while reads are pending
+            self._handles.popitem(last=False)[1].Close()
+            self.totals["closes"] += 1
+        return got, last - first
+
+    def end_epoch(self) -> None:
+        super().end_epoch()
+        if self.options.close_at_epoch_end:  # reader.access: loader
+            self._close_files()
+
+    def abandon_epoch(self) -> None:
+        super().abandon_epoch()
+        self._close_files()
+
+    def _close_files(self) -> None:
+        for handle in self._handles.values():
+            handle.Close()
+            self.totals["closes"] += 1
+        self._handles.clear()
+
+
+class CollectiveReader(_MpiioReader):
+    """reader.file_access: collective: per batch, one Iread_at_all per file read by any rank,
+    from every rank, in file order; all files open on the communicator from open to close."""
+
+    file_access = "collective"
+
+    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+        super().__init__(files, options, comm)
+        if files.count > COLLECTIVE_FILE_LIMIT:
+            raise UserError(
+                f"reader.file_access: collective opens every file on the communicator, and "
+                f"this dataset has {files.count} files (limit {COLLECTIVE_FILE_LIMIT}); use "
+                "reader.file_access: shared (independent MPI-IO reads) for many files")
+        self._handles: list[MPI.File] = []
+        for index in range(files.count):
+            try:
+                handle = open_file(self.comm, files.path(index), self._info)
+            except OSError:
+                self._close_files()
+                raise
+            self._handles.append(self._opened(handle))
+
+    def prepare_epoch(self, plan: ReadPlan) -> None:
+        """Also agree with the other ranks on which files each batch reads: (steps, files)
+        flags OR-ed over the communicator."""
+        super().prepare_epoch(plan)
+        touched = np.zeros((plan.steps, self.files.count), dtype=np.uint8)
+        step_of = np.repeat(np.arange(plan.steps), np.diff(plan.batch_start))
+        touched[step_of, plan.file_idx] = 1
+        self.comm.Allreduce(MPI.IN_PLACE, touched, op=MPI.BOR)
+        self.batch_files = [np.flatnonzero(row) for row in touched]
+
+    def abandon_epoch(self) -> None:
+        """Every rank must read the same batches collectively: go on to the most any rank's
+        thread had started."""
+        self._prefetch.stop(lambda started: self.comm.allreduce(started, op=MPI.MAX))
+
+    def _read_batch(self, plan: ReadPlan, first: int, last: int, buffer: np.ndarray
+                    ) -> tuple[int, int]:
+        index = int(np.searchsorted(plan.batch_start, first, side="right")) - 1
+        mine = np.arange(first, last)
+        got = 0
+        for file in self.batch_files[index].tolist():
+            rows = mine[plan.file_idx[first:last] == file]
+            rows = rows[np.argsort(plan.offset[rows], kind="stable")]  # a view must ascend
+            got += self._read_file_collectively(file, rows, buffer)
+        return got, len(self.batch_files[index])
+
+    def _read_file_collectively(self, file: int, rows: np.ndarray, buffer: np.ndarray) -> int:
+        plan, handle = self.plan, self._handles[file]
+        lengths = plan.length[rows].tolist()
+        types = []
+        if len(rows):
+            filetype = MPI.BYTE.Create_hindexed(lengths, plan.offset[rows].tolist()).Commit()
+            memtype = MPI.BYTE.Create_hindexed(lengths, self.dest[rows].tolist()).Commit()
+            types = [filetype, memtype]
+            handle.Set_view(0, MPI.BYTE, filetype)
+            target = [buffer, 1, memtype]
+        else:
+            handle.Set_view(0, MPI.BYTE, MPI.BYTE)
+            target = [buffer, 0, MPI.BYTE]
+        try:
+            posted = _core.now_ns()
+            (_, count, latency), = self._wait([handle.Iread_at_all(0, target)], posted)
+        finally:
+            for datatype in types:
+                datatype.Free()
+        self.lat_ns[rows] = latency
+        expected = int(plan.expect[rows].sum())
+        if count < expected:
+            raise short_read(self.files.path(file), count, expected,
+                             int(plan.offset[rows].min()))
+        return count
+
+    def _close_files(self) -> None:
+        for handle in self._handles:
+            handle.Close()
+            self.totals["closes"] += 1
+        self._handles = []
