@@ -151,8 +151,7 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     policy = AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
         facts, np.dtype(split.dtype).itemsize, split.samples_per_file))
     options = ReaderOptions.from_config(rd, comm.Get_rank())
-    # reader.file_access has one backend yet (DLIO itself never reads the key: plan note)
-    reader = check_all(comm, lambda: open_reader("multi", files, options, comm))
+    reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
     if train:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
@@ -203,10 +202,10 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
 
 
 def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputFolder
-          ) -> tuple[list[EpochSummary], list[EpochSummary], int]:
+          ) -> tuple[list[EpochSummary], list[EpochSummary], int, dict]:
     """The training epochs, each followed by evaluation when it is due; returns the train and
-    eval epoch summaries (complete on rank 0 only) and the signal that stopped them early on
-    every rank (0: none)."""
+    eval epoch summaries (complete on rank 0 only), the signal that stopped them early on
+    every rank (0: none) and each phase's reader backend's description."""
     rank = comm.Get_rank()
     rng = np.random.default_rng([cfg.train.seed, rank])
     wall_offset = time.time_ns() - _core.now_ns()
@@ -234,9 +233,10 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
             break
     # Closed only on success: on an error the job aborts at once, without waiting for reads
     # in flight (a stuck one would otherwise hold the abort back).
+    described = {phase.name: phase.reader.describe() for phase in phases}
     for phase in phases:
         phase.reader.close()
-    return done["train"], done["eval"], stop
+    return done["train"], done["eval"], stop, described
 
 
 def _header(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, start: float,
@@ -290,10 +290,10 @@ def _spread_of(values: list[float]) -> dict:
 def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
                   train_epochs: list[EpochSummary], eval_epochs: list[EpochSummary],
                   start: float, out: OutputFolder, stopped_by: int = 0,
-                  striping: dict | None = None) -> dict:
+                  striping: dict | None = None, readers: dict | None = None) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml, each whole or not at
     all; returns the summary. `stopped_by`: the signal that ended training early; `striping`:
-    what storage.lustre did."""
+    what storage.lustre did; `readers`: rank 0's reader backends, described."""
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
@@ -305,6 +305,7 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
             {"data_folder": train.root, "data_file": train.path(0),
              "output_folder": cfg.output.folder})
         header["dlio_mpi"]["striping"] = striping
+        header["dlio_mpi"]["readers"] = readers
         summary = build_summary(train_epochs, eval_epochs, cfg, header)
         stats = {str(e.epoch): e.to_json() for e in train_epochs}
         for e in eval_epochs:
@@ -397,9 +398,9 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     summary, stop = None, 0
     if cfg.workflow.train:
         pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
-        train_epochs, eval_epochs, stop = train(comm, cfg, plan, topo, pacing, out)
+        train_epochs, eval_epochs, stop, readers = train(comm, cfg, plan, topo, pacing, out)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
-                                start, out, stop, striping)
+                                start, out, stop, striping, readers)
     if stop:
         raise Stopped(f"stopped by {signal.Signals(stop).name} after "
                       f"{len(train_epochs)} complete or partial training epoch(s); the results "

@@ -426,7 +426,7 @@ ACTING = {
     "train.seed", "train.seed_change_epoch", "train.compute_spin_us", "train.sync_spin_us",
     "evaluation.eval_time", "evaluation.eval_after_epoch", "evaluation.epochs_between_evals",
     "output.folder", "output.metric.exclude_start_steps", "output.metric.exclude_end_steps",
-    "output.access_log", "metric.au",
+    "output.access_log", "metric.au", "reader.file_access", "reader.mpiio_hints",
     # made to act by their own changes (issue 6)
     "dataset.keep_files", "output.log_file", "reader.io_watchdog_seconds",
     "reader.io_watchdog_abort",
@@ -551,7 +551,6 @@ def test_data_loader_none_is_refused_as_dlio_refuses_it():
     ("reader.pin_memory=false", "reader.pin_memory=false"),
     ("reader.multiprocessing_context=spawn", "reader.multiprocessing_context=spawn"),
     ("reader.data_loader_sampler=index", "reader.data_loader_sampler=index"),
-    ("reader.file_access=mpio", "reader.file_access=mpio"),
     ("workflow.query=dataset.format", "workflow.query=dataset.format"),
     ("workflow.debug=true", "workflow.debug=true"),
     ("dataset.enable_chunking=true", "dataset.enable_chunking=true"),

@@ -97,6 +97,8 @@ class Rule:
                 return parse_timespec(value, path, stdev, stdev_path)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        if self.kind == "hints":
+            return _hints(value, path, self._expected())
         if self.kind in ("ints", "strs"):
             if self.kind == "strs" and isinstance(value, str):
                 value = [value]
@@ -153,7 +155,8 @@ class Rule:
                 "bool": "true or false", "str": "a string",
                 "dtype": "a NumPy numeric type name (e.g. uint8, float32)",
                 "ints": "a list of integers", "strs": "a string or a list of strings",
-                "section": "a mapping of keys", "timespec": "seconds"}[self.kind]
+                "section": "a mapping of keys", "timespec": "seconds",
+                "hints": "a mapping of MPI-IO hint names to values"}[self.kind]
         bounds = [f">= {_bound(self.minimum)}" if self.minimum is not None else "",
                   f"<= {_bound(self.maximum)}" if self.maximum is not None else ""]
         if any(bounds):
@@ -184,6 +187,19 @@ def _is_numeric_dtype(name: str) -> bool:
         return np.dtype(name).kind in "iuf"
     except (TypeError, ValueError):
         return False
+
+
+def _hints(value: Any, path: str, expected: str) -> tuple[tuple[str, str], ...]:
+    """MPI info hints as (name, value) strings; YAML booleans as MPI spells them."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: expected {expected}, got {value!r}")
+    hints = []
+    for name, hint in value.items():
+        if not isinstance(name, str) or not name or not isinstance(hint, (str, int, float)):
+            raise ConfigError(f"{path}: expected {expected}, got {name!r}: {hint!r}")
+        text = ("true" if hint else "false") if isinstance(hint, bool) else str(hint)
+        hints.append((name, text))
+    return tuple(hints)
 
 
 def key(default: Any, kind: str, **rule: Any) -> Any:
@@ -396,9 +412,14 @@ class Reader:
         inert="it sizes the shuffle buffer of DLIO's tf.data pipeline (and DALI's "
               "initial_fill); the native engine shuffles whole epochs (reader.sample_shuffle)")
     read_type: str = key("on_demand", "str", choices=("on_demand", "memory"))
+    # DLIO validates it and never reads it; here it picks the reader backend (readers/):
+    # multi (posix): the native C engine; shared (mpio): MPI-IO independent reads; collective:
+    # one MPI-IO collective read per file and step
     file_access: str = key("multi", "str",
-                           choices=("multi", "shared", "collective", "mpio", "posix"),
-                           inert=DEAD)
+                           choices=("multi", "shared", "collective", "mpio", "posix"))
+    # ours: MPI info hints given at every MPI-IO File.Open (striping_factor, cb_buffer_size,
+    # romio_cb_read, ...); what the library kept is read back into summary.json
+    mpiio_hints: tuple = key((), "hints")
     transfer_size: int | None = key(
         None, "int", optional=True, minimum=1,
         inert="it is the buffer_size of DLIO's tf.data TFRecordDataset (tfrecord is not "
@@ -572,6 +593,8 @@ def to_plain(obj: Any) -> dict[str, Any]:
                 out[f.name] = to_plain(value)
         elif isinstance(value, TimeSpec):
             out[f.name] = value.to_yaml()
+        elif rule.kind == "hints":
+            out[f.name] = dict(value)
         elif isinstance(value, tuple):
             out[f.name] = list(value)
         else:

@@ -53,7 +53,8 @@ class ReaderOptions:
         rd = reader_cfg
         return ReaderOptions(rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
                              rd.access == "loader", rd.drop_page_cache, rd.keep_data,
-                             IoWatchdog(rd.io_watchdog_seconds, rd.io_watchdog_abort, rank))
+                             IoWatchdog(rd.io_watchdog_seconds, rd.io_watchdog_abort, rank),
+                             rd.file_access, rd.mpiio_hints)
 
 
 @dataclass(frozen=True)
