@@ -153,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("DLIO_MPI_DEBUG"):
             traceback.print_exc()
         what = describe(exc)
-        print(f"dlio-mpi: rank {comm.Get_rank()}: error: {what}", file=sys.stderr, flush=True)
+        # one write, so that the lines of ranks failing together do not run into each other
+        sys.stderr.flush()
+        os.write(2, f"dlio-mpi: rank {comm.Get_rank()}: error: {what}\n".encode())
         # MPI_Abort has the launcher kill every process, which can drop output it has not
         # forwarded yet: give it a moment to pass this rank's message on first.
         time.sleep(ABORT_GRACE_SECONDS)

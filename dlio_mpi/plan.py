@@ -146,25 +146,11 @@ def _train_steps(cfg, train: DatasetSplit, ranks: int) -> int:
     return steps
 
 
-MPIIO_ACCESS = ("shared", "mpio", "collective")
-
-
 def _notes(cfg) -> tuple[str, ...]:
     """The settings that have no effect or act differently in dlio-mpi."""
     reads = cfg.workflow.train and cfg.dataset.format in implemented_formats()
     notes = ([loader_note(cfg)] if reads else []) + support_notes(cfg)
-    if cfg.reader.file_access in MPIIO_ACCESS and cfg.reader.io_watchdog_seconds > 0:
-        notes.append(f"reader.io_watchdog_seconds: the MPI-IO backends (reader.file_access="
-                     f"{cfg.reader.file_access}) have no watchdog yet; a stuck read is not "
-                     "reported")
     return tuple(notes)
-
-
-def _check_backend_support(cfg) -> None:
-    """Settings the chosen reader backend cannot honour yet."""
-    if cfg.reader.file_access in MPIIO_ACCESS and cfg.reader.drop_page_cache:
-        raise UserError(f"reader.drop_page_cache: true is not implemented yet with "
-                        f"reader.file_access={cfg.reader.file_access}; accepted with multi")
 
 
 def _check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
@@ -262,7 +248,6 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
     DLIO_MPI_RANKS_PER_NODE ranks, with this host's memory each. `generating`: the data will
     be generated whatever workflow.generate_data says (`dlio-mpi generate`). `local_ranks`:
     the processes of this host deriving the plan at once (each holds its tables)."""
-    _check_backend_support(cfg)
     # Memory is judged on the job's own nodes; a plan for ranks not running (validate) can
     # only say whether one rank would fit in this host's memory.
     known = ranks_per_node is not None and nodes is not None

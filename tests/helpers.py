@@ -60,3 +60,35 @@ def signal_one_rank_when(job: subprocess.Popen, marker: str, ready, sig: int) ->
     pids = rank_pids(marker)
     assert pids, "no rank found"
     os.kill(max(pids), sig)
+
+
+
+def resident_pages(path: str | Path) -> int:
+    """How many pages of the file are in the page cache (mincore over a mapping of it)."""
+    import ctypes
+    import mmap
+
+    size = os.path.getsize(path)
+    if size == 0:
+        return 0
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = (ctypes.c_ubyte * pages)()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), "mmap", str(path))
+        try:
+            if libc.mincore(address, size, vec) != 0:
+                raise OSError(ctypes.get_errno(), "mincore", str(path))
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+    return sum(v & 1 for v in vec)

@@ -797,14 +797,11 @@ def test_any_value_of_any_key_is_taken_or_refused_cleanly():
                 pass
 
 
-def test_mpiio_backends_refuse_what_they_cannot_do_yet_and_note_the_watchdog():
+def test_mpiio_backends_take_drop_page_cache_and_the_watchdog():
     from dlio_mpi.config import load_config
-    from dlio_mpi.errors import UserError
     from dlio_mpi.plan import derive_plan, describe_plan
 
-    cfg = load_config("demo", ["reader.file_access=shared", "reader.drop_page_cache=true"])
-    with pytest.raises(UserError, match="reader.drop_page_cache: true is not implemented yet"):
-        derive_plan(cfg, 2)
-    cfg = load_config("demo", ["reader.file_access=collective"])
-    assert "the MPI-IO backends (reader.file_access=collective) have no watchdog" in \
-        describe_plan(derive_plan(cfg, 2), cfg)
+    for access in ("shared", "collective"):
+        cfg = load_config("demo", [f"reader.file_access={access}",
+                                   "reader.drop_page_cache=true"])
+        assert "watchdog" not in describe_plan(derive_plan(cfg, 2), cfg)

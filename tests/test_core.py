@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from dlio_mpi import _core
+from helpers import resident_pages
 
 MiB = 1 << 20
 REPO = Path(__file__).resolve().parents[1]
@@ -674,12 +675,17 @@ def test_descriptor_cache_is_least_recently_used(tmp_path):
 
 
 def test_drop_cache_advises_every_file_away(tmp_path):
-    paths = make_files(tmp_path, [1 << 20, 1 << 20])
+    paths = make_files(tmp_path, [1 << 20, 1 << 20, 1 << 20])
+    for path in paths:  # dirty pages are not dropped
+        with open(path, "rb") as fp:
+            os.fsync(fp.fileno())
+    assert all(resident_pages(p) == 256 for p in paths)  # just written
     with _core.Engine(1, 1) as engine:
         engine.set_files(paths)
         engine.drop_cache(np.array([0, 1], dtype=np.int64))
+        assert [resident_pages(p) for p in paths] == [0, 0, 256]
         with pytest.raises(OSError, match="not in the table"):
-            engine.drop_cache(np.array([2], dtype=np.int64))
+            engine.drop_cache(np.array([3], dtype=np.int64))
         assert engine.counters()["opens"] == 0  # not counted as the loader's opens
 
 

@@ -8,7 +8,9 @@
 - The I/O watchdog: an open or read stuck in the kernel (made so by the engine's test hook
   DLIO_MPI_TEST_STALL, as a dead NFS or Lustre server would) is reported once by the rank
   that waits for it, while the other rank waits in the step barrier; with
-  reader.io_watchdog_abort the job ends."""
+  reader.io_watchdog_abort the job ends. The same for reads of the MPI-IO backends (the test
+  hook stalls them too), where in a collective read the other rank waits for it and says
+  so."""
 
 from __future__ import annotations
 
@@ -149,34 +151,45 @@ def _rank_reading(index: int) -> int:
     return index // (FILES // RANKS)
 
 
-@pytest.mark.parametrize("op", ["read", "open"])
-def test_a_stuck_request_is_reported_once_by_its_rank_and_the_run_goes_on(data, op):
+# (stalled operation, reader.file_access): MPI-IO opens are not watched
+STALLS = [("read", "multi"), ("open", "multi"), ("read", "shared"), ("read", "collective")]
+
+
+@pytest.mark.parametrize(("op", "access"), STALLS)
+def test_a_stuck_request_is_reported_once_by_its_rank_and_the_run_goes_on(data, op, access):
     path = data_file(data, FILES - 1)
     job = run_job(data, *UNSHUFFLED, "reader.io_watchdog_seconds=1",
+                  f"reader.file_access={access}",
                   env={"DLIO_MPI_TEST_STALL": f"{op}:3:{path.name}"})
     assert job.returncode == 0, job.output
-    reports = [line for line in job.output.splitlines() if "watchdog" in line]
+    reports = sorted(line for line in job.output.splitlines() if "watchdog" in line)
     what = "a read" if op == "read" else "an open"
-    assert len(reports) == 1, job.output  # waited 3 s: three times the limit, one report
-    m = re.fullmatch(f"dlio-mpi: rank {_rank_reading(FILES - 1)}: watchdog: {what} of "
-                     f"{re.escape(str(path))} has waited (\\d+\\.\\d) s "
-                     "\\(reader.io_watchdog_seconds=1\\)", reports[0])
-    assert m and 1.0 <= float(m.group(1)) < 2.0, job.output
+    # waited 3 s: three times the limit, one report; in a collective read, every rank waits
+    waiting = range(RANKS) if access == "collective" else [_rank_reading(FILES - 1)]
+    assert len(reports) == len(waiting), job.output
+    for rank, report in zip(waiting, reports):
+        m = re.fullmatch(f"dlio-mpi: rank {rank}: watchdog: {what} of "
+                         f"{re.escape(str(path))} has waited (\\d+\\.\\d) s "
+                         "\\(reader.io_watchdog_seconds=1\\)", report)
+        assert m and 1.0 <= float(m.group(1)) < 2.0, job.output
     assert (data / "out" / "summary.json").exists()
 
 
-@pytest.mark.parametrize("op", ["read", "open"])
-def test_a_stuck_request_with_abort_ends_the_job_promptly(data, op):
+@pytest.mark.parametrize(("op", "access"), STALLS)
+def test_a_stuck_request_with_abort_ends_the_job_promptly(data, op, access):
     path = data_file(data, FILES - 1)
     job = run_job(data, *UNSHUFFLED, "reader.io_watchdog_seconds=1",
-                  "reader.io_watchdog_abort=true",
+                  "reader.io_watchdog_abort=true", f"reader.file_access={access}",
                   env={"DLIO_MPI_TEST_STALL": f"{op}:600:{path.name}"})
     assert job.returncode != 0 and job.seconds < 15, job.output  # not the 600 s of the stall
     named = job.lines_naming(path.name)
     what = "a read" if op == "read" else "an open"
-    assert len(named) == 1, job.output
-    assert named[0].startswith(f"dlio-mpi: rank {_rank_reading(FILES - 1)}: error: "), job.output
-    assert re.search(f"watchdog: {what} of {re.escape(str(path))} has waited 1\\.\\d s "
-                     "\\(reader.io_watchdog_seconds=1; reader.io_watchdog_abort: true ends "
-                     "the job\\)", named[0]), job.output
+    # in a collective read every rank waits: whichever reaches its limit first ends the job
+    waiting = range(RANKS) if access == "collective" else [_rank_reading(FILES - 1)]
+    assert 1 <= len(named) <= len(waiting), job.output
+    for line in named:
+        assert re.fullmatch(f"dlio-mpi: rank ({'|'.join(map(str, waiting))}): error: "
+                            f"watchdog: {what} of {re.escape(str(path))} has waited 1\\.\\d s "
+                            "\\(reader.io_watchdog_seconds=1; reader.io_watchdog_abort: true "
+                            "ends the job\\)", line), job.output
     assert not (data / "out" / "summary.json").exists()

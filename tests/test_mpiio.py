@@ -279,3 +279,32 @@ def test_a_rank_failing_in_a_collective_read_ends_the_job(shared_tmp):
     assert job.returncode != 0, job.stdout
     assert "injected read failure on rank 1" in job.stderr, job.stderr
     assert time.monotonic() - began < 60
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_drop_page_cache_empties_the_cache_of_the_files_read(shared_tmp, mode):
+    from mpi4py import MPI
+
+    from helpers import resident_pages
+
+    cfg, split, files = _dataset(shared_tmp, **LAYOUTS["many-files"])
+    plan = _read_plan(cfg, split, files, steps=2, batch=2)
+    comm = MPI.COMM_WORLD
+    if comm.Get_rank() == 0:
+        for index in range(files.count):  # written and flushed: all in the cache
+            with open(files.path(index), "rb") as fp:
+                os.fsync(fp.fileno())
+                fp.read()
+    comm.Barrier()
+    mine = plan.files().tolist()
+    reader = _open(mode, files, drop_page_cache=True)
+    try:
+        assert all(resident_pages(files.path(i)) for i in mine)
+        reader.prepare_epoch(plan)  # outside the epoch's clock, as the native engine does
+        assert [resident_pages(files.path(i)) for i in mine] == [0] * len(mine)
+        reader.start_epoch(plan)
+        while reader.next_batch() is not None:
+            pass
+        reader.end_epoch()
+    finally:
+        reader.close()

@@ -24,7 +24,13 @@ is not stuck behind the MPI library's lock (one lock for the whole library in MP
   the whole call (measured with 2 ranks, 16 MiB samples, 50 ms compute: AU 97.6 % against
   83 %; computation 0: 214 against 143 samples/s).
 A request's latency is from its post until the thread saw it complete (for a collective read,
-the call's time, given to each of its requests)."""
+the call's time, given to each of its requests).
+
+The watchdog (reader.io_watchdog_seconds) watches the read the thread has in flight from the
+step loop's wait for a batch, as the native engine's does: reported once on stderr, or with
+reader.io_watchdog_abort the wait fails at the limit. Opens are not watched (a collective open
+happens on the main thread). drop_page_cache: before each epoch, posix_fadvise(DONTNEED) on
+the files the plan reads, as the native engine does."""
 
 from __future__ import annotations
 
@@ -42,10 +48,11 @@ from .. import _core
 from ..catalog import SplitFiles
 from ..errors import UserError
 from ..planner import ReadPlan
-from .base import BatchStats, ReaderOptions, python_steps
+from .base import BatchStats, IoWatchdog, ReaderOptions, python_steps
 
 COLLECTIVE_FILE_LIMIT = 1024  # files opened on the communicator by `collective`
 NAP_NS = (20_000, 500_000)    # polling naps of the reader thread: first, longest
+NO_WATCHDOG = IoWatchdog(0)
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,22 @@ def open_file(comm, path: str, info: MPI.Info) -> MPI.File:
                       path) from None
 
 
+def drop_cached_pages(paths) -> None:
+    """posix_fadvise(DONTNEED) each file, opened as the engine opens data files."""
+    for path in paths:
+        with _core.open_regular(path) as fp:
+            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def stall_hook() -> tuple[float, str] | None:
+    """The native engine's test hook, for MPI-IO reads: DLIO_MPI_TEST_STALL=read:<s>:<suffix>
+    makes the first read of a file whose path ends with <suffix> sleep <s> seconds first, in
+    flight as a read stuck on a dead server would be. (seconds, suffix), or None."""
+    op, _, rest = os.environ.get("DLIO_MPI_TEST_STALL", "").partition(":")
+    seconds, _, suffix = rest.partition(":")
+    return (float(seconds), suffix) if op == "read" and suffix else None
+
+
 def short_read(path: str, got: int, expected: int, offset: int) -> OSError:
     return OSError(errno.EIO, f"short read: {got} of {expected} bytes at offset {offset} "
                               f"of {path}", path)
@@ -103,12 +126,18 @@ class _Prefetch:
     """The reader thread of one epoch: `read(b, buffer)` for b in [0, limit), never more than
     `slots` batches ahead of the consumer."""
 
-    def __init__(self, read, steps: int, slots: int) -> None:
-        self._read, self._cond = read, threading.Condition()
+    def __init__(self, read, steps: int, slots: int, watchdog: IoWatchdog = NO_WATCHDOG,
+                 path_of=str) -> None:
+        self._read, self._cond, self.watchdog = read, threading.Condition(), watchdog
+        self.path_of = path_of  # file index -> path, for the watchdog's reports
+        self.in_flight: tuple[int, int] | None = None  # (since ns, file) of the read in flight
+        self._reported = 0  # `since` of the last read reported
         self.limit, self.started, self.free = steps, 0, slots
         self.ready: list[BatchStats] = []
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="mpiio-prefetch", daemon=True)
+
+    def start(self) -> None:
         self._thread.start()
 
     def _run(self) -> None:
@@ -137,11 +166,40 @@ class _Prefetch:
             if release:
                 self.free += 1
                 self._cond.notify_all()
-            self._cond.wait_for(lambda: self.ready or self.error is not None
-                                or not self._thread.is_alive())
+            while not self._cond.wait_for(self._arrived, timeout=self._watch()):
+                pass
             if self.error is not None:
                 raise self.error
             return self.ready.pop(0) if self.ready else None
+
+    def _arrived(self) -> bool:
+        return bool(self.ready) or self.error is not None or not self._thread.is_alive()
+
+    def _watch(self) -> float | None:
+        """The watchdog, while the consumer waits: report the read in flight once it has
+        waited reader.io_watchdog_seconds (once per read), or with abort, fail with it.
+        Returns how long to wait before looking again (None: no watchdog)."""
+        limit = self.watchdog.seconds
+        if limit <= 0:
+            return None
+        flight = self.in_flight
+        if flight is None or flight[0] == self._reported:
+            return limit
+        waited = (_core.now_ns() - flight[0]) / 1e9
+        if waited < limit:
+            return limit - waited + 0.001
+        path = self.path_of(flight[1])
+        what = f"a read of {path} has waited {waited:.1f} s"
+        if self.watchdog.abort:
+            self.error = TimeoutError(
+                errno.ETIMEDOUT, f"watchdog: {what} (reader.io_watchdog_seconds={limit:g}; "
+                                 "reader.io_watchdog_abort: true ends the job)", path)
+            return limit
+        self._reported = flight[0]
+        who = "" if self.watchdog.rank is None else f"rank {self.watchdog.rank}: "
+        os.write(2, f"dlio-mpi: {who}watchdog: {what} "
+                    f"(reader.io_watchdog_seconds={limit:g})\n".encode())
+        return limit
 
     def stop(self, agree=None) -> None:
         """End the epoch early: no batch is started after those already started (or after
@@ -179,11 +237,14 @@ class _MpiioReader:
         self._ring: list[np.ndarray] = []
         self._prefetch: _Prefetch | None = None
         self._holding = False
+        self._stall = stall_hook()
 
     # buffers and the epoch
 
     def prepare_epoch(self, plan: ReadPlan) -> None:
         """Outside the clock: the batch buffers, and where each request lands in its batch's."""
+        if self.options.drop_page_cache:
+            drop_cached_pages(self.files.path(int(f)) for f in plan.files())
         ends = np.cumsum(plan.length)
         self.dest = ends - plan.length - np.repeat(
             np.concatenate(([0], ends))[plan.batch_start[:-1]], np.diff(plan.batch_start))
@@ -198,7 +259,9 @@ class _MpiioReader:
         self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
         self._holding = False
         self._prefetch = _Prefetch(self._read_into_ring, plan.steps,
-                                   self.options.prefetch_size + 1)
+                                   self.options.prefetch_size + 1, self.options.watchdog,
+                                   self.files.path)
+        self._prefetch.start()  # after the assignment: its reads report through it
 
     def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
                   start_ns: int) -> np.ndarray:
@@ -234,12 +297,22 @@ class _MpiioReader:
         """Read requests [first, last) into `buffer` at self.dest; (bytes, MPI read calls)."""
         raise NotImplementedError
 
-    def _wait(self, requests: list[MPI.Request], posted_ns: int) -> list[tuple[int, int, int]]:
-        """Poll `requests` to completion with naps (a blocking wait would hold the MPI
-        library's lock, see the module docstring); (index, bytes, latency ns) of each."""
+    def _posting(self, file: int, posted_ns: int) -> None:
+        """A read of `file` is about to be posted (for the watchdog and the test hook)."""
+        self._prefetch.in_flight = (posted_ns, file)
+        if self._stall is not None and self.files.path(file).endswith(self._stall[1]):
+            seconds, self._stall = self._stall[0], None
+            time.sleep(seconds)
+
+    def _wait(self, requests: list[MPI.Request], posted_ns: int, files: list[int]
+              ) -> list[tuple[int, int, int]]:
+        """Poll `requests` (reads of `files`) to completion with naps (a blocking wait would
+        hold the MPI library's lock, see the module docstring); (index, bytes, latency ns) of
+        each."""
         done, status, nap = [], MPI.Status(), NAP_NS[0]
         pending = list(range(len(requests)))
         while pending:
+            self._prefetch.in_flight = (posted_ns, files[pending[0]])
             still = []
             for i in pending:
                 if requests[i].Test(status):
@@ -250,6 +323,7 @@ class _MpiioReader:
                 time.sleep(nap / 1e9)
                 nap = min(2 * nap, NAP_NS[1])
             pending = still
+        self._prefetch.in_flight = None
         return done
 
     def _opened(self, handle: MPI.File) -> MPI.File:
@@ -310,11 +384,14 @@ class SharedReader(_MpiioReader):
     def _read_batch(self, plan: ReadPlan, first: int, last: int, buffer: np.ndarray
                     ) -> tuple[int, int]:
         posted = _core.now_ns()
-        requests = [self._handle(int(plan.file_idx[r])).Iread_at(
-            int(plan.offset[r]), buffer[self.dest[r]:self.dest[r] + plan.length[r]])
-            for r in range(first, last)]
+        files, requests = plan.file_idx[first:last].tolist(), []
+        for r, file in zip(range(first, last), files):
+            if self._stall is not None:
+                self._posting(file, posted)
+            requests.append(self._handle(file).Iread_at(
+                int(plan.offset[r]), buffer[self.dest[r]:self.dest[r] + plan.length[r]]))
         got = 0
-        for i, count, latency in self._wait(requests, posted):
+        for i, count, latency in self._wait(requests, posted, files):
             r = first + i
             self.lat_ns[r] = latency
             if count < plan.expect[r]:
@@ -405,8 +482,10 @@ class CollectiveReader(_MpiioReader):
             target = [buffer, 0, MPI.BYTE]
         try:
             posted = _core.now_ns()
+            self._posting(file, posted)
             status = MPI.Status()
             handle.Iread_at_all(0, target).Wait(status)  # see the module docstring
+            self._prefetch.in_flight = None
             count, latency = status.Get_count(MPI.BYTE), _core.now_ns() - posted
         finally:
             for datatype in types:
