@@ -421,7 +421,10 @@ class SharedReader(_MpiioReader):
 
 class CollectiveReader(_MpiioReader):
     """reader.file_access: collective: per batch, one Iread_at_all per file read by any rank,
-    from every rank, in file order; all files open on the communicator from open to close."""
+    from every rank, in file order. A file is opened on the communicator by the reader thread
+    when a batch first reads it (every rank reaches the same opens in the same order: the
+    batches' files are agreed), so that opens fall in the epoch and are counted as the
+    loader's; closed at the end of every epoch with reader.access: loader, else at close."""
 
     file_access = "collective"
 
@@ -432,14 +435,14 @@ class CollectiveReader(_MpiioReader):
                 f"reader.file_access: collective opens every file on the communicator, and "
                 f"this dataset has {files.count} files (limit {COLLECTIVE_FILE_LIMIT}); use "
                 "reader.file_access: shared (independent MPI-IO reads) for many files")
-        self._handles: list[MPI.File] = []
-        for index in range(files.count):
-            try:
-                handle = open_file(self.comm, files.path(index), self._info)
-            except OSError:
-                self._close_files()
-                raise
-            self._handles.append(self._opened(handle))
+        self._handles: dict[int, MPI.File] = {}
+
+    def _handle(self, file: int) -> MPI.File:
+        handle = self._handles.get(file)
+        if handle is None:
+            handle = open_file(self.comm, self.files.path(file), self._info)
+            self._handles[file] = self._opened(handle)
+        return handle
 
     def prepare_epoch(self, plan: ReadPlan) -> None:
         """Also agree with the other ranks on which files each batch reads: (steps, files)
@@ -451,10 +454,16 @@ class CollectiveReader(_MpiioReader):
         self.comm.Allreduce(MPI.IN_PLACE, touched, op=MPI.BOR)
         self.batch_files = [np.flatnonzero(row) for row in touched]
 
+    def end_epoch(self) -> None:
+        super().end_epoch()
+        if self.options.close_at_epoch_end:  # reader.access: loader
+            self._close_files()
+
     def abandon_epoch(self) -> None:
         """Every rank must read the same batches collectively: go on to the most any rank's
-        thread had started."""
+        thread had started (then all have opened the same files, and close them)."""
         self._prefetch.stop(lambda started: self.comm.allreduce(started, op=MPI.MAX))
+        self._close_files()
 
     def _read_batch(self, plan: ReadPlan, first: int, last: int, buffer: np.ndarray
                     ) -> tuple[int, int]:
@@ -468,12 +477,16 @@ class CollectiveReader(_MpiioReader):
         return got, len(self.batch_files[index])
 
     def _read_file_collectively(self, file: int, rows: np.ndarray, buffer: np.ndarray) -> int:
-        plan, handle = self.plan, self._handles[file]
-        lengths = plan.length[rows].tolist()
+        plan, handle = self.plan, self._handle(file)
+        # The view covers the bytes the file holds (expect): a loader's read past the end of
+        # the file (length > expect) would be a short read alone, but in a view ROMIO's
+        # collective buffering gives the bytes past EOF to an aggregator that does not exist.
+        inside = rows[plan.expect[rows] > 0]
+        lengths = plan.expect[inside].tolist()
         types = []
-        if len(rows):
-            filetype = MPI.BYTE.Create_hindexed(lengths, plan.offset[rows].tolist()).Commit()
-            memtype = MPI.BYTE.Create_hindexed(lengths, self.dest[rows].tolist()).Commit()
+        if len(inside):
+            filetype = MPI.BYTE.Create_hindexed(lengths, plan.offset[inside].tolist()).Commit()
+            memtype = MPI.BYTE.Create_hindexed(lengths, self.dest[inside].tolist()).Commit()
             types = [filetype, memtype]
             handle.Set_view(0, MPI.BYTE, filetype)
             target = [buffer, 1, memtype]
@@ -498,7 +511,6 @@ class CollectiveReader(_MpiioReader):
         return count
 
     def _close_files(self) -> None:
-        for handle in self._handles:
-            handle.Close()
+        for file in sorted(self._handles):  # collective: in the same order on every rank
+            self._handles.pop(file).Close()
             self.totals["closes"] += 1
-        self._handles = []
