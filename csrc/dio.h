@@ -78,8 +78,14 @@ uint32_t dio_crc32(uint32_t crc, const void *buf, size_t n);
 uint32_t dio_crc32c(uint32_t crc, const void *buf, size_t n);
 
 /* Fill buf with n pseudo-random bytes; the stream is a pure function of seed (xoshiro256**
- * seeded through splitmix64), so the same seed always gives the same bytes. */
+ * seeded through splitmix64, reseeded every DIO_PAYLOAD_BLOCK bytes), so the same seed always
+ * gives the same bytes. */
+#define DIO_PAYLOAD_BLOCK ((uint64_t)8 << 20)
 void dio_fill_random(void *buf, size_t n, uint64_t seed);
+
+/* The bytes [start, start + n) of the stream of seed (made without the bytes before them
+ * but for the part of start's block before start). */
+void dio_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start);
 
 /* Write nbytes of the dio_fill_random(seed) stream to fd at offset with pwrite, in chunks
  * of at most chunk bytes (0 = 8 MiB), reusing one buffer.  If crc is not NULL it is in/out:

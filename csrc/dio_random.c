@@ -1,6 +1,9 @@
 /*
  * dio_random.c - deterministic payloads: xoshiro256** seeded through splitmix64.
- * The byte stream of a seed is the sequence of 64-bit outputs stored little-endian, so
+ * The byte stream of a seed is made of blocks of DIO_PAYLOAD_BLOCK bytes; block k is the
+ * sequence of 64-bit outputs, stored little-endian, of the generator seeded with
+ * block_seed(seed, k) (block 0: seed itself). So any part of the stream can be made without
+ * the parts before it (ranks writing one shared file collectively each make their own blocks),
  * dio_fill_random(buf, n, seed) is always a prefix of dio_fill_random(buf, n + k, seed), and
  * dio_write_random writes exactly that stream whatever its chunk size.
  */
@@ -34,6 +37,11 @@ static void rng_seed(rng *r, uint64_t seed)
     for (int i = 0; i < 4; i++)
         r->s[i] = splitmix64(&x);
     r->nleft = 0;
+}
+
+static inline uint64_t block_seed(uint64_t seed, uint64_t block)
+{
+    return block == 0 ? seed : seed ^ (block * 0xD1B54A32D192ED03ull);
 }
 
 static inline uint64_t le64(uint64_t v)
@@ -81,11 +89,50 @@ static void rng_fill(rng *r, unsigned char *p, size_t n)
     r->s[3] = s3;
 }
 
+/* A position in the payload stream of a seed. */
+typedef struct stream {
+    rng r;
+    uint64_t seed, pos; /* pos: the next byte's offset in the stream */
+} stream;
+
+static void stream_seek(stream *st, uint64_t seed, uint64_t pos)
+{
+    unsigned char skip[256];
+    uint64_t into = pos % DIO_PAYLOAD_BLOCK;
+    st->seed = seed;
+    st->pos = pos;
+    rng_seed(&st->r, block_seed(seed, pos / DIO_PAYLOAD_BLOCK));
+    while (into > 0) { /* within a block: generate and drop (at most one block) */
+        size_t k = into < sizeof skip ? (size_t)into : sizeof skip;
+        rng_fill(&st->r, skip, k);
+        into -= k;
+    }
+}
+
+static void stream_fill(stream *st, unsigned char *p, size_t n)
+{
+    while (n > 0) {
+        uint64_t room = DIO_PAYLOAD_BLOCK - st->pos % DIO_PAYLOAD_BLOCK;
+        size_t k = room < n ? (size_t)room : n;
+        rng_fill(&st->r, p, k);
+        p += k;
+        n -= k;
+        st->pos += k;
+        if (st->pos % DIO_PAYLOAD_BLOCK == 0)
+            rng_seed(&st->r, block_seed(st->seed, st->pos / DIO_PAYLOAD_BLOCK));
+    }
+}
+
+void dio_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start)
+{
+    stream st;
+    stream_seek(&st, seed, start);
+    stream_fill(&st, (unsigned char *)buf, n);
+}
+
 void dio_fill_random(void *buf, size_t n, uint64_t seed)
 {
-    rng r;
-    rng_seed(&r, seed);
-    rng_fill(&r, (unsigned char *)buf, n);
+    dio_fill_random_at(buf, n, seed, 0);
 }
 
 #define DEFAULT_CHUNK ((size_t)8 << 20)
@@ -93,7 +140,7 @@ void dio_fill_random(void *buf, size_t n, uint64_t seed)
 int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                      uint32_t *crc, const char *path, dio_error *err)
 {
-    rng r;
+    stream st;
     void *buf = NULL;
     uint32_t sum = crc ? *crc : 0;
     int64_t done = 0;
@@ -113,11 +160,11 @@ int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size
     if (posix_memalign(&buf, 4096, chunk) != 0)
         return dio_fail(err, ENOMEM, path, "write_random %s: cannot allocate %zu bytes", path,
                         chunk);
-    rng_seed(&r, seed);
+    stream_seek(&st, seed, 0);
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
         size_t put = 0;
-        rng_fill(&r, buf, n);
+        stream_fill(&st, buf, n);
         if (crc)
             sum = dio_crc32(sum, buf, n);
         while (put < n) {

@@ -35,6 +35,7 @@ cdef extern from "dio.h" nogil:
     uint32_t dio_crc32(uint32_t crc, const void *buf, size_t n)
     uint32_t dio_crc32c(uint32_t crc, const void *buf, size_t n)
     void dio_fill_random(void *buf, size_t n, uint64_t seed)
+    void dio_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start)
     int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                          uint32_t *crc, const char *path, dio_error *err)
     int dio_syncfs(int fd)
@@ -263,18 +264,23 @@ def crc32c(data, crc=0):
 
 # ---------------------------------------------------------------------------- payloads
 
-def fill_random(buffer, seed):
-    """Fill a writable contiguous buffer with the pseudo-random stream of seed (the same seed
-    always gives the same bytes; a shorter buffer gets a prefix of the same stream)."""
+PAYLOAD_BLOCK = 8 << 20  # DIO_PAYLOAD_BLOCK: the stream is reseeded every so many bytes
+
+
+def fill_random(buffer, seed, uint64_t start=0):
+    """Fill a writable contiguous buffer with the pseudo-random stream of seed from its byte
+    `start` on (the same seed always gives the same bytes; a shorter buffer gets a prefix of
+    the same stream; a part of it can be made alone, fastest from a multiple of
+    PAYLOAD_BLOCK)."""
     cdef Py_buffer view
     cdef uint64_t s = <uint64_t>(seed & U64_MASK)
     PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
     try:
         if view.len >= GIL_FREE_BYTES:
             with nogil:
-                dio_fill_random(view.buf, <size_t>view.len, s)
+                dio_fill_random_at(view.buf, <size_t>view.len, s, start)
         else:
-            dio_fill_random(view.buf, <size_t>view.len, s)
+            dio_fill_random_at(view.buf, <size_t>view.len, s, start)
     finally:
         PyBuffer_Release(&view)
 

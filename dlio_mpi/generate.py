@@ -1,5 +1,7 @@
 """Parallel data generation: files dealt round-robin across ranks, each written by the C core
-under a temporary name and renamed when complete; a rerun skips complete files.
+under a temporary name and renamed when complete; a rerun skips complete files. A dataset of
+fewer files than ranks (one or a few shared files of many samples) is written by all ranks
+together instead, file after file, through MPI-IO (collective_generation.py).
 
 Sizes come from dataset.sample_shapes (seeded, independent of the rank count) and payload
 bytes from a per-file seed, so the same configuration always produces the same dataset."""
@@ -16,6 +18,7 @@ import numpy as np
 
 from . import _core
 from .catalog import spot_check_sizes
+from .collective_generation import collective_format, write_file_collectively
 from .dataset import SPLITS, DatasetSplit, LayoutTable
 from .errors import JobError, Stopped, UserError, check_all, on_root
 from .filesystems import apply_striping
@@ -31,6 +34,7 @@ class GenerationResult:
     bytes_written: int
     seconds: float  # slowest rank
     striping: dict | None = None  # what storage.lustre did (filesystems.apply_striping)
+    collective: dict | None = None  # files written by all ranks through MPI-IO: how
 
     @property
     def mib_per_second(self) -> float:
@@ -54,6 +58,14 @@ def _my_files(splits: dict[str, DatasetSplit], rank: int, size: int
     return [("train", g) if g < train else ("valid", g - train) for g in work]
 
 
+def writes_collectively(splits: dict[str, DatasetSplit], ranks: int) -> bool:
+    """Whether generation writes every file with all ranks: fewer files than ranks, in a
+    format that can be written in parts."""
+    files = sum(s.num_files for s in splits.values())
+    return 0 < files < ranks and all(
+        collective_format(s) for s in splits.values() if s.num_files)
+
+
 def generate(comm, cfg, splits: dict[str, DatasetSplit],
              layouts: dict[str, LayoutTable] | None = None,
              trust_complete: bool = True) -> GenerationResult:
@@ -70,13 +82,13 @@ def generate(comm, cfg, splits: dict[str, DatasetSplit],
         layouts = {name: split.expected_layouts() for name, split in splits.items()}
     try:
         return _generate(comm, splits, layouts, root, params, lock, cfg.storage.lustre,
-                         trust_complete)
+                         trust_complete, dict(cfg.reader.mpiio_hints))
     finally:
         lock.release()
 
 
 def _generate(comm, splits, layouts, root, params, lock, lustre,
-              trust_complete: bool) -> GenerationResult:
+              trust_complete: bool, hints: dict[str, str]) -> GenerationResult:
     def prepare() -> tuple[bool, bool, str, dict | None]:
         """Rank 0: take the folder's lock; decide whether existing files are ours (a manifest
         with these parameters lists them) and whether they are complete (the manifest says
@@ -112,7 +124,10 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
         return ours, False, new_tag(), striping
 
     ours, complete, tag, striping = on_root(comm, prepare)
-    mine = _my_files(splits, comm.Get_rank(), comm.Get_size())
+    collective = writes_collectively(splits, comm.Get_size())
+    # collectively written files are surveyed by rank 0 alone
+    mine = (_my_files(splits, 0, 1) if comm.Get_rank() == 0 else []) if collective else \
+        _my_files(splits, comm.Get_rank(), comm.Get_size())
     if complete:
         return GenerationResult(0, sum(s.num_files for s in splits.values()), 0, 0.0)
 
@@ -150,28 +165,38 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
         return todo, todo_bytes
 
     todo, todo_bytes = check_all(comm, survey)
+    if collective:
+        todo = comm.bcast(todo, root=0)
     need = comm.allreduce(todo_bytes)
     on_root(comm, lambda: check_free_space(root, need, "dataset.data_folder"))
     # Only now, with no foreign file in the way, claim the names: an interrupted generation
     # is then still known to be ours, and its temporaries by their tag.
     on_root(comm, lambda: write_manifest(root, params, complete=False, tag=tag, temporaries=[tag]))
     start = time.perf_counter()
+    how = None
     try:
-        written = check_all(comm, lambda: _write_files(splits, todo, tag, root))
+        if collective:
+            written, how = _write_collectively(comm, splits, todo, tag, root, hints)
+        else:
+            written = check_all(comm, lambda: _write_files(splits, todo, tag, root))
     except JobError as exc:
         stop = comm.allreduce(_core.stop_signal(), op=_max_op())
         if stop:
             raise Stopped(f"{exc}", stop) from None
         raise
     elapsed = time.perf_counter() - start
-    totals = comm.allreduce(np.array([len(todo), len(mine) - len(todo), written],
-                                     dtype=np.int64))
+    if collective:  # every rank knows the totals
+        totals = np.array([len(todo), len(_my_files(splits, 0, 1)) - len(todo), written])
+    else:
+        totals = comm.allreduce(np.array([len(todo), len(mine) - len(todo), written],
+                                         dtype=np.int64))
     seconds = comm.allreduce(elapsed, op=_max_op())
     on_root(comm, lambda: write_manifest(
         root, params, complete=True, tag=tag,
         files={name: s.num_files for name, s in splits.items()},
         bytes={name: layouts[name].total("size") for name in splits}))
-    return GenerationResult(int(totals[0]), int(totals[1]), int(totals[2]), seconds, striping)
+    return GenerationResult(int(totals[0]), int(totals[1]), int(totals[2]), seconds, striping,
+                            how)
 
 
 def _stripe(lustre, root: str, folders: list[str], ours: bool) -> dict:
@@ -218,6 +243,30 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str) -> in
     finally:
         staged.discard()
     return written
+
+
+def _write_collectively(comm, splits, todo: list[tuple[str, int]], tag: str, root: str,
+                        hints: dict[str, str]) -> tuple[int, dict]:
+    """Write every file of `todo` with all ranks (collective_generation.py); rank 0 stages
+    and completes them. Returns the bytes written and what to record of how."""
+    staged = StagedWrites(tag) if comm.Get_rank() == 0 else None
+    written, effective = 0, None
+    try:
+        for name, index in todo:
+            if comm.allreduce(_core.stop_signal(), op=_max_op()):
+                on_root(comm, lambda: staged.commit())  # the files written so far are whole
+                raise JobError(
+                    f"generation stopped by {signal.Signals(_core.stop_signal() or 2).name}; "
+                    "complete files stay, and a rerun resumes after them")
+            size, effective = write_file_collectively(
+                comm, splits[name], index, file_seed(name, index), staged, hints)
+            written += size
+            on_root(comm, lambda: staged.commit())
+    finally:
+        if staged is not None:
+            staged.discard()
+    return written, {"files": len(todo), "ranks": comm.Get_size(), "api": "MPI-IO Write_at_all",
+                     "hints_requested": hints, "hints_effective": effective}
 
 
 def _clear_side_files(paths: list[str], ours: bool) -> None:

@@ -393,7 +393,24 @@ def describe_plan(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None 
             lines.append(f"note            the dataset fits in the memory of the {plan.nodes} "
                          "node(s): after the first epoch reads may come from the page cache "
                          "(reader.odirect: true or reader.drop_page_cache: true avoid it)")
+        if cfg.workflow.generate_data and plan.splits:
+            lines.append(_generation_line(plan))
     data_folder = plan.splits["train"].root if plan.splits else None
     lines += storage_lines(cfg, data_folder, filesystems, striping)
     lines.extend(f"note            {note}" for note in plan.notes)
     return "\n".join(lines)
+
+
+def _generation_line(plan: RunPlan) -> str:
+    from .generate import writes_collectively
+
+    files = sum(s.num_files for s in plan.splits.values())
+    if writes_collectively(plan.splits, plan.ranks):
+        how = (f"all {files} file(s) written by all {plan.ranks} ranks together, through "
+               "MPI-IO (Write_at_all), fewer files than ranks")
+    elif files < plan.ranks:
+        how = (f"{files} file(s) dealt out to {files} of the {plan.ranks} ranks: {plan.format} "
+               "cannot be written in parts (its headers hold a checksum of the payload)")
+    else:
+        how = f"{files} files dealt out round-robin to the {plan.ranks} ranks"
+    return f"generation      {how} (files already complete are kept)"

@@ -21,7 +21,7 @@ from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
 from .filesystems import check_striping, describe_filesystems
-from .generate import check_free_space, generate
+from .generate import GenerationResult, check_free_space, generate
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
 from .output import OutputFolder, access_log_name
@@ -96,9 +96,9 @@ def check_dataset_removable(cfg, plan: RunPlan) -> None:
 
 
 def run_generation(comm, cfg, plan: RunPlan, out: OutputFolder | None = None,
-                   check_every_file: bool = False) -> dict | None:
+                   check_every_file: bool = False) -> GenerationResult:
     """Generate the dataset (striping the data folder first when storage.lustre asks);
-    returns what the striping did, or None. check_every_file: do not trust a complete
+    returns what it did. check_every_file: do not trust a complete
     manifest's spot checks (the `generate` command: it repairs a dataset that lost files)."""
     _core.stop_on_signals()
     splits = plan.splits
@@ -107,10 +107,12 @@ def run_generation(comm, cfg, plan: RunPlan, out: OutputFolder | None = None,
     for key in ("note", "mismatch"):
         if striping and striping.get(key):
             say(comm, f"striping: {striping[key]}", out=out)
-    say(comm, f"generated {result.files_written} files ({result.bytes_written / 2**20:.1f} MiB"
-              f", {result.mib_per_second:.1f} MiB/s), {result.files_skipped} already complete,"
-              f" under {splits['train'].root}", out=out)
-    return striping
+    together = (f" by all {comm.Get_size()} ranks together through MPI-IO (Write_at_all)"
+                if result.collective and result.files_written else "")
+    say(comm, f"generated {result.files_written} files{together} ("
+              f"{result.bytes_written / 2**20:.1f} MiB, {result.mib_per_second:.1f} MiB/s), "
+              f"{result.files_skipped} already complete, under {splits['train'].root}", out=out)
+    return result
 
 
 @dataclass
@@ -290,10 +292,12 @@ def _spread_of(values: list[float]) -> dict:
 def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
                   train_epochs: list[EpochSummary], eval_epochs: list[EpochSummary],
                   start: float, out: OutputFolder, stopped_by: int = 0,
-                  striping: dict | None = None, readers: dict | None = None) -> dict:
+                  striping: dict | None = None, readers: dict | None = None,
+                  generation: dict | None = None) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml, each whole or not at
     all; returns the summary. `stopped_by`: the signal that ended training early; `striping`:
-    what storage.lustre did; `readers`: rank 0's reader backends, described."""
+    what storage.lustre did; `readers`: rank 0's reader backends, described; `generation`:
+    what this run's data generation did."""
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
@@ -306,6 +310,7 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
              "output_folder": cfg.output.folder})
         header["dlio_mpi"]["striping"] = striping
         header["dlio_mpi"]["readers"] = readers
+        header["dlio_mpi"]["generation"] = generation
         summary = build_summary(train_epochs, eval_epochs, cfg, header)
         stats = {str(e.epoch): e.to_json() for e in train_epochs}
         for e in eval_epochs:
@@ -393,14 +398,20 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     filesystems = on_root(comm, lambda: describe_filesystems(
         {"data_folder": root, "output_folder": cfg.output.folder}))
     say(comm, describe_plan(plan, cfg, filesystems, striping), out=out)
+    generation = None
     if cfg.workflow.generate_data:
-        striping = run_generation(comm, cfg, plan, out) or striping
+        result = run_generation(comm, cfg, plan, out)
+        striping = result.striping or striping
+        generation = {"files_written": result.files_written,
+                      "files_skipped": result.files_skipped,
+                      "bytes_written": result.bytes_written, "seconds": result.seconds,
+                      "collective": result.collective}
     summary, stop = None, 0
     if cfg.workflow.train:
         pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
         train_epochs, eval_epochs, stop, readers = train(comm, cfg, plan, topo, pacing, out)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
-                                start, out, stop, striping, readers)
+                                start, out, stop, striping, readers, generation)
     if stop:
         raise Stopped(f"stopped by {signal.Signals(stop).name} after "
                       f"{len(train_epochs)} complete or partial training epoch(s); the results "

@@ -219,9 +219,25 @@ def test_fill_random_is_deterministic_per_seed():
         _core.fill_random(b"read-only", 1)
 
 
-@pytest.mark.parametrize("chunk", [0, 1, 7, 4099, MiB])
-def test_write_random_writes_exactly_the_stream(tmp_path, chunk):
-    nbytes, offset = 3 * MiB + 5, 13
+def test_any_part_of_the_payload_stream_can_be_made_alone():
+    block = _core.PAYLOAD_BLOCK
+    whole = np.zeros(2 * block + 1000, dtype=np.uint8)
+    _core.fill_random(whole, 7)
+    for start, n in [(0, 10), (block, 500), (block - 3, 8), (5, block), (2 * block + 1, 999),
+                     (block + 12_345, block - 12_345)]:
+        part = np.zeros(n, dtype=np.uint8)
+        _core.fill_random(part, 7, start)
+        assert np.array_equal(part, whole[start:start + n]), (start, n)
+    # blocks are not copies of each other
+    assert not np.array_equal(whole[:1000], whole[block:block + 1000])
+
+
+@pytest.mark.parametrize(("chunk", "nbytes"), [(0, 3 * MiB + 5), (1, 3 * MiB + 5),
+                                               (7, 3 * MiB + 5), (4099, 3 * MiB + 5),
+                                               (MiB, 3 * MiB + 5), (0, 17 * MiB + 3),
+                                               (3 * MiB, 17 * MiB + 3)])
+def test_write_random_writes_exactly_the_stream(tmp_path, chunk, nbytes):
+    offset = 13
     stream = bytearray(nbytes)
     _core.fill_random(stream, 99)
     path = tmp_path / "payload.bin"

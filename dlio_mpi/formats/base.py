@@ -109,6 +109,16 @@ class Format(Protocol):
         `staged`, which completes them on commit; return the data file's size."""
         ...
 
+    def payload_extent(self, spec: SampleSpec) -> tuple[bytes, int] | None:
+        """The data file as a header followed by the first n bytes of the payload stream of
+        its seed, (header, n), as `write` writes it, so that ranks can write the payload in
+        parts (collectively); None when the file cannot be written so."""
+        ...
+
+    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
+        """Write the data file's side files through `staged` (before the data file)."""
+        ...
+
     def probe(self, path: str) -> StoredArray:
         """What an existing file holds, read from its header (for data we did not generate);
         ValueError if it cannot be read by extent."""
@@ -158,6 +168,12 @@ class StagedWrites:
         self.pending.append((tmp, path))
         self.bytes += size
         return size
+
+    def adopt(self, tmp: str, path: str, size: int) -> None:
+        """A temporary of this job created elsewhere (MPI-IO, collectively, with
+        MODE_EXCL), to be completed, or removed, with the others."""
+        self.pending.append((tmp, path))
+        self.bytes += size
 
     def commit(self) -> None:
         if not self.pending:

@@ -27,15 +27,21 @@ class IndexedBinaryFormat:
         return FileLayout(size, 0, spec.sample_bytes, spec.sample_bytes, spec.sample_bytes)
 
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
-        offsets = np.arange(spec.samples, dtype=np.uint64) * np.uint64(spec.sample_bytes)
-        sizes = np.full(spec.samples, spec.sample_bytes, dtype=np.uint64)
-        off_path, sz_path = self.side_files(path)
         # Index files first: the data file's rename is what marks the set complete.
-        staged.write(off_path, lambda fd: os.write(fd, offsets.tobytes()))
-        staged.write(sz_path, lambda fd: os.write(fd, sizes.tobytes()))
+        self.write_side_files(path, spec, staged)
         payload = spec.samples * spec.sample_bytes
         return staged.write(
             path, lambda fd: _core.write_random(fd, 0, payload, seed, 0, path))
+
+    def payload_extent(self, spec: SampleSpec) -> tuple[bytes, int]:
+        return b"", spec.samples * spec.sample_bytes
+
+    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
+        offsets = np.arange(spec.samples, dtype=np.uint64) * np.uint64(spec.sample_bytes)
+        sizes = np.full(spec.samples, spec.sample_bytes, dtype=np.uint64)
+        off_path, sz_path = self.side_files(path)
+        staged.write(off_path, lambda fd: os.write(fd, offsets.tobytes()))
+        staged.write(sz_path, lambda fd: os.write(fd, sizes.tobytes()))
 
     def probe(self, path: str) -> StoredArray:
         off_path, sz_path = self.side_files(path)

@@ -63,6 +63,12 @@ class NpyFormat:
 
         return staged.write(path, fill)
 
+    def payload_extent(self, spec: SampleSpec) -> tuple[bytes, int]:
+        return npy_header(spec), spec.samples * spec.sample_bytes
+
+    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
+        return None
+
     def probe(self, path: str) -> StoredArray:
         with _core.open_regular(path) as fp:
             return stored_array(fp, os.fstat(fp.fileno()).st_size, 0)

@@ -90,15 +90,37 @@ def effective_hints(handle: MPI.File) -> dict[str, str]:
         info.Free()
 
 
-def open_file(comm, path: str, info: MPI.Info) -> MPI.File:
-    """File.Open read-only (collective on `comm`); an OSError naming the file if refused."""
+def mpi_oserror(exc: MPI.Exception, what: str, path: str) -> OSError:
+    """An MPI-IO error as an OSError naming `path` (with the errno of its class where there
+    is one): `what`, then the text of its class (the full string is a call stack)."""
+    kind = exc.Get_error_class()
+    code = {MPI.ERR_NO_SUCH_FILE: errno.ENOENT, MPI.ERR_FILE_EXISTS: errno.EEXIST,
+            MPI.ERR_NO_SPACE: errno.ENOSPC, MPI.ERR_QUOTA: errno.EDQUOT,
+            MPI.ERR_ACCESS: errno.EACCES}.get(kind, errno.EIO)
+    return OSError(code, f"{what}: {MPI.Get_error_string(kind)}", path)
+
+
+def open_file(comm, path: str, info: MPI.Info, mode: int = MPI.MODE_RDONLY) -> MPI.File:
+    """File.Open (collective on `comm`), read-only unless `mode` says otherwise; an OSError
+    naming the file if refused."""
     try:
-        return MPI.File.Open(comm, path, MPI.MODE_RDONLY, info)
+        return MPI.File.Open(comm, path, mode, info)
     except MPI.Exception as exc:
-        kind = exc.Get_error_class()  # its class's text: the full string is a call stack
-        code = errno.ENOENT if kind == MPI.ERR_NO_SUCH_FILE else errno.EIO
-        raise OSError(code, f"cannot open {path} with MPI-IO: {MPI.Get_error_string(kind)}",
-                      path) from None
+        verb = "create" if mode & MPI.MODE_CREATE else "open"
+        raise mpi_oserror(exc, f"cannot {verb} {path} with MPI-IO", path) from None
+
+
+def process_bytes_read() -> int | None:
+    """rchar of /proc/self/io: the bytes every read() of this process returned (None where
+    the kernel does not say)."""
+    try:
+        with open("/proc/self/io", "rb") as fp:
+            for line in fp:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def drop_cached_pages(paths) -> None:
@@ -238,6 +260,7 @@ class _MpiioReader:
         self._prefetch: _Prefetch | None = None
         self._holding = False
         self._stall = stall_hook()
+        self._rchar_at_open = process_bytes_read()
 
     # buffers and the epoch
 
@@ -339,6 +362,7 @@ class _MpiioReader:
 
     def describe(self) -> dict:
         reported = (self.read_back or {}).get("direct_read")
+        rchar = process_bytes_read()
         return {
             "backend": "mpiio", "file_access": self.file_access,
             "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
@@ -351,6 +375,15 @@ class _MpiioReader:
             "prefetch_batches": self.options.prefetch_size,
             "latency": "post to completion seen by the reader thread; a collective read's "
                        "time is given to each of its requests",
+            # what the MPI-IO layer really read for what it delivered: data sieving and
+            # collective buffering read holes, and aggregators read for other ranks
+            "this_rank": {
+                "bytes_delivered": self.totals["bytes_read"],
+                "bytes_read_by_process": None if rchar is None or self._rchar_at_open is None
+                else rchar - self._rchar_at_open,
+                "how": "rchar of /proc/self/io since the backend opened: every read() of "
+                       "the process (the MPI-IO layer's reads, data sieving and collective "
+                       "buffering included)"},
         }
 
     def close(self) -> None:

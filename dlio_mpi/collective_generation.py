@@ -1,0 +1,108 @@
+"""Shared dataset files written by all ranks together through MPI-IO.
+
+When a dataset has fewer files than there are ranks (one or a few large files holding many
+samples), dealing files out would leave most ranks idle and write each file from one client.
+Instead every file is written by every rank: the file's temporary is created collectively
+(File.Open with MODE_CREATE | MODE_EXCL, so that MPI-IO striping hints act at creation and
+an existing file is never opened for writing), rank 0 writes the header and side files, and
+the payload goes in rounds of one collective `Write_at_all` each, where rank r writes block
+round * ranks + r of the payload stream (blocks of _core.PAYLOAD_BLOCK bytes, each made
+alone: the bytes do not depend on how many ranks wrote them). Then File.Sync, Close, and
+rank 0 completes the file with the others it staged (side files first, then renames).
+Every round's errors are agreed by all ranks, so a rank failing to write never leaves the
+others in the next collective call."""
+
+from __future__ import annotations
+
+import errno
+
+import numpy as np
+
+from . import _core
+from .dataset import DatasetSplit
+from .errors import check_all, on_root
+from .formats.base import StagedWrites
+from .ownership import temporary_name
+
+
+def collective_format(split: DatasetSplit) -> bool:
+    """Whether the split's format can be written in parts (npz cannot: its zip headers hold
+    the CRC of the whole payload)."""
+    return split.num_files > 0 and split.format.payload_extent(split.spec(0)) is not None
+
+
+def write_file_collectively(comm, split: DatasetSplit, index: int, seed: int,
+                            staged: StagedWrites | None, hints: dict[str, str]
+                            ) -> tuple[int, dict[str, str]]:
+    """Write file `index` of `split` with every rank of `comm`; `staged` is rank 0's (None on
+    the others). Returns the file's size and the MPI-IO hints in effect for it."""
+    from mpi4py import MPI
+
+    from .readers.mpiio import effective_hints, info_of, open_file
+
+    path, spec, fmt = split.path(index), split.spec(index), split.format
+    header, payload = fmt.payload_extent(spec)
+    tmp = comm.bcast(temporary_name(path, staged.tag) if staged is not None else None, root=0)
+    on_root(comm, lambda: fmt.write_side_files(path, spec, staged))
+    info = info_of(hints)
+    try:  # MODE_EXCL: a file in the way is never written
+        handle = check_all(comm, lambda: open_file(
+            comm, tmp, info, MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL))
+    finally:
+        info.Free()
+    if staged is not None:  # from now on, removed with the others on failure
+        staged.adopt(tmp, path, len(header) + payload)
+    try:
+        effective = effective_hints(handle)
+        if header:
+            check_all(comm, lambda: comm.Get_rank() or _io(
+                lambda: handle.Write_at(0, header), "write the header of", tmp))
+        _write_payload(comm, handle, len(header), payload, seed, tmp)
+        check_all(comm, lambda: _io(handle.Sync, "sync", tmp))
+    finally:
+        handle.Close()
+    return len(header) + payload, effective
+
+
+def _write_payload(comm, handle, at: int, nbytes: int, seed: int, path: str) -> None:
+    """The payload stream's bytes [0, nbytes) at file offset `at`, in collective rounds."""
+    from mpi4py import MPI
+
+    block = _core.PAYLOAD_BLOCK  # per rank and round
+    rank, size = comm.Get_rank(), comm.Get_size()
+    blocks = -(-nbytes // block)
+    buffer = np.empty(min(block, nbytes), dtype=np.uint8)
+    for round_ in range(-(-blocks // size)):
+        k = round_ * size + rank
+        start = k * block
+        n = max(0, min(block, nbytes - start))
+
+        def write(n=n, start=start) -> None:
+            failed = None
+            try:
+                if n:
+                    _core.fill_random(buffer[:n], seed, start)
+            except (OSError, ValueError, MemoryError) as exc:  # still take part, then say so
+                failed, n = exc, 0
+            status = MPI.Status()
+            _io(lambda: handle.Write_at_all(at + start if n else 0, [buffer, n, MPI.BYTE],
+                                            status), "write", path)
+            if failed is not None:
+                raise failed
+            if status.Get_count(MPI.BYTE) != n:
+                raise OSError(errno.EIO, f"short write: {status.Get_count(MPI.BYTE)} of {n} "
+                                         f"bytes at offset {at + start} of {path}", path)
+
+        check_all(comm, write)
+
+
+def _io(call, verb: str, path: str):
+    """An MPI-IO call whose errors are OSErrors naming `path`."""
+    from mpi4py import MPI
+
+    from .readers.mpiio import mpi_oserror
+
+    try:
+        return call()
+    except MPI.Exception as exc:
+        raise mpi_oserror(exc, f"cannot {verb} {path} with MPI-IO", path) from None
