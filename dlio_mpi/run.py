@@ -95,6 +95,23 @@ def check_dataset_removable(cfg, plan: RunPlan) -> None:
                         "its files are not dlio-mpi's to delete; set keep_files: true")
 
 
+STRIPING_HINTS = ("striping_factor", "striping_unit")
+
+
+def striping_set_by(result: GenerationResult) -> str:
+    """What set the layout of the files this generation created: MPI-IO striping hints at
+    their collective creation (ROMIO's Lustre driver applies them then, over the folder's
+    layout), storage.lustre on their folder, or the file system's default."""
+    if not result.files_written:
+        return "no file created"
+    hints = (result.collective or {}).get("hints_requested", {})
+    if any(name in hints for name in STRIPING_HINTS):
+        return "reader.mpiio_hints (striping hints at creation)"
+    if (result.striping or {}).get("status") == "applied":
+        return "storage.lustre (lfs setstripe on the folder)"
+    return "the file system's default"
+
+
 def run_generation(comm, cfg, plan: RunPlan, out: OutputFolder | None = None,
                    check_every_file: bool = False) -> GenerationResult:
     """Generate the dataset (striping the data folder first when storage.lustre asks);
@@ -405,7 +422,8 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         generation = {"files_written": result.files_written,
                       "files_skipped": result.files_skipped,
                       "bytes_written": result.bytes_written, "seconds": result.seconds,
-                      "collective": result.collective}
+                      "collective": result.collective,
+                      "striping_set_by": striping_set_by(result)}
     summary, stop = None, 0
     if cfg.workflow.train:
         pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)

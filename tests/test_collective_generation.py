@@ -121,3 +121,18 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_the_striping_of_new_files_is_attributed_to_what_set_it():
+    from dlio_mpi.generate import GenerationResult
+    from dlio_mpi.run import striping_set_by
+
+    hinted = {"hints_requested": {"striping_factor": "4"}}
+    applied = {"status": "applied"}
+    assert striping_set_by(GenerationResult(1, 0, 1, 1.0, applied, hinted)).startswith(
+        "reader.mpiio_hints")
+    assert striping_set_by(GenerationResult(1, 0, 1, 1.0, applied, None)).startswith(
+        "storage.lustre")
+    assert striping_set_by(GenerationResult(1, 0, 1, 1.0, None, {"hints_requested": {}})) == \
+        "the file system's default"
+    assert striping_set_by(GenerationResult(0, 3, 0, 0.0, applied, hinted)) == "no file created"
