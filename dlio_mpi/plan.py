@@ -93,7 +93,9 @@ def loader_note(cfg) -> str:
     mine, theirs = resolve_read_mode(cfg), resolve_read_mode(cfg, other)
     alike = (f"as its {other} reader does" if mine == theirs
              else f"its {other} reader: {_PATTERNS[theirs]}")
-    return (f"reader.data_loader={loader}: the native C engine reads {fmt} with the access "
+    engine = ("the native C engine" if cfg.reader.file_access in ("multi", "posix")
+              else f"MPI-IO (reader.file_access={cfg.reader.file_access})")
+    return (f"reader.data_loader={loader}: {engine} reads {fmt} with the access "
             f"pattern of DLIO's {loader} reader ({_PATTERNS[mine]}; {alike}); {tail}")
 
 
@@ -150,7 +152,27 @@ def _notes(cfg) -> tuple[str, ...]:
     """The settings that have no effect or act differently in dlio-mpi."""
     reads = cfg.workflow.train and cfg.dataset.format in implemented_formats()
     notes = ([loader_note(cfg)] if reads else []) + support_notes(cfg)
+    if reads:
+        notes += _mpiio_notes(cfg.reader)
     return tuple(notes)
+
+
+def _mpiio_notes(rd) -> list[str]:
+    """What the MPI-IO backends make of the native engine's settings."""
+    if rd.file_access not in ("shared", "mpio", "collective"):
+        return []
+    notes = [f"reader.read_threads={rd.read_threads}: reader.file_access={rd.file_access} reads "
+             "on one thread per rank, which posts a batch's reads together (nonblocking "
+             "MPI-IO)"]
+    if rd.file_access == "collective":
+        notes.append(f"reader.fd_cache_size={rd.fd_cache_size}: no effect with "
+                     "reader.file_access=collective, which keeps every file it read open (until "
+                     "the epoch's end with reader.access: loader)")
+    if rd.odirect:
+        notes.append("reader.odirect: true asks MPI-IO for O_DIRECT with the direct_read hint, "
+                     "which ROMIO honours on some file systems only; summary.json says whether "
+                     "it was reported back (dlio_mpi.readers)")
+    return notes
 
 
 def _check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:

@@ -613,6 +613,10 @@ def test_data_loader_acts_on_multi_sample_files_and_says_what_it_emulates():
                                      "(np.load of each file once for all its samples; its "
                                      "pytorch reader: np.load of the whole file for every")
     assert "real tf.data pipeline is not run" in multi.notes[0]
+    shared = plan("reader.file_access=mpio")
+    assert shared.notes[0].startswith("reader.data_loader=pytorch: MPI-IO "
+                                      "(reader.file_access=mpio) reads npz with the access")
+    assert any(n.startswith("reader.read_threads=") for n in shared.notes)
     assert plan("dataset.num_samples_per_file=4").read_mode == "file"
     chosen = plan(*tf, "dataset.num_samples_per_file=4", "reader.read_mode=sample")
     assert chosen.read_mode == "sample"
