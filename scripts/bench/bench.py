@@ -14,13 +14,24 @@
             loop (raw_pread.c) over exactly the extents dlio-mpi read, in the same order (from
             its access log): batch 256 x 1 read thread, and batch 64 x 2 read threads.
   large:    16 MiB samples with O_DIRECT against fio and a C loop with huge-page buffers.
+  mpiio:    the MPI-IO reader backends against the POSIX engine on one shared file (indexed
+            binary), 2 ranks, computation_time 0, data in the page cache (ROMIO's UFS driver
+            ignores O_DIRECT), the same seed: reader.file_access multi (the C engine), shared
+            (MPI-IO independent), collective (MPI-IO collective), and collective with ROMIO's
+            collective buffering and data sieving disabled (hints); 3 runs each, the modes
+            alternating. 16 MiB samples: MiB/s (and the C engine with O_DIRECT, for reference);
+            2.5 KB samples, batch 256: samples/s and us per sample. Ratios over the C engine;
+            per-request latency p50; CPU time per sample (user, sys: all processes, less a
+            2-step run's start-up) and, where perf can sample, split by shared object (kernel,
+            Python, libc, MPICH/ROMIO, mpi4py, C core) with the top symbols.
   startup:  seconds from launching mpiexec to the first training step: 2 ranks; 64 ranks
             (oversubscribed: it must start, finish and say how long it took); 10^6 real files.
 
 Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
-  python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [large] [startup]
+  python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [large] [mpiio] [startup]
 DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large`. The
-figures are printed and saved to DIR/results.json. Not a test.
+figures are printed and saved to DIR/results.json (each benchmark's under its name, the others'
+kept). Each benchmark's files are under DIR, named after it (mpiio: DIR/mpiio-*). Not a test.
 """
 
 from __future__ import annotations
@@ -29,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -49,11 +61,13 @@ def sh(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return res
 
 
-def dlio(args: list[str], ranks: int = 2, **kw) -> subprocess.CompletedProcess:
+def dlio(args: list[str], ranks: int = 2, prefix: tuple[str, ...] = (),
+         **kw) -> subprocess.CompletedProcess:
+    """mpiexec -n ranks dlio-mpi args, under `prefix` (a profiler) if given."""
     # The installed console script: `python -m dlio_mpi` from the repository would import the
     # source folder, which has no compiled core.
     command = str(Path(sys.executable).parent / "dlio-mpi")
-    return sh(["mpiexec", "-n", str(ranks), command, *args], **kw)
+    return sh([*prefix, "mpiexec", "-n", str(ranks), command, *args], **kw)
 
 
 def summary(out: Path) -> dict:
@@ -328,6 +342,232 @@ def bench_large(work: Path) -> dict:
     return result
 
 
+# ------------------------------------------------------------------------------- mpiio
+
+
+MPIIO_MODES = {
+    # name: (reader.file_access, further settings, what it is); the first is the reference
+    "multi": ("multi", {}, "POSIX engine"),
+    "shared": ("shared", {}, "MPI-IO independent"),
+    "collective": ("collective", {}, "MPI-IO collective"),
+    # ROMIO's defaults make a collective read two-phase I/O through one aggregator per node,
+    # which reads the whole span of the step's requests, holes included (data sieving): the
+    # same reads without both, to tell the backend's cost from those defaults'
+    "collective_no_cb_ds": ("collective", {
+        "reader__mpiio_hints": "{romio_cb_read: disable, romio_ds_read: disable}"},
+        "coll., cb/ds disabled"),
+}
+MPIIO_RANKS = 2
+MPIIO_SHAPES = {
+    # name: (sample bytes, samples in the one shared file, batch, prefetch, epochs per mode,
+    #        the figure compared); every epoch but the first is measured, and epoch e reads the
+    #        same samples in the same order in every mode. The slow modes read fewer epochs,
+    #        so that the benchmark takes minutes.
+    "large": (16 * 2**20, 128, 1, 2, dict.fromkeys(MPIIO_MODES, 10), "MiB_per_s"),  # 2 GiB
+    "small": (2500, 131072, 256, 4, {"multi": 8, "shared": 4, "collective": 2,
+                                     "collective_no_cb_ds": 8}, "samples_per_s"),  # 312.5 MiB
+}
+# A run of two steps (AU excludes the first): start-up, imports, opens and results, the fixed
+# costs taken out of a run's CPU time to leave the reads'
+FIXED_COSTS = {"train__epochs": 1, "train__total_training_steps": 2}
+PERF_GROUPS = (  # perf's shared object (by prefix) -> where the CPU time goes; first match wins
+    ("kernel", ("[kernel",)),
+    ("mpi4py", ("MPI.",)),
+    ("dlio-mpi C core", ("_core.",)),
+    ("MPICH + ROMIO", ("libmpi", "libuc", "hydra", "mpiexec")),
+    ("libc (malloc, locks, POSIX aio threads)", ("libc.", "libpthread", "ld-linux", "[vdso]")),
+    ("Python + numpy", ("libpython", "python", "libscipy_openblas")),  # and *.cpython-*
+)
+
+
+def _children_cpu() -> tuple[float, float]:
+    """User and system seconds of the children waited for so far (mpiexec and, through it,
+    the ranks)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime, usage.ru_stime
+
+
+def _mpiio_args(work: Path, shape: str, mode: str, label: str = "",
+                **extra: object) -> tuple[list[str], Path]:
+    """`run` arguments reading the one file of `shape` as MPIIO_MODES[mode] says."""
+    record, samples, batch, prefetch, epochs, _ = MPIIO_SHAPES[shape]
+    file_access, settings_of_mode, _ = MPIIO_MODES[mode]
+    out = work / f"mpiio-{shape}-out-{mode}{label}"
+    settings: dict[str, object] = dict(
+        dataset__data_folder=work / f"mpiio-{shape}-data", output__folder=out,
+        dataset__format="indexed_binary", dataset__num_files_train=1,
+        dataset__num_samples_per_file=samples, dataset__record_length_bytes=record,
+        dataset__record_length_bytes_stdev=0, dataset__record_dims=f"[{record}]",
+        reader__batch_size=batch, reader__read_threads=1, reader__prefetch_size=prefetch,
+        reader__read_mode="sample", reader__file_shuffle="off", reader__sample_shuffle="seed",
+        reader__file_access=file_access, train__computation_time=0, train__epochs=epochs[mode],
+        workflow__generate_data="false")
+    settings.update(settings_of_mode)
+    settings.update(extra)
+    return ["run", "demo", *overrides(**settings)], out
+
+
+def _mpiio_run(work: Path, shape: str, mode: str, label: str = "",
+               prefix: tuple[str, ...] = (), **extra: object) -> dict:
+    """One run: its figures from summary.json (warm epochs: all but the first), and the CPU
+    time of every process it started."""
+    args, out = _mpiio_args(work, shape, mode, label, **extra)
+    cpu, start = _children_cpu(), time.time()
+    dlio(args, ranks=MPIIO_RANKS, prefix=prefix, timeout=1800)
+    wall, cpu = time.time() - start, [b - a for a, b in zip(cpu, _children_cpu())]
+    s = summary(out)
+    m, reader = s["metric"], s["dlio_mpi"]["readers"]["train"]
+    file_access = MPIIO_MODES[mode][0]
+    if (reader["backend"] == "native") != (file_access == "multi") or \
+            reader["file_access"] != file_access:
+        sys.exit(f"{out}: reader.file_access={file_access} ran the backend {reader}")
+    described = {k: reader[k] for k in ("backend", "file_access", "mpiio_implementation")
+                 if k in reader}
+    if reader.get("hints_requested"):  # and what the MPI-IO layer made of them
+        described["hints"] = {k: (reader["hints_effective"] or {}).get(k)
+                              for k in reader["hints_requested"]}
+    mib, sps = m["train_transfer_MiB_per_second"], m["train_throughput_samples_per_second"]
+    return {"MiB_per_s": statistics.median(mib[1:] or mib),
+            "samples_per_s": statistics.median(sps[1:] or sps),
+            "per_epoch_MiB_per_s": mib, "per_epoch_samples_per_s": sps,
+            "latency_p50_ms": m["train_read_latency_p50_ms"],
+            "latency_p99_ms": m["train_read_latency_p99_ms"],
+            "requests": m["train_requests"], "read_calls": m["train_read_ops"],
+            "bytes_read": m["train_bytes_read"], "user_s": cpu[0], "sys_s": cpu[1],
+            "wall_s": wall, "backend": described}
+
+
+def _perf_usable() -> str | None:
+    """perf, if it is installed and may sample this user's processes."""
+    perf = shutil.which("perf")
+    if perf is None:
+        return None
+    probe = subprocess.run([perf, "record", "-q", "-o", os.devnull, "--", "true"],
+                           capture_output=True)
+    return perf if probe.returncode == 0 else None
+
+
+def _perf_seconds(perf: str, data: Path, keys: str) -> list[tuple[float, str]]:
+    """(CPU seconds, key) of a perf.data file sorted by `keys` (dso; dso,sym), most first."""
+    text = sh([perf, "report", "-i", str(data), "--stdio", "--sort", keys,
+               "-F", f"period,{keys}", "-t", "\t"]).stdout
+    rows = [line.split("\t") for line in text.splitlines()
+            if line.strip() and not line.startswith("#")]
+    return sorted(((int(r[0]) / 1e9, " ".join(x.strip() for x in r[1:])) for r in rows),
+                  reverse=True)
+
+
+def _perf_group(dso: str) -> str:
+    found = next((group for group, starts in PERF_GROUPS if dso.startswith(starts)), None)
+    return found or (PERF_GROUPS[-1][0] if ".cpython-" in dso else "other")
+
+
+def _mpiio_profile(work: Path, shape: str, mode: str, perf: str) -> dict:
+    """CPU microseconds per sample of a run sampled by perf, by shared object grouped as
+    PERF_GROUPS, less a FIXED_COSTS run's; and the top symbols of the whole run."""
+    split, samples, top = {}, [], []
+    for label, extra in (("-perf", {}), ("-perf-base", FIXED_COSTS)):
+        data = work / f"mpiio-{shape}-perf" / f"{mode}{label}.data"
+        data.parent.mkdir(exist_ok=True)
+        run = _mpiio_run(work, shape, mode, label, (perf, "record", "-q", "-F", "999", "-o",
+                                                    str(data), "--"), **extra)
+        samples.append(run["requests"])
+        sign = 1 if label == "-perf" else -1
+        for seconds, dso in _perf_seconds(perf, data, "dso"):
+            group = _perf_group(dso)
+            split[group] = split.get(group, 0.0) + sign * seconds
+        if not top:
+            rows = _perf_seconds(perf, data, "dso,sym")
+            total = sum(x for x, _ in rows)
+            top = [{"percent": round(100 * x / total, 1), "symbol": name}
+                   for x, name in rows[:12]]
+    count = samples[0] - samples[1]
+    return {"cpu_us_per_sample": {g: round(x / count * 1e6, 3) for g, x in
+                                  sorted(split.items(), key=lambda kv: -kv[1])},
+            "top_symbols_whole_run": top}
+
+
+def _mpiio_compare(work: Path, shape: str, repeats: int = 3) -> dict:
+    """The three reader.file_access modes on the one file of `shape`, in the page cache:
+    `repeats` runs of each, the modes alternating so that drift hits all alike."""
+    record, samples, batch, _, epochs, figure = MPIIO_SHAPES[shape]
+    args, _ = _mpiio_args(work, shape, "multi", workflow__generate_data="true")
+    dlio(["generate", *args[1:]], ranks=MPIIO_RANKS, timeout=1800)
+    warm(work / f"mpiio-{shape}-data")
+    runs: dict[str, list[dict]] = {mode: [] for mode in MPIIO_MODES}
+    bases: dict[str, list[dict]] = {mode: [] for mode in MPIIO_MODES}
+    for _ in range(repeats):
+        for mode in MPIIO_MODES:
+            runs[mode].append(_mpiio_run(work, shape, mode))
+        for mode in MPIIO_MODES:
+            bases[mode].append(_mpiio_run(work, shape, mode, "-base", **FIXED_COSTS))
+    per_epoch = {r["bytes_read"] / epochs[mode] for mode, rs in runs.items() for r in rs}
+    if len(per_epoch) != 1:
+        sys.exit(f"mpiio {shape}: the modes read different bytes per epoch: {per_epoch}")
+    result: dict[str, object] = {
+        "sample_bytes": record, "samples_in_file": samples, "batch": batch,
+        "ranks": MPIIO_RANKS, "figure": figure}
+    perf = _perf_usable()
+    for mode in MPIIO_MODES:
+        mine, base = runs[mode], bases[mode]
+
+        def med(key: str, rs: list[dict] = mine) -> float:
+            return statistics.median(r[key] for r in rs)
+
+        fixed = {kind: med(f"{kind}_s", base) for kind in ("user", "sys")}
+        cpu = {kind: statistics.median((r[f"{kind}_s"] - fixed[kind]) * 1e6
+                                       / (r["requests"] - base[0]["requests"]) for r in mine)
+               for kind in ("user", "sys")}
+        result[mode] = {
+            "MiB_per_s": med("MiB_per_s"), "samples_per_s": med("samples_per_s"),
+            "us_per_sample_per_rank": MPIIO_RANKS * 1e6 / med("samples_per_s"),
+            "latency_p50_ms": med("latency_p50_ms"), "latency_p99_ms": med("latency_p99_ms"),
+            "read_calls_per_request": mine[0]["read_calls"] / mine[0]["requests"],
+            "cpu_us_per_sample": cpu, "backend": mine[0]["backend"], "epochs": epochs[mode],
+            "runs": mine, "fixed_cost_runs": base}
+        if perf is not None:
+            result[mode]["perf"] = _mpiio_profile(work, shape, mode, perf)
+    for mode in list(MPIIO_MODES)[1:]:
+        result[f"ratio_{mode}_multi"] = result[mode][figure] / result["multi"][figure]
+    _print_mpiio(shape, result, perf is not None)
+    return result
+
+
+def _print_mpiio(shape: str, result: dict, profiled: bool) -> None:
+    size = (f"{result['sample_bytes'] / 2**20:g} MiB" if result["sample_bytes"] >= 2**20
+            else f"{result['sample_bytes'] / 1e3:g} KB")
+    print(f"mpiio {shape}: {size} samples from one shared file, batch {result['batch']}, "
+          f"{result['ranks']} ranks, page cache, median of {len(result['multi']['runs'])} "
+          f"runs; ratio: {result['figure']} over the POSIX engine's", flush=True)
+    for mode, (_, _, name) in MPIIO_MODES.items():
+        r = result[mode]
+        ratio = f"{result[f'ratio_{mode}_multi']:5.2f}x" if mode != "multi" else " " * 6
+        cpu = r["cpu_us_per_sample"]
+        print(f"  {name:21} {r['MiB_per_s']:7,.0f} MiB/s {r['samples_per_s']:10,.0f} samples/s "
+              f"{ratio} {r['us_per_sample_per_rank']:8.2f} us/sample/rank; latency p50 "
+              f"{r['latency_p50_ms'] * 1e3:7,.0f} us; CPU us/sample user {cpu['user']:.2f} "
+              f"sys {cpu['sys']:.2f}", flush=True)
+        if profiled:
+            split = r["perf"]["cpu_us_per_sample"]
+            print("      perf, CPU us/sample: " + ", ".join(
+                f"{group} {x:.2f}" for group, x in split.items() if abs(x) >= 0.005),
+                flush=True)
+
+
+def bench_mpiio(work: Path) -> dict:
+    """One shared file read by the POSIX engine, MPI-IO independent reads and MPI-IO collective
+    reads: 16 MiB samples (MiB/s) and 2.5 KB samples (samples/s, and where the time goes)."""
+    large = _mpiio_compare(work, "large")
+    # For reference, the POSIX engine with O_DIRECT on the same file: storage, not page cache
+    # (ROMIO's UFS driver ignores direct_read, so the MPI-IO modes have no such line)
+    direct = _mpiio_run(work, "large", "multi", "-odirect", reader__odirect="true",
+                        train__epochs=3)
+    large["multi_odirect_reference"] = direct
+    print(f"  POSIX engine, O_DIRECT {direct['MiB_per_s']:7,.0f} MiB/s (reference: storage, "
+          "not the page cache)", flush=True)
+    return {"large": large, "small": _mpiio_compare(work, "small")}
+
+
 # ------------------------------------------------------------------------------- startup
 
 
@@ -384,7 +624,7 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
 
 
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
-              "large": bench_large, "startup": bench_startup}
+              "large": bench_large, "mpiio": bench_mpiio, "startup": bench_startup}
 
 
 def main() -> None:
@@ -396,11 +636,13 @@ def main() -> None:
     work = Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     results_file = work / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    ours = {}
     for name in args.which:
-        results[name] = BENCHMARKS[name](work)
-        results_file.write_text(json.dumps(results, indent=2))
-    print(json.dumps({k: results[k] for k in args.which}, indent=2))
+        ours[name] = BENCHMARKS[name](work)
+        # read again: another benchmark may have saved its figures there meanwhile
+        results = json.loads(results_file.read_text()) if results_file.exists() else {}
+        results_file.write_text(json.dumps({**results, **ours}, indent=2))
+    print(json.dumps(ours, indent=2))
 
 
 if __name__ == "__main__":
