@@ -161,9 +161,15 @@ def _mpiio_notes(rd) -> list[str]:
     """What the MPI-IO backends make of the native engine's settings."""
     if rd.file_access not in ("shared", "mpio", "collective"):
         return []
-    notes = [f"reader.read_threads={rd.read_threads}: reader.file_access={rd.file_access} reads "
-             "on one thread per rank, which posts a batch's reads together (nonblocking "
-             "MPI-IO)"]
+    if rd.file_access == "collective":
+        notes = [f"reader.read_threads={rd.read_threads}: no effect with "
+                 "reader.file_access=collective, whose reader thread makes one collective read "
+                 "per file and step"]
+    else:
+        notes = [f"reader.read_threads={rd.read_threads}: reader.file_access={rd.file_access} "
+                 f"opens each file it reads {rd.read_threads} time(s) and spreads a batch's "
+                 "nonblocking reads over them (glibc's POSIX aio, under ROMIO's, reads one "
+                 "request at a time per descriptor)"]
     if rd.file_access == "collective":
         notes.append(f"reader.fd_cache_size={rd.fd_cache_size}: no effect with "
                      "reader.file_access=collective, which keeps every file it read open (until "
