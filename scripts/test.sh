@@ -5,6 +5,8 @@ set -euo pipefail
 source "$(dirname "$0")/_env.sh" test
 cd "$ROOT"
 ruff check .
+# Open MPI in ./.openmpi, beside the MPICH of .venv: tests/test_openmpi.py (serial pass) runs on it.
+bash scripts/_openmpi.sh
 # -P: import the installed dlio_mpi (with its compiled core), not the source folder.
 python -P -m pytest -q -m "not mpi" tests
 for ranks in 2 3; do
