@@ -38,7 +38,8 @@ def write_file_collectively(comm, split: DatasetSplit, index: int, seed: int,
     the others). Returns the file's size and the MPI-IO hints in effect for it."""
     from mpi4py import MPI
 
-    from .readers.mpiio import effective_hints, info_of, open_file
+    from .mpi_library import file_hints
+    from .readers.mpiio import info_of, open_file
 
     path, spec, fmt = split.path(index), split.spec(index), split.format
     header, payload = fmt.payload_extent(spec)
@@ -53,7 +54,7 @@ def write_file_collectively(comm, split: DatasetSplit, index: int, seed: int,
     if staged is not None:  # from now on, removed with the others on failure
         staged.adopt(tmp, path, len(header) + payload)
     try:
-        effective = effective_hints(handle)
+        effective = file_hints(handle)
         if header:
             check_all(comm, lambda: comm.Get_rank() or _io(
                 lambda: handle.Write_at(0, header), "write the header of", tmp))

@@ -174,6 +174,12 @@ def _mpiio_notes(rd) -> list[str]:
         notes.append(f"reader.fd_cache_size={rd.fd_cache_size}: no effect with "
                      "reader.file_access=collective, which keeps every file it read open (until "
                      "the epoch's end with reader.access: loader)")
+    from .mpi_library import is_open_mpi
+
+    if is_open_mpi():
+        notes.append(f"reader.prefetch_size={rd.prefetch_size}: under Open MPI the MPI-IO "
+                     "backends read each batch when the step asks for it, on the step loop's "
+                     "thread (its MPI-IO layer is not thread-safe): no read ahead, no watchdog")
     if rd.odirect:
         notes.append("reader.odirect: true asks MPI-IO for O_DIRECT with the direct_read hint, "
                      "which ROMIO honours on some file systems only; summary.json says whether "

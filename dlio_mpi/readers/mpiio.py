@@ -48,6 +48,7 @@ from mpi4py import MPI
 from .. import _core
 from ..catalog import SplitFiles
 from ..errors import UserError
+from ..mpi_library import file_hints, honoured_hints, is_open_mpi, mpi_library, mpiio_implementation
 from ..planner import ReadPlan
 from .base import BatchStats, IoWatchdog, ReaderOptions, python_steps
 
@@ -66,30 +67,11 @@ class MpiioBatch(BatchStats):
     offsets: np.ndarray | None = None
 
 
-def mpiio_implementation() -> str:
-    """The MPI-IO layer that runs: ROMIO in MPICH and its derivatives, OMPIO in Open MPI
-    unless its io framework was pointed at ROMIO."""
-    version = MPI.Get_library_version()
-    if "Open MPI" in version:
-        return "ROMIO" if "romio" in os.environ.get("OMPI_MCA_io", "") else "OMPIO"
-    return "ROMIO"
-
-
 def info_of(hints: dict[str, str]) -> MPI.Info:
     info = MPI.Info.Create()
     for name, value in hints.items():
         info.Set(name, value)
     return info
-
-
-def effective_hints(handle: MPI.File) -> dict[str, str]:
-    """The hints the MPI-IO layer reports for an open file (File.Get_info)."""
-    info = handle.Get_info()
-    try:
-        return {info.Get_nthkey(i): info.Get(info.Get_nthkey(i))
-                for i in range(info.Get_nkeys())}
-    finally:
-        info.Free()
 
 
 def mpi_oserror(exc: MPI.Exception, what: str, path: str) -> OSError:
@@ -260,6 +242,38 @@ class _Prefetch:
         self._thread.join()
 
 
+class _InlineReads:
+    """What _Prefetch does, without a thread: each batch is read when the step loop asks for
+    it, on the step loop's thread. For MPI libraries whose MPI-IO layer must not be called
+    from two threads at once (Open MPI's OMPIO: open-mpi/ompi#1765; measured here: crashes in
+    mca_common_ompio_progress with reads on one thread and the step loop's allreduce on the
+    other). No read ahead, and no watchdog: the thread that would watch is the one reading."""
+
+    def __init__(self, read, steps: int, slots: int, watchdog: IoWatchdog = NO_WATCHDOG,
+                 path_of=str) -> None:
+        self._read, self.limit, self.started = read, steps, 0
+        self.in_flight: tuple[int, int] | None = None
+
+    def start(self) -> None:
+        pass
+
+    def next(self, release: bool) -> BatchStats | None:
+        if self.started >= self.limit:
+            return None
+        self.started += 1
+        return self._read(self.started - 1)
+
+    def stop(self, agree=None) -> None:
+        """End the epoch early; with `agree`, first read the batches other ranks started."""
+        target = agree(self.started) if agree is not None else self.started
+        while self.started < min(target, self.limit):
+            self.next(release=True)
+        self.limit = self.started
+
+    def join(self) -> None:
+        pass
+
+
 class _MpiioReader:
     """What the two MPI-IO backends share: hints, the batch ring, the reader thread, counters
     and describe(). Subclasses give `file_access`, `_read_batch` and the file handles."""
@@ -281,6 +295,7 @@ class _MpiioReader:
         self._holding = False
         self._stall = stall_hook()
         self._last_wait_ns = 0  # how long the last batch's reads took to complete
+        self.inline = is_open_mpi()  # see _InlineReads
         self._rchar_at_open = process_bytes_read()
 
     # buffers and the epoch
@@ -302,7 +317,8 @@ class _MpiioReader:
         self.plan = plan
         self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
         self._holding = False
-        self._prefetch = _Prefetch(self._read_into_ring, plan.steps,
+        reads = _InlineReads if self.inline else _Prefetch
+        self._prefetch = reads(self._read_into_ring, plan.steps,
                                    self.options.prefetch_size + 1, self.options.watchdog,
                                    self.files.path)
         self._prefetch.start()  # after the assignment: its reads report through it
@@ -379,7 +395,7 @@ class _MpiioReader:
     def _opened(self, handle: MPI.File) -> MPI.File:
         self.totals["opens"] += 1
         if self.read_back is None:
-            self.read_back = effective_hints(handle)
+            self.read_back = file_hints(handle)
         return handle
 
     # results
@@ -392,14 +408,18 @@ class _MpiioReader:
         rchar = process_bytes_read()
         return {
             "backend": "mpiio", "file_access": self.file_access,
-            "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
-            "mpiio_implementation": mpiio_implementation(),
+            "mpi_library": mpi_library(),
+            "mpiio_implementation": mpiio_implementation(self.read_back),
             "hints_requested": dict(self.hints),
             "hints_effective": self.read_back,  # None when no file was opened
+            "hints_honoured": None if self.read_back is None
+            else honoured_hints(dict(self.hints), self.read_back),
             # ROMIO honours direct_read on some file systems only, and then reports it
             "direct_read": {"requested": self.hints.get("direct_read") == "true",
                             "reported_by_get_info": reported},
-            "prefetch_batches": self.options.prefetch_size,
+            "prefetch_batches": 0 if self.inline else self.options.prefetch_size,
+            "reads_on": "the step loop's thread (Open MPI: its MPI-IO layer is not thread-safe)"
+            if self.inline else "a reader thread",
             "latency": "post to completion seen by the reader thread; a collective read's "
                        "time is given to each of its requests",
             # what the MPI-IO layer really read for what it delivered: data sieving and
@@ -449,25 +469,32 @@ class SharedReader(_MpiioReader):
     def _read_batch(self, plan: ReadPlan, first: int, last: int, buffer: np.ndarray
                     ) -> tuple[int, int]:
         posted = _core.now_ns()
-        files, requests = plan.file_idx[first:last].tolist(), []
-        lanes = self._lanes
-        for r, file in zip(range(first, last), files):
+        files = plan.file_idx[first:last].tolist()
+        offsets, dest = plan.offset[first:last].tolist(), self.dest[first:last].tolist()
+        expect = plan.expect[first:last].tolist()
+        lanes, rows, requests = self._lanes, [], []
+        for i, file in enumerate(files):
+            # No read past the end of the file (a loader's read there returns what the file
+            # holds; OMPIO never completes a nonblocking read past it); one that would
+            # bring nothing is not made, and its latency stays 0.
+            if expect[i] == 0:
+                continue
             if self._stall is not None:
                 self._posting(file, posted)
-            requests.append(self._handle(file, r % lanes).Iread_at(
-                int(plan.offset[r]), buffer[self.dest[r]:self.dest[r] + plan.length[r]]))
+            requests.append(self._handle(file, i % lanes).Iread_at(
+                offsets[i], buffer[dest[i]:dest[i] + expect[i]]))
+            rows.append(i)
         got = 0
-        for i, count, latency in self._wait(requests, posted, files):
-            r = first + i
-            self.lat_ns[r] = latency
-            if count < plan.expect[r]:
-                raise short_read(self.files.path(int(plan.file_idx[r])), count,
-                                 int(plan.expect[r]), int(plan.offset[r]))
+        for j, count, latency in self._wait(requests, posted, [files[i] for i in rows]):
+            i = rows[j]
+            self.lat_ns[first + i] = latency
+            if count < expect[i]:
+                raise short_read(self.files.path(files[i]), count, expect[i], offsets[i])
             got += count
         while len(self._handles) > self.options.fd_cache_size:  # not while reads are pending
             self._handles.popitem(last=False)[1].Close()
             self.totals["closes"] += 1
-        return got, last - first
+        return got, len(requests)
 
     def end_epoch(self) -> None:
         super().end_epoch()
@@ -543,19 +570,43 @@ class CollectiveReader(_MpiioReader):
         return got, len(self.batch_files[index])
 
     def _read_file_collectively(self, file: int, rows: np.ndarray, buffer: np.ndarray) -> int:
+        """One Iread_at_all of `file`: this rank's `rows` (ascending offsets) through a view.
+        The view covers the bytes the file holds (expect): a loader's read past EOF would be
+        a short read alone, but in a view ROMIO's collective buffering gives the bytes past
+        EOF to an aggregator that does not exist. Overlapping requests (a loader reading a
+        header twice) are read once through a view of their union into a scratch buffer and
+        copied out: a view's blocks must not overlap (OMPIO refuses them)."""
         plan, handle = self.plan, self._handle(file)
-        # The view covers the bytes the file holds (expect): a loader's read past the end of
-        # the file (length > expect) would be a short read alone, but in a view ROMIO's
-        # collective buffering gives the bytes past EOF to an aggregator that does not exist.
         inside = rows[plan.expect[rows] > 0]
-        lengths = plan.expect[inside].tolist()
+        starts, lengths = plan.offset[inside], plan.expect[inside]
+        ends = starts + lengths
+        overlap = len(inside) > 1 and bool((starts[1:] < np.maximum.accumulate(ends)[:-1]).any())
+        scratch = None
+        if overlap:
+            new = np.ones(len(inside), dtype=bool)
+            new[1:] = starts[1:] >= np.maximum.accumulate(ends)[:-1]
+            group = np.cumsum(new) - 1
+            first = np.flatnonzero(new)
+            view_starts = starts[first]
+            view_lengths = np.maximum.reduceat(ends, first) - view_starts
+            scratch = np.empty(int(view_lengths.sum()), dtype=np.uint8)
+            at = np.concatenate(([0], np.cumsum(view_lengths)[:-1]))[group] + (
+                starts - view_starts[group])
+        else:
+            view_starts, view_lengths = starts, lengths
         types = []
         if len(inside):
-            filetype = MPI.BYTE.Create_hindexed(lengths, plan.offset[inside].tolist()).Commit()
-            memtype = MPI.BYTE.Create_hindexed(lengths, self.dest[inside].tolist()).Commit()
-            types = [filetype, memtype]
+            filetype = MPI.BYTE.Create_hindexed(view_lengths.tolist(),
+                                                view_starts.tolist()).Commit()
+            types.append(filetype)
             handle.Set_view(0, MPI.BYTE, filetype)
-            target = [buffer, 1, memtype]
+            if scratch is not None:
+                target = [scratch, len(scratch), MPI.BYTE]
+            else:
+                memtype = MPI.BYTE.Create_hindexed(lengths.tolist(),
+                                                   self.dest[inside].tolist()).Commit()
+                types.append(memtype)
+                target = [buffer, 1, memtype]
         else:
             handle.Set_view(0, MPI.BYTE, MPI.BYTE)
             target = [buffer, 0, MPI.BYTE]
@@ -570,10 +621,15 @@ class CollectiveReader(_MpiioReader):
             for datatype in types:
                 datatype.Free()
         self.lat_ns[rows] = latency
-        expected = int(plan.expect[rows].sum())
+        expected = int(view_lengths.sum())
         if count < expected:
             raise short_read(self.files.path(file), count, expected,
                              int(plan.offset[rows].min()))
+        if scratch is not None:
+            for position, destination, n in zip(at.tolist(), self.dest[inside].tolist(),
+                                                 lengths.tolist()):
+                buffer[destination:destination + n] = scratch[position:position + n]
+            return int(lengths.sum())
         return count
 
     def _close_files(self) -> None:
