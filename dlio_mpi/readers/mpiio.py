@@ -53,8 +53,10 @@ from ..planner import ReadPlan
 from .base import BatchStats, IoWatchdog, ReaderOptions, python_steps
 
 COLLECTIVE_FILE_LIMIT = 1024  # files opened on the communicator by `collective`
-NAP_NS = (20_000, 100_000)    # polling naps of the reader thread: first, longest
-HEAD_START = 0.75  # of the last batch's wait, slept before the first poll of the next
+# polling naps of the reader thread, first and longest: naps doubling to 500 us overshot the
+# completion of large reads by a few percent; sleeping most of the last batch's wait first
+# cost small batches 60 % (their waits vary, and the sleep feeds the next wait)
+NAP_NS = (20_000, 100_000)
 NO_WATCHDOG = IoWatchdog(0)
 
 
@@ -294,7 +296,6 @@ class _MpiioReader:
         self._prefetch: _Prefetch | None = None
         self._holding = False
         self._stall = stall_hook()
-        self._last_wait_ns = 0  # how long the last batch's reads took to complete
         self.inline = is_open_mpi()  # see _InlineReads
         self._rchar_at_open = process_bytes_read()
 
@@ -371,11 +372,6 @@ class _MpiioReader:
         each."""
         done, status, nap = [], MPI.Status(), NAP_NS[0]
         pending = list(range(len(requests)))
-        # Batches of a run take about as long as each other: sleep most of the last one's
-        # wait at once, then poll closely (short naps overshoot a completion less; large
-        # reads polled with naps doubling to 500 us lost a few percent to the overshoot)
-        if self._last_wait_ns > 2 * NAP_NS[0]:
-            time.sleep(HEAD_START * self._last_wait_ns / 1e9)
         while pending:
             self._prefetch.in_flight = (posted_ns, files[pending[0]])
             still = []
@@ -389,7 +385,6 @@ class _MpiioReader:
                 nap = min(2 * nap, NAP_NS[1])
             pending = still
         self._prefetch.in_flight = None
-        self._last_wait_ns = _core.now_ns() - posted_ns
         return done
 
     def _opened(self, handle: MPI.File) -> MPI.File:
