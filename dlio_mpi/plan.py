@@ -167,9 +167,7 @@ def _mpiio_notes(rd) -> list[str]:
                  "per file and step"]
     else:
         notes = [f"reader.read_threads={rd.read_threads}: reader.file_access={rd.file_access} "
-                 f"opens each file it reads {rd.read_threads} time(s) and spreads a batch's "
-                 "nonblocking reads over them (glibc's POSIX aio, under ROMIO's, reads one "
-                 "request at a time per descriptor)"]
+                 "reads on one thread per rank, one blocking MPI-IO read per request"]
     if rd.file_access == "collective":
         notes.append(f"reader.fd_cache_size={rd.fd_cache_size}: no effect with "
                      "reader.file_access=collective, which keeps every file it read open (until "

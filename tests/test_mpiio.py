@@ -336,14 +336,3 @@ def test_collective_files_open_in_the_epoch_and_close_at_its_end_with_loader_acc
             assert counters["opens"] == counters["closes"] == epoch * len(read)
     finally:
         reader.close()
-
-
-def test_shared_spreads_a_batch_over_read_threads_handles_per_file(shared_tmp):
-    cfg, split, files = _dataset(shared_tmp, **LAYOUTS["one-file"])
-    plan = _read_plan(cfg, split, files, steps=2, batch=3)
-    reader = _open("shared", files, read_threads=3)
-    try:
-        assert _checksums_read(reader, plan) == _checksums_on_disk(files, plan)
-        assert reader.counters()["opens"] == 3  # one file, three lanes
-    finally:
-        reader.close()

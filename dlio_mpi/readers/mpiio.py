@@ -1,30 +1,31 @@
 """The MPI-IO backends (reader.file_access: shared, collective), through mpi4py.
 
-- shared: independent reads, one nonblocking `Iread_at` per request. Files are opened on
-  MPI.COMM_SELF when first read and kept in a least-recently-used cache of
-  reader.fd_cache_size handles: independent reads need no communicator, a dataset of one file
-  per sample would otherwise cost a collective open per file, and each rank opens just what it
-  reads, as the POSIX engine does, so the two compare on the read path alone.
-- collective: every file opened collectively on the communicator at open (refused beyond
-  COLLECTIVE_FILE_LIMIT files). Per step, each file that any rank reads in that batch gets one
-  `Iread_at_all` from every rank, in file order, through a file view covering all of the
-  rank's requests in that file (zero-length where it has none), so differing request counts
-  never deadlock. The files of each batch are agreed before the epoch's clock starts.
+- shared: independent reads, one `Read_at` per request. Files are opened on MPI.COMM_SELF
+  when first read and kept in a least-recently-used cache of reader.fd_cache_size handles:
+  independent reads need no communicator, a dataset of one file per sample would otherwise
+  cost a collective open per file, and each rank opens just what it reads, as the POSIX engine
+  does, so the two compare on the read path alone.
+- collective: per step, each file that any rank reads in that batch gets one `Iread_at_all`
+  from every rank, in file order, through a file view covering all of the rank's requests in
+  that file (zero-length where it has none), so differing request counts never deadlock. The
+  files of each batch are agreed before the epoch's clock starts.
 
 Prefetch: a reader thread per backend reads up to `prefetch_size` batches ahead into a ring of
-prefetch_size + 1 batch buffers, so that the step loop's synchronisation in the main thread
-is not stuck behind the MPI library's lock (one lock for the whole library in MPICH):
-- independent reads are posted with Iread_at and polled with `Test` between naps: ROMIO's
-  Iread_at runs in glibc's POSIX aio threads without the lock, while its Wait (aio_suspend)
-  holds the lock for the whole read (measured: 5-10 ms of stalled barrier per 16 MiB read);
+prefetch_size + 1 batch buffers, while the step loop synchronises on the main thread (MPICH
+has one lock for the whole library, which the reader's calls hold while they run):
+- independent reads are blocking Read_at calls. Measured with 2 ranks against ROMIO's
+  nonblocking Iread_at (glibc's POSIX aio threads, polled with Test between naps): 16 MiB
+  samples 1,250 against 880-1,050 samples/s at computation 0 (the POSIX engine: 1,250-1,350),
+  AU 87-95 % against 79-87 % at 2 ms of compute; 2.5 KB samples 740-800 k against 275-360 k
+  samples/s. The lock held during a read did not show in the step loop's figures.
 - a collective read is Iread_at_all, then Wait. ROMIO's nonblocking collective is a
   generalized request whose phases (read a collective buffer, exchange it) advance only inside
   Test or Wait: polled between naps it crawled (16 MiB samples at 30 MB/s); Wait runs phase
   after phase and lets go of the lock between them, where a blocking Read_at_all holds it for
   the whole call (measured with 2 ranks, 16 MiB samples, 50 ms compute: AU 97.6 % against
   83 %; computation 0: 214 against 143 samples/s).
-A request's latency is from its post until the thread saw it complete (for a collective read,
-the call's time, given to each of its requests).
+A request's latency is its read call's time (for a collective read, the call's time, given to
+each of its requests).
 
 The watchdog (reader.io_watchdog_seconds) watches the read the thread has in flight from the
 step loop's wait for a batch, as the native engine's does: reported once on stderr, or with
@@ -53,10 +54,6 @@ from ..planner import ReadPlan
 from .base import BatchStats, IoWatchdog, ReaderOptions, python_steps
 
 COLLECTIVE_FILE_LIMIT = 1024  # files opened on the communicator by `collective`
-# polling naps of the reader thread, first and longest: naps doubling to 500 us overshot the
-# completion of large reads by a few percent; sleeping most of the last batch's wait first
-# cost small batches 60 % (their waits vary, and the sleep feeds the next wait)
-NAP_NS = (20_000, 100_000)
 NO_WATCHDOG = IoWatchdog(0)
 
 
@@ -359,33 +356,11 @@ class _MpiioReader:
         raise NotImplementedError
 
     def _posting(self, file: int, posted_ns: int) -> None:
-        """A read of `file` is about to be posted (for the watchdog and the test hook)."""
+        """A read of `file` is about to be made (for the watchdog and the test hook)."""
         self._prefetch.in_flight = (posted_ns, file)
         if self._stall is not None and self.files.path(file).endswith(self._stall[1]):
             seconds, self._stall = self._stall[0], None
             time.sleep(seconds)
-
-    def _wait(self, requests: list[MPI.Request], posted_ns: int, files: list[int]
-              ) -> list[tuple[int, int, int]]:
-        """Poll `requests` (reads of `files`) to completion with naps (a blocking wait would
-        hold the MPI library's lock, see the module docstring); (index, bytes, latency ns) of
-        each."""
-        done, status, nap = [], MPI.Status(), NAP_NS[0]
-        pending = list(range(len(requests)))
-        while pending:
-            self._prefetch.in_flight = (posted_ns, files[pending[0]])
-            still = []
-            for i in pending:
-                if requests[i].Test(status):
-                    done.append((i, status.Get_count(MPI.BYTE), _core.now_ns() - posted_ns))
-                else:
-                    still.append(i)
-            if len(still) == len(pending):
-                time.sleep(nap / 1e9)
-                nap = min(2 * nap, NAP_NS[1])
-            pending = still
-        self._prefetch.in_flight = None
-        return done
 
     def _opened(self, handle: MPI.File) -> MPI.File:
         self.totals["opens"] += 1
@@ -415,7 +390,7 @@ class _MpiioReader:
             "prefetch_batches": 0 if self.inline else self.options.prefetch_size,
             "reads_on": "the step loop's thread (Open MPI: its MPI-IO layer is not thread-safe)"
             if self.inline else "a reader thread",
-            "latency": "post to completion seen by the reader thread; a collective read's "
+            "latency": "each read call's time on the reader thread; a collective read's "
                        "time is given to each of its requests",
             # what the MPI-IO layer really read for what it delivered: data sieving and
             # collective buffering read holes, and aggregators read for other ranks
@@ -439,57 +414,51 @@ class _MpiioReader:
 
 
 class SharedReader(_MpiioReader):
-    """reader.file_access: shared (DLIO's mpio): independent MPI-IO reads, files opened on
-    COMM_SELF when first read, reader.fd_cache_size handles kept open (least recently used
-    closed). A batch's reads are spread over reader.read_threads handles per file ("lanes"):
-    ROMIO's nonblocking reads go through glibc's POSIX aio, which runs one read at a time per
-    descriptor, so that the reads in flight match the native engine's threads."""
+    """reader.file_access: shared (DLIO's mpio): independent MPI-IO reads, one Read_at per
+    request, files opened on COMM_SELF when first read, reader.fd_cache_size handles kept open
+    (least recently used closed)."""
 
     file_access = "shared"
 
     def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
         super().__init__(files, options, comm)
-        self._handles: OrderedDict[tuple[int, int], MPI.File] = OrderedDict()
-        self._lanes = max(1, options.read_threads)
+        self._handles: OrderedDict[int, MPI.File] = OrderedDict()
 
-    def _handle(self, index: int, lane: int) -> MPI.File:
-        key = (index, lane)
-        handle = self._handles.get(key)
+    def _handle(self, index: int) -> MPI.File:
+        handle = self._handles.get(index)
         if handle is None:
             handle = open_file(MPI.COMM_SELF, self.files.path(index), self._info)
-            self._handles[key] = self._opened(handle)
-        self._handles.move_to_end(key)
+            self._handles[index] = self._opened(handle)
+        self._handles.move_to_end(index)
         return handle
 
     def _read_batch(self, plan: ReadPlan, first: int, last: int, buffer: np.ndarray
                     ) -> tuple[int, int]:
-        posted = _core.now_ns()
         files = plan.file_idx[first:last].tolist()
         offsets, dest = plan.offset[first:last].tolist(), self.dest[first:last].tolist()
         expect = plan.expect[first:last].tolist()
-        lanes, rows, requests = self._lanes, [], []
+        status, got, calls = MPI.Status(), 0, 0
         for i, file in enumerate(files):
             # No read past the end of the file (a loader's read there returns what the file
             # holds; OMPIO never completes a nonblocking read past it); one that would
             # bring nothing is not made, and its latency stays 0.
             if expect[i] == 0:
                 continue
-            if self._stall is not None:
-                self._posting(file, posted)
-            requests.append(self._handle(file, i % lanes).Iread_at(
-                offsets[i], buffer[dest[i]:dest[i] + expect[i]]))
-            rows.append(i)
-        got = 0
-        for j, count, latency in self._wait(requests, posted, [files[i] for i in rows]):
-            i = rows[j]
-            self.lat_ns[first + i] = latency
+            handle = self._handle(file)
+            posted = _core.now_ns()
+            self._posting(file, posted)
+            handle.Read_at(offsets[i], buffer[dest[i]:dest[i] + expect[i]], status)
+            count = status.Get_count(MPI.BYTE)
+            self.lat_ns[first + i] = _core.now_ns() - posted
             if count < expect[i]:
-                raise short_read(self.files.path(files[i]), count, expect[i], offsets[i])
+                raise short_read(self.files.path(file), count, expect[i], offsets[i])
             got += count
+            calls += 1
+        self._prefetch.in_flight = None
         while len(self._handles) > self.options.fd_cache_size:  # not while reads are pending
             self._handles.popitem(last=False)[1].Close()
             self.totals["closes"] += 1
-        return got, len(requests)
+        return got, calls
 
     def end_epoch(self) -> None:
         super().end_epoch()
