@@ -375,7 +375,7 @@ PERF_GROUPS = (  # perf's shared object (by prefix) -> where the CPU time goes; 
     ("mpi4py", ("MPI.",)),
     ("dlio-mpi C core", ("_core.",)),
     ("MPICH + ROMIO", ("libmpi", "libuc", "hydra", "mpiexec")),
-    ("libc (malloc, locks, POSIX aio threads)", ("libc.", "libpthread", "ld-linux", "[vdso]")),
+    ("libc (malloc, locks, memmove)", ("libc.", "libpthread", "ld-linux", "[vdso]")),
     ("Python + numpy", ("libpython", "python", "libscipy_openblas")),  # and *.cpython-*
 )
 
