@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from conftest import mpiexec
 
@@ -92,3 +95,19 @@ def resident_pages(path: str | Path) -> int:
     finally:
         os.close(fd)
     return sum(v & 1 for v in vec)
+
+
+def run_in_session(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
+                   timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run `cmd` in a session of its own (text output captured); on a hang, kill the whole
+    session (mpiexec and every rank) and fail the test."""
+    job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                           start_new_session=True)
+    try:
+        out, err = job.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(job.pid, signal.SIGKILL)
+        out, err = job.communicate()
+        pytest.fail(f"{' '.join(map(str, cmd))} hung for {timeout} s\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, job.returncode, out, err)

@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -36,7 +35,7 @@ import numpy as np
 import pytest
 
 from conftest import mpiexec
-from helpers import workload_overrides
+from helpers import run_in_session, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -93,21 +92,6 @@ def openmpi() -> Path:
     return prefix
 
 
-def _run(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | None = None,
-         timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run `cmd` in a session of its own; on a hang, kill the whole session and fail."""
-    job = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
-                           start_new_session=True)
-    try:
-        out, err = job.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        out, err = job.communicate()
-        pytest.fail(f"{' '.join(cmd)} hung for {timeout} s\n{out}\n{err}")
-    return subprocess.CompletedProcess(cmd, job.returncode, out, err)
-
-
 def _openmpi_run(prefix: Path, args: list[str], ranks: int, extra_env: dict | None = None,
                  cwd: Path | None = None) -> subprocess.CompletedProcess:
     """`mpiexec -n RANKS python -P ARGS` under Open MPI, on this venv's Python."""
@@ -117,7 +101,7 @@ def _openmpi_run(prefix: Path, args: list[str], ranks: int, extra_env: dict | No
                **(extra_env or {}))
     cmd = [str(prefix / "bin" / "mpiexec"), "--oversubscribe", "-n", str(ranks),
            sys.executable, "-P", *args]
-    return _run(cmd, env=env, cwd=cwd)
+    return run_in_session(cmd, env=env, cwd=cwd)
 
 
 def _cli_args(tmp: Path, name: str, layout: str, **values) -> list[str]:
@@ -135,7 +119,7 @@ def posix_runs(tmp_path_factory) -> dict:
             tmp = tmp_path_factory.mktemp(layout)
             cmd = [mpiexec(), "-n", "2", sys.executable, "-P",
                    *_cli_args(tmp, "posix", layout, workflow__generate_data="true")]
-            res = _run(cmd, cwd=tmp)
+            res = run_in_session(cmd, cwd=tmp)
             assert res.returncode == 0, res.stdout + res.stderr
             made[layout] = tmp
         return made[layout]
@@ -239,7 +223,7 @@ def test_romio_under_mpich_reports_the_hints_it_keeps(tmp_path):
     data = tmp_path / "data.bin"
     data.write_bytes(os.urandom(65536))
     env = {k: v for k, v in os.environ.items() if not k.startswith(FOREIGN_ENV)}
-    result = _probe(_run([sys.executable, "-P", "-c", PROBE, str(data),
+    result = _probe(run_in_session([sys.executable, "-P", "-c", PROBE, str(data),
                           json.dumps(PROBE_HINTS)], env=env, cwd=tmp_path))
     assert result["library"].startswith("MPICH")
     assert result["of_file"] == result["of_scratch_file"] == "ROMIO"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 from test_filesystems import FakeLustre
 
 from conftest import mpiexec
+from helpers import run_in_session
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY = ROOT / "scripts" / "striping" / "study.sbatch"
@@ -51,16 +51,7 @@ def run_study(settings: dict[str, str], *overrides: str) -> subprocess.Completed
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env.update(RANKS="2", MPIEXEC=mpiexec(), DLIO_MPI=f"{sys.executable} -P -m dlio_mpi",
                PYTHON=sys.executable, **settings)
-    job = subprocess.Popen(["bash", str(STUDY), *TINY, *overrides], env=env, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           start_new_session=True)
-    try:
-        out, err = job.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        os.killpg(job.pid, signal.SIGKILL)
-        out, err = job.communicate()
-        raise AssertionError(f"the study took over {TIMEOUT} s:\n{out}\n{err}") from None
-    return subprocess.CompletedProcess(job.args, job.returncode, out, err)
+    return run_in_session(["bash", str(STUDY), *TINY, *overrides], env=env, timeout=TIMEOUT)
 
 
 def test_a_small_study_on_fake_lustre_gives_one_csv_row_per_point(tmp_path, monkeypatch):
