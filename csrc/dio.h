@@ -95,6 +95,32 @@ void dio_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start);
 int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                      uint32_t *crc, const char *path, dio_error *err);
 
+/* ------------------------------------------------------------------ checkpoint shards */
+
+typedef struct dio_shard_stats {
+    int64_t bytes;    /* bytes written or read */
+    int64_t calls;    /* pwrite/pread system calls */
+    int64_t io_ns;    /* time in them */
+    int64_t syncs;    /* fsync calls (0 or 1) */
+    int64_t sync_ns;  /* time in fsync */
+    int64_t verified; /* bytes compared with what was written (reads) */
+} dio_shard_stats;
+
+/* Write the nbytes of the shard of `seed` to fd at offset, from one reused aligned buffer
+ * of chunk bytes (0 = 64 MiB; rounded up to whole pages): block k is the payload stream of
+ * seed (its first chunk bytes) stamped with (seed, k) in its first 16 bytes.  odirect:
+ * O_DIRECT is set on fd (offset must be 4096-aligned; an unaligned tail is written after
+ * clearing it again); do_fsync: fsync(fd) at the end, timed apart.  0 or -errno. */
+int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
+                    int odirect, int do_fsync, dio_shard_stats *st, const char *path,
+                    dio_error *err);
+
+/* Read the shard back (fd opened with O_DIRECT or not: whole pages are asked for) and, with
+ * verify, compare every block's stamp and the whole of every 64th block (verify > 1: every
+ * block) with what dio_shard_write wrote: -EIO naming the block if they differ. */
+int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
+                   int verify, dio_shard_stats *st, const char *path, dio_error *err);
+
 /* syncfs(2): flush everything written to the file system holding fd.  0 or -errno. */
 int dio_syncfs(int fd);
 

@@ -1,0 +1,206 @@
+/*
+ * dio_shard.c - checkpoint shards: a rank's bytes streamed to or from a file through one
+ * reused aligned buffer, in large calls, optionally with O_DIRECT and a final fsync.
+ *
+ * Block k of the shard of `seed` (chunk bytes from shard offset k * chunk) is the first chunk
+ * bytes of the payload stream of seed with its first 16 bytes replaced by the stamp
+ * (seed, k) in little-endian: every block differs from the others, the buffer is filled
+ * once, and a restore can tell a block's bytes from any other's without keeping the shard.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "dio_internal.h"
+
+#define STAMP_BYTES 16
+#define DEFAULT_CHUNK ((size_t)64 << 20)
+#define HUGE_ALIGN ((size_t)2 << 20)
+
+static void put_le64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void stamp(unsigned char *block, size_t n, uint64_t seed, uint64_t k)
+{
+    unsigned char s[STAMP_BYTES];
+    put_le64(s, seed);
+    put_le64(s + 8, k);
+    memcpy(block, s, n < STAMP_BYTES ? n : STAMP_BYTES);
+}
+
+/* chunk bytes, 2 MiB-aligned, advised to huge pages (fewer pages to pin for O_DIRECT). */
+static void *shard_buffer(size_t chunk)
+{
+    void *p = NULL;
+    size_t size = (chunk + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN;
+    if (posix_memalign(&p, HUGE_ALIGN, size) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    madvise(p, size, MADV_HUGEPAGE);
+#endif
+    return p;
+}
+
+static size_t chunk_of(size_t chunk, int64_t nbytes)
+{
+    if (chunk == 0)
+        chunk = DEFAULT_CHUNK;
+    chunk = (chunk + 4095) / 4096 * 4096; /* whole pages: every block stays aligned */
+    if ((uint64_t)nbytes < chunk)
+        chunk = ((size_t)nbytes + 4095) / 4096 * 4096;
+    return chunk ? chunk : 4096;
+}
+
+/* Turn O_DIRECT on or off on fd (for the unaligned tail of an O_DIRECT write). */
+static int set_direct(int fd, int on)
+{
+    int flags = fcntl(fd, F_GETFL);
+    if (flags < 0)
+        return -errno;
+    flags = on ? (flags | O_DIRECT) : (flags & ~O_DIRECT);
+    return fcntl(fd, F_SETFL, flags) == 0 ? 0 : -errno;
+}
+
+int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
+                    int odirect, int do_fsync, dio_shard_stats *st, const char *path,
+                    dio_error *err)
+{
+    unsigned char *buf;
+    int64_t done = 0, t0;
+    uint64_t k = 0;
+    int rc = 0;
+    if (!path)
+        path = "";
+    dio_clear_error(err);
+    memset(st, 0, sizeof *st);
+    if (offset < 0 || nbytes < 0 || (odirect && offset % 4096))
+        return dio_fail(err, EINVAL, path, "shard write %s: invalid extent (offset %lld, "
+                        "%lld bytes%s)", path, (long long)offset, (long long)nbytes,
+                        odirect ? ", O_DIRECT needs a 4096-aligned offset" : "");
+    chunk = chunk_of(chunk, nbytes);
+    if (!(buf = shard_buffer(chunk)))
+        return dio_fail(err, ENOMEM, path, "shard write %s: cannot allocate %zu bytes", path,
+                        chunk);
+    dio_fill_random(buf, chunk, seed);
+    if (odirect && (rc = set_direct(fd, 1)) < 0) {
+        free(buf);
+        return dio_fail(err, -rc, path, "shard write %s: O_DIRECT refused: %s", path,
+                        strerror(-rc));
+    }
+    t0 = dio_now_ns();
+    while (done < nbytes) {
+        size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
+        size_t put = 0;
+        stamp(buf, n, seed, k);
+        if (odirect && n % 4096 && (rc = set_direct(fd, 0)) < 0) /* the unaligned tail */
+            break;
+        while (put < n) {
+            ssize_t w = pwrite(fd, buf + put, n - put, (off_t)(offset + done + (int64_t)put));
+            st->calls++;
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                rc = w < 0 ? -errno : -EIO;
+                break;
+            }
+            put += (size_t)w;
+        }
+        if (rc < 0)
+            break;
+        done += (int64_t)n;
+        k++;
+    }
+    st->io_ns = dio_now_ns() - t0;
+    st->bytes = done;
+    if (rc == 0 && do_fsync) {
+        t0 = dio_now_ns();
+        if (fsync(fd) != 0)
+            rc = -errno;
+        st->sync_ns = dio_now_ns() - t0;
+        st->syncs = 1;
+    }
+    free(buf);
+    if (rc < 0)
+        return dio_fail(err, -rc, path, "%s %s at offset %lld: %s",
+                        done < nbytes ? "pwrite" : "fsync", path,
+                        (long long)(offset + done), strerror(-rc));
+    return 0;
+}
+
+int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
+                   int verify, dio_shard_stats *st, const char *path, dio_error *err)
+{
+    unsigned char *buf, *expected = NULL;
+    int64_t done = 0, t0;
+    uint64_t k = 0;
+    int rc = 0;
+    if (!path)
+        path = "";
+    dio_clear_error(err);
+    memset(st, 0, sizeof *st);
+    if (offset < 0 || nbytes < 0)
+        return dio_fail(err, EINVAL, path, "shard read %s: invalid extent", path);
+    chunk = chunk_of(chunk, nbytes);
+    if (!(buf = shard_buffer(chunk)))
+        return dio_fail(err, ENOMEM, path, "shard read %s: cannot allocate %zu bytes", path,
+                        chunk);
+    if (verify && !(expected = malloc(chunk))) {
+        free(buf);
+        return dio_fail(err, ENOMEM, path, "shard read %s: cannot allocate %zu bytes", path,
+                        chunk);
+    }
+    if (expected)
+        dio_fill_random(expected, chunk, seed);
+    t0 = dio_now_ns();
+    while (done < nbytes) {
+        size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
+        size_t want = (n + 4095) / 4096 * 4096, got = 0; /* O_DIRECT reads whole pages */
+        while (got < n) {
+            ssize_t r = pread(fd, buf + got, want - got, (off_t)(offset + done + (int64_t)got));
+            st->calls++;
+            if (r < 0 && errno == EINTR)
+                continue;
+            if (r <= 0) {
+                rc = r < 0 ? -errno : -ENODATA;
+                break;
+            }
+            got += (size_t)r;
+        }
+        if (rc < 0)
+            break;
+        if (expected) { /* the stamp of every block; the whole block when verify > 1 or
+                         * for every 64th block */
+            stamp(expected, n, seed, k);
+            size_t check = (verify > 1 || k % 64 == 0) ? n : (n < STAMP_BYTES ? n : STAMP_BYTES);
+            if (memcmp(buf, expected, check) != 0) {
+                rc = -EILSEQ;
+                break;
+            }
+            st->verified += (int64_t)check;
+        }
+        done += (int64_t)n;
+        k++;
+    }
+    st->io_ns = dio_now_ns() - t0;
+    st->bytes = done;
+    free(buf);
+    free(expected);
+    if (rc == -EILSEQ)
+        return dio_fail(err, EIO, path, "checkpoint %s: block %llu at offset %lld does not hold "
+                        "the bytes written", path, (unsigned long long)k,
+                        (long long)(offset + done));
+    if (rc == -ENODATA)
+        return dio_fail(err, EIO, path, "checkpoint %s: ends at offset %lld, before its %lld "
+                        "bytes", path, (long long)(offset + done), (long long)nbytes);
+    if (rc < 0)
+        return dio_fail(err, -rc, path, "pread %s at offset %lld: %s", path,
+                        (long long)(offset + done), strerror(-rc));
+    return 0;
+}
