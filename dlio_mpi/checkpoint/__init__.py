@@ -1,0 +1,1 @@
+"""Checkpoints: how large (sizing), how written and read back (layouts)."""

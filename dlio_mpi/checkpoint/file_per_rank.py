@@ -1,0 +1,103 @@
+"""checkpoint.layout: file_per_rank: every rank writes its own files of each checkpoint, as
+DeepSpeed names them, in <checkpoint_folder>/<checkpoint id>/, and reads them back.
+
+A file is written by the C core (_core.write_shard: one reused aligned buffer, large writes,
+O_DIRECT when checkpoint.odirect, fsync when checkpoint.fsync) under a temporary name of this
+job's (created with O_EXCL) and renamed to its final name only when whole (and synced), never
+over an existing file: a checkpoint a fault interrupted leaves temporaries, never a file that
+looks complete. Its bytes are a function of (checkpoint, rank, file), so a restore checks them
+without having kept them (every block's stamp, every 64th block whole)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .. import _core
+from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+
+
+@dataclass(frozen=True)
+class ShardFile:
+    """One file a rank writes for a checkpoint: its name (DeepSpeed's) and size."""
+
+    name: str
+    nbytes: int
+
+
+@dataclass
+class IoStats:
+    """What one rank's save or load of one checkpoint did."""
+
+    bytes: int = 0
+    files: int = 0
+    calls: int = 0
+    syncs: int = 0
+    sync_ns: int = 0
+    verified: int = 0
+
+    def add(self, stats: dict) -> None:
+        self.bytes += stats["bytes"]
+        self.calls += stats["calls"]
+        self.syncs += stats["syncs"]
+        self.sync_ns += stats["sync_ns"]
+        self.verified += stats["verified"]
+        self.files += 1
+
+
+def shard_seed(checkpoint: int, rank: int, file: int) -> int:
+    """The seed of one file's bytes: a function of its identity only."""
+    return (0xC4 << 56) | (checkpoint & 0xFFFF) << 40 | (rank & 0xFFFFFF) << 16 | file & 0xFFFF
+
+
+class FilePerRank:
+    """Saves and loads one rank's files of each checkpoint."""
+
+    def __init__(self, folder: str, rank: int, tag: str, odirect: bool, fsync: bool,
+                 chunk: int = 0) -> None:
+        self.folder, self.rank, self.tag = folder, rank, tag
+        self.odirect, self.fsync, self.chunk = odirect, fsync, chunk
+
+    def path(self, checkpoint_id: str, name: str) -> str:
+        return os.path.join(self.folder, checkpoint_id, name)
+
+    def save(self, checkpoint: int, checkpoint_id: str, files: list[ShardFile]) -> IoStats:
+        """Write this rank's files of checkpoint number `checkpoint` (folder `checkpoint_id`,
+        made by the caller); each appears under its final name only when whole."""
+        stats = IoStats()
+        for index, shard in enumerate(files):
+            final = self.path(checkpoint_id, shard.name)
+            tmp = temporary_name(final, self.tag)
+            fd = create_exclusive(tmp)
+            try:
+                try:
+                    stats.add(_core.write_shard(fd, 0, shard.nbytes,
+                                                shard_seed(checkpoint, self.rank, index),
+                                                self.chunk, self.odirect, self.fsync, final))
+                finally:
+                    os.close(fd)
+                rename_noreplace(tmp, final)  # refused if a file is there: it is not ours
+            except BaseException:
+                remove_quietly([tmp])
+                raise
+        return stats
+
+    def load(self, checkpoint: int, checkpoint_id: str, files: list[ShardFile],
+             drop_cache: bool = False) -> IoStats:
+        """Read this rank's files of a checkpoint back and check them; with O_DIRECT when
+        checkpoint.odirect, else (drop_cache) after advising the page cache to drop them."""
+        stats = IoStats()
+        # O_NONBLOCK: a FIFO put in place of a file of ours cannot block the open
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_DIRECT if self.odirect else 0)
+        for index, shard in enumerate(files):
+            path = self.path(checkpoint_id, shard.name)
+            fd = os.open(path, flags)
+            try:
+                if drop_cache and not self.odirect:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                stats.add(_core.read_shard(fd, 0, shard.nbytes,
+                                           shard_seed(checkpoint, self.rank, index),
+                                           self.chunk, 1, path))
+            finally:
+                os.close(fd)
+        return stats
