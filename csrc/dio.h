@@ -115,6 +115,10 @@ int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_
                     int odirect, int do_fsync, dio_shard_stats *st, const char *path,
                     dio_error *err);
 
+/* Block `block` of the shard of seed, n bytes (n <= the chunk it was written with): what
+ * dio_shard_write writes there, for writers that move the bytes themselves (MPI-IO). */
+void dio_shard_block(void *buf, size_t n, uint64_t seed, uint64_t block);
+
 /* Read the shard back (fd opened with O_DIRECT or not: whole pages are asked for) and, with
  * verify, compare every block's stamp and the whole of every 64th block (verify > 1: every
  * block) with what dio_shard_write wrote: -EIO naming the block if they differ. */

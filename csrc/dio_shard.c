@@ -35,6 +35,12 @@ static void stamp(unsigned char *block, size_t n, uint64_t seed, uint64_t k)
     memcpy(block, s, n < STAMP_BYTES ? n : STAMP_BYTES);
 }
 
+void dio_shard_block(void *buf, size_t n, uint64_t seed, uint64_t block)
+{
+    dio_fill_random(buf, n, seed);
+    stamp(buf, n, seed, block);
+}
+
 /* chunk bytes, 2 MiB-aligned, advised to huge pages (fewer pages to pin for O_DIRECT). */
 static void *shard_buffer(size_t chunk)
 {

@@ -49,6 +49,7 @@ cdef extern from "dio.h" nogil:
     int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                         int odirect, int do_fsync, dio_shard_stats *st, const char *path,
                         dio_error *err)
+    void dio_shard_block(void *buf, size_t n, uint64_t seed, uint64_t block)
     int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                        int verify, dio_shard_stats *st, const char *path, dio_error *err)
     int dio_stop_on_signals()
@@ -336,6 +337,19 @@ def write_shard(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, bi
         rc = dio_shard_write(fd, offset, nbytes, s, chunk, odirect, fsync, &st, cpath, &err)
     _check(rc, &err)
     return _shard_stats(&st)
+
+
+def shard_block(buffer, seed, uint64_t block):
+    """Fill a writable buffer with block `block` of the checkpoint shard of seed, as
+    write_shard writes it with a chunk of at least len(buffer) bytes."""
+    cdef Py_buffer view
+    cdef uint64_t s = <uint64_t>(seed & U64_MASK)
+    PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+    try:
+        with nogil:
+            dio_shard_block(view.buf, <size_t>view.len, s, block)
+    finally:
+        PyBuffer_Release(&view)
 
 
 def read_shard(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, int verify=1,

@@ -9,19 +9,15 @@ the payload goes in rounds of one collective `Write_at_all` each, where rank r w
 round * ranks + r of the payload stream (blocks of _core.PAYLOAD_BLOCK bytes, each made
 alone: the bytes do not depend on how many ranks wrote them). Then File.Sync, Close, and
 rank 0 completes the file with the others it staged (side files first, then renames).
-Every round's errors are agreed by all ranks, so a rank failing to write never leaves the
-others in the next collective call."""
+The rounds and their error agreement are mpiio_rounds.py's."""
 
 from __future__ import annotations
-
-import errno
-
-import numpy as np
 
 from . import _core
 from .dataset import DatasetSplit
 from .errors import check_all, on_root
 from .formats.base import StagedWrites
+from .mpiio_rounds import mpiio_call, write_rounds
 from .ownership import temporary_name
 
 
@@ -56,54 +52,22 @@ def write_file_collectively(comm, split: DatasetSplit, index: int, seed: int,
     try:
         effective = file_hints(handle)
         if header:
-            check_all(comm, lambda: comm.Get_rank() or _io(
+            check_all(comm, lambda: comm.Get_rank() or mpiio_call(
                 lambda: handle.Write_at(0, header), "write the header of", tmp))
         _write_payload(comm, handle, len(header), payload, seed, tmp)
-        check_all(comm, lambda: _io(handle.Sync, "sync", tmp))
+        check_all(comm, lambda: mpiio_call(handle.Sync, "sync", tmp))
     finally:
         handle.Close()
     return len(header) + payload, effective
 
 
 def _write_payload(comm, handle, at: int, nbytes: int, seed: int, path: str) -> None:
-    """The payload stream's bytes [0, nbytes) at file offset `at`, in collective rounds."""
-    from mpi4py import MPI
-
-    block = _core.PAYLOAD_BLOCK  # per rank and round
+    """The payload stream's bytes [0, nbytes) at file offset `at`: in round r, rank i writes
+    block r * ranks + i (blocks of _core.PAYLOAD_BLOCK bytes, each made alone)."""
+    block = _core.PAYLOAD_BLOCK
     rank, size = comm.Get_rank(), comm.Get_size()
-    blocks = -(-nbytes // block)
-    buffer = np.empty(min(block, nbytes), dtype=np.uint8)
-    for round_ in range(-(-blocks // size)):
-        k = round_ * size + rank
-        start = k * block
-        n = max(0, min(block, nbytes - start))
-
-        def write(n=n, start=start) -> None:
-            failed = None
-            try:
-                if n:
-                    _core.fill_random(buffer[:n], seed, start)
-            except (OSError, ValueError, MemoryError) as exc:  # still take part, then say so
-                failed, n = exc, 0
-            status = MPI.Status()
-            _io(lambda: handle.Write_at_all(at + start if n else 0, [buffer, n, MPI.BYTE],
-                                            status), "write", path)
-            if failed is not None:
-                raise failed
-            if status.Get_count(MPI.BYTE) != n:
-                raise OSError(errno.EIO, f"short write: {status.Get_count(MPI.BYTE)} of {n} "
-                                         f"bytes at offset {at + start} of {path}", path)
-
-        check_all(comm, write)
-
-
-def _io(call, verb: str, path: str):
-    """An MPI-IO call whose errors are OSErrors naming `path`."""
-    from mpi4py import MPI
-
-    from .readers.mpiio import mpi_oserror
-
-    try:
-        return call()
-    except MPI.Exception as exc:
-        raise mpi_oserror(exc, f"cannot {verb} {path} with MPI-IO", path) from None
+    mine = range(rank, -(-nbytes // block), size)
+    write_rounds(comm, handle, [
+        (at + k * block, min(block, nbytes - k * block),
+         lambda view, start=k * block: _core.fill_random(view, seed, start)) for k in mine],
+        path)

@@ -115,3 +115,13 @@ def test_fsync_reaches_the_kernel(folder):
     calls = [line for line in res.stderr.splitlines() if "fsync(" in line or "pwrite64(" in line]
     assert any("pwrite64(" in line and "1048576" in line for line in calls), calls
     assert calls[-1].split("(")[0].split()[-1] == "fsync", calls  # the last call
+
+
+def test_shard_block_is_what_write_shard_writes(folder):
+    path = folder / "shard.pt"
+    write(path, 3 * MiB + 5, 9, chunk=MiB)
+    data = path.read_bytes()
+    for k, n in [(0, MiB), (2, MiB), (3, 5)]:
+        block = bytearray(n)
+        _core.shard_block(block, 9, k)
+        assert bytes(block) == data[k * MiB:k * MiB + n], k
