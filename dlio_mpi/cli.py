@@ -7,6 +7,7 @@ by that rank and aborts the whole job (MPI_Abort), so no rank waits forever for 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -59,6 +60,8 @@ def _parser() -> argparse.ArgumentParser:
         if name == "validate":
             cmd.add_argument("--ranks", type=int, default=None,
                              help="plan for this many ranks (default: the MPI job's size)")
+            cmd.add_argument("--json", action="store_true",
+                             help="print the plan as one JSON object instead of text")
     sub.add_parser("list-workloads", help="list the shipped workload names",
                    prog="dlio-mpi list-workloads")
     return parser
@@ -78,13 +81,13 @@ def split_args(args: list[str]) -> tuple[str, list[str]]:
 
 def _command(args, comm) -> int:
     from .config import ConfigError, load_config
-    from .errors import UserError, check_all
+    from .errors import UserError, check_all, on_root
 
     source, overrides = split_args(args.args)
     cfg = check_all(comm, lambda: load_config(source, overrides),
                     expected=(ConfigError, UserError, OSError))
     if args.command == "validate":
-        from .plan import derive_plan, describe_plan
+        from .plan import derive_plan, plan_record, render_plan
 
         ranks = comm.Get_size() if args.ranks is None else args.ranks
 
@@ -97,17 +100,36 @@ def _command(args, comm) -> int:
 
         plan = check_all(comm, plan_for_ranks)
         if comm.Get_rank() == 0:
-            print(describe_plan(plan, cfg))
+            record = plan_record(plan, cfg, warnings=_space_warnings(cfg, plan))
+            print(json.dumps(record, indent=2) if args.json else render_plan(record))
         return 0
-    from .run import prepare, run, run_generation
+    from .generate import check_dataset_space
+    from .run import data_root, prepare, run, run_generation
 
     if args.command == "generate":
-        run_generation(comm, cfg, prepare(comm, cfg, generating=True)[0],
-                       check_every_file=True)
+        plan = prepare(comm, cfg, generating=True)[0]
+        on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
+        run_generation(comm, cfg, plan, check_every_file=True)
         return 0
     path = source[len("workload="):] if source.startswith("workload=") else source
     run(comm, cfg, workload=path if os.path.isfile(path) else None)
     return 0
+
+
+def _space_warnings(cfg, plan) -> tuple[str, ...]:
+    """validate: why `run` would refuse to generate the dataset on the storage at hand (not
+    enough free space), as warnings; the configuration itself is valid."""
+    from .errors import UserError
+    from .generate import check_dataset_space
+    from .run import data_root
+
+    if not (cfg.workflow.generate_data and plan.splits):
+        return ()
+    try:
+        check_dataset_space(data_root(cfg), plan.dataset_bytes)
+    except (UserError, OSError) as exc:
+        return (f"run would refuse: {exc}",)
+    return ()
 
 
 def _ranks_on_this_host(comm) -> int:
@@ -129,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = ""
         if any("=" in arg or "." in arg for arg in unknown):
             hint = (f" (overrides take no dashes: "
-                    f"{unknown[0].lstrip('-')}; options: --ranks for validate, --help)")
+                    f"{unknown[0].lstrip('-')}; options: --ranks and --json for validate, --help)")
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if rest:
         args.args = [*getattr(args, "args", []), *rest]

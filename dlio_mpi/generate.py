@@ -21,7 +21,7 @@ from .catalog import spot_check_sizes
 from .collective_generation import collective_format, write_file_collectively
 from .dataset import SPLITS, DatasetSplit, LayoutTable
 from .errors import JobError, Stopped, UserError, check_all, on_root
-from .filesystems import apply_striping
+from .filesystems import apply_striping, nearest_existing
 from .formats.base import StagedWrites
 from .manifest import differing_params, generation_params, read_manifest, write_manifest
 from .ownership import LOCK_NAME, FolderLock, is_temporary_of, new_tag, remove_quietly
@@ -295,6 +295,25 @@ def check_free_space(folder: str, need: int, key: str) -> None:
     if need > free:
         raise UserError(f"{key}: {folder} has {_gib(free)} free, but this run would write "
                         f"{_gib(need)} there; free space or choose another folder")
+
+
+def check_dataset_space(root: str, dataset_bytes: int) -> None:
+    """Before anything is created (run, generate; validate makes it a warning): refuse when
+    the whole dataset is to be written into `root` (no dlio-mpi manifest there yet)
+    and the file system it goes to has less free space than the dataset's bytes. A dataset
+    partly there is left to generate()'s survey, which knows what is missing."""
+    if os.path.lexists(root) and (not os.path.isdir(root) or read_manifest(root) is not None):
+        return
+    where = nearest_existing(root)
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return  # generation says why it cannot create the folder
+    free = st.f_bavail * st.f_frsize
+    if dataset_bytes > free:
+        raise UserError(f"dataset.data_folder: the dataset takes {_gib(dataset_bytes)}, but "
+                        f"the file system of {root} has {_gib(free)} free (at {where}); "
+                        "free space, choose another folder or make the dataset smaller")
 
 
 def _gib(n: int) -> str:

@@ -390,59 +390,133 @@ def storage_lines(cfg, data_folder: str | None, filesystems: Mapping[str, Mappin
     return lines
 
 
-def describe_plan(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
-                  striping: Mapping | None = None) -> str:
-    """The plan as a few lines of text; `filesystems` (describe_filesystems) and `striping`
-    (check_striping), when given, add what rank 0 found on the storage."""
+def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
+                striping: Mapping | None = None, warnings: tuple[str, ...] = ()) -> dict:
+    """The plan as plain data, ready for JSON (`dlio-mpi validate --json` prints it) and the
+    one source describe_plan renders as text: counts, batch sizes and bytes as integers,
+    `storage` the file system and striping lines (storage_lines), `notes` the plan's notes,
+    `warnings` what the storage at hand says against the run (validate: not enough space).
+    `filesystems` (describe_filesystems) and `striping` (check_striping), when given, add what
+    rank 0 found on the storage."""
+    uses_data = bool(cfg.workflow.train or cfg.workflow.generate_data)
     compute = cfg.train.computation_time.mean
+    valid = plan.splits.get("valid")
+    page_cache_note = None
+    if uses_data and plan.fits_in_memory and not (cfg.reader.odirect
+                                                  or cfg.reader.drop_page_cache):
+        page_cache_note = (f"the dataset fits in the memory of the {plan.nodes} node(s): after "
+                           "the first epoch reads may come from the page cache (reader.odirect: "
+                           "true or reader.drop_page_cache: true avoid it)")
+    data_folder = plan.splits["train"].root if plan.splits else None
+    record = {
+        "workload": cfg.model.name,
+        "format": plan.format,
+        "read_mode": plan.read_mode,
+        "odirect": bool(cfg.reader.odirect),
+        "file_access": cfg.reader.file_access,  # the reader backend
+        "ranks": plan.ranks,
+        "ranks_per_node": plan.ranks_per_node,
+        "nodes": plan.nodes,
+        "uses_dataset": uses_data,  # false: workflow.train and workflow.generate_data are off
+        "train": {
+            "files": plan.train_files,
+            "samples": plan.train_samples,
+            "samples_per_file": cfg.dataset.num_samples_per_file,
+            "steps_per_epoch": plan.steps_per_epoch,
+            "batch_size": cfg.reader.batch_size,
+            "samples_per_rank": plan.samples_per_rank,
+        },
+        "eval": {
+            "files": valid.num_files if valid else 0,
+            "samples": valid.num_samples if valid else 0,
+            "steps_per_epoch": plan.eval_steps_per_epoch,  # 0: no evaluation
+            "batch_size": cfg.reader.batch_size_eval,
+            "after_epoch": cfg.evaluation.eval_after_epoch,
+            "epochs_between": cfg.evaluation.epochs_between_evals,
+        },
+        "epochs": plan.epochs,
+        "computation_time_seconds": compute,  # mean per step
+        "compute_seconds": (plan.epochs * plan.steps_per_epoch * compute
+                            if cfg.workflow.train else None),
+        "bytes_per_epoch": plan.bytes_per_epoch,  # all ranks
+        "bytes_per_node_per_epoch": plan.bytes_per_node_epoch,
+        "dataset_bytes": plan.dataset_bytes,  # train + valid
+        "memory_bytes": plan.memory_bytes,  # all nodes
+        "fits_in_memory": plan.fits_in_memory,
+        "page_cache_note": page_cache_note,
+        "generation": (_generation(plan) if uses_data and cfg.workflow.generate_data
+                       and plan.splits else None),
+        "storage": storage_lines(cfg, data_folder, filesystems, striping),
+        "notes": list(plan.notes),
+        "warnings": list(warnings),
+    }
+    # Further top-level entries go here, one line each, e.g. the checkpoint sizing:
+    # record["checkpoint"] = {"total_bytes": ..., "bytes_per_rank": ..., "files_per_rank": ...}
+    return record
+
+
+def describe_plan(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
+                  striping: Mapping | None = None, warnings: tuple[str, ...] = ()) -> str:
+    """The plan as a few lines of text, rendered from plan_record (same arguments)."""
+    return render_plan(plan_record(plan, cfg, filesystems, striping, warnings))
+
+
+def render_plan(r: Mapping) -> str:
+    """plan_record's data as the text plan `validate` and `run` print."""
+    train, ev = r["train"], r["eval"]
     lines = [
-        f"workload        {cfg.model.name}: {plan.format}, read mode {plan.read_mode}, "
-        f"O_DIRECT {'on' if cfg.reader.odirect else 'off'}",
-        f"ranks           {plan.ranks} ({plan.ranks_per_node} per node)",
+        f"workload        {r['workload']}: {r['format']}, read mode {r['read_mode']}, "
+        f"O_DIRECT {'on' if r['odirect'] else 'off'}",
+        f"ranks           {r['ranks']} ({r['ranks_per_node']} per node)",
     ]
-    if not (cfg.workflow.train or cfg.workflow.generate_data):
+    if not r["uses_dataset"]:
         lines.append("dataset         none: workflow.train and workflow.generate_data are off")
     else:
+        compute = r["computation_time_seconds"]
         lines += [
-            f"training data   {plan.train_files} files, {plan.train_samples} samples "
-            f"({cfg.dataset.num_samples_per_file} per file)",
-            f"per epoch       {plan.steps_per_epoch} steps of batch {cfg.reader.batch_size} per "
-            f"rank = {plan.samples_per_rank} samples per rank; {plan.epochs} epochs",
+            f"training data   {train['files']} files, {train['samples']} samples "
+            f"({train['samples_per_file']} per file)",
+            f"per epoch       {train['steps_per_epoch']} steps of batch {train['batch_size']} "
+            f"per rank = {train['samples_per_rank']} samples per rank; {r['epochs']} epochs",
             *([f"run time        the run's compute alone takes "
-               f"{_duration(plan.epochs * plan.steps_per_epoch * compute)} (epochs x steps x "
-               f"computation_time: {plan.epochs} x {plan.steps_per_epoch} x {compute:g} s)"]
-              if cfg.workflow.train else []),
-            *([f"evaluation      {plan.eval_steps_per_epoch} steps of batch "
-               f"{cfg.reader.batch_size_eval} per rank after epoch "
-               f"{cfg.evaluation.eval_after_epoch}, then every "
-               f"{cfg.evaluation.epochs_between_evals}"] if plan.eval_steps_per_epoch else []),
-            f"bytes per epoch {_size(plan.bytes_per_epoch)} read by all ranks "
-            f"({_size(plan.bytes_per_node_epoch)} per node)",
-            f"dataset size    {_size(plan.dataset_bytes)} vs {_size(plan.memory_bytes)} of "
-            f"memory on the {plan.nodes} node(s)",
+               f"{_duration(r['compute_seconds'])} (epochs x steps x computation_time: "
+               f"{r['epochs']} x {train['steps_per_epoch']} x {compute:g} s)"]
+              if r["compute_seconds"] is not None else []),
+            *([f"evaluation      {ev['steps_per_epoch']} steps of batch {ev['batch_size']} per "
+               f"rank after epoch {ev['after_epoch']}, then every {ev['epochs_between']}"]
+              if ev["steps_per_epoch"] else []),
+            f"bytes per epoch {_size(r['bytes_per_epoch'])} read by all ranks "
+            f"({_size(r['bytes_per_node_per_epoch'])} per node)",
+            f"dataset size    {_size(r['dataset_bytes'])} vs {_size(r['memory_bytes'])} of "
+            f"memory on the {r['nodes']} node(s)",
         ]
-        if plan.fits_in_memory and not (cfg.reader.odirect or cfg.reader.drop_page_cache):
-            lines.append(f"note            the dataset fits in the memory of the {plan.nodes} "
-                         "node(s): after the first epoch reads may come from the page cache "
-                         "(reader.odirect: true or reader.drop_page_cache: true avoid it)")
-        if cfg.workflow.generate_data and plan.splits:
-            lines.append(_generation_line(plan))
-    data_folder = plan.splits["train"].root if plan.splits else None
-    lines += storage_lines(cfg, data_folder, filesystems, striping)
-    lines.extend(f"note            {note}" for note in plan.notes)
+        if r["page_cache_note"]:
+            lines.append(f"note            {r['page_cache_note']}")
+        if r["generation"]:
+            lines.append(f"generation      {r['generation']['text']}")
+    lines += r["storage"]
+    lines.extend(f"note            {note}" for note in r["notes"])
+    lines.extend(f"warning         {warning}" for warning in r["warnings"])
     return "\n".join(lines)
 
 
-def _generation_line(plan: RunPlan) -> str:
+def _generation(plan: RunPlan) -> dict:
+    """How generation will write the files: {"how": "collective" (all ranks together through
+    MPI-IO), "whole_files" (fewer files than ranks, one rank a file) or "round_robin",
+    "files", "writers" (ranks writing), "text" (the plan's generation line)}."""
     from .generate import writes_collectively
 
     files = sum(s.num_files for s in plan.splits.values())
     if writes_collectively(plan.splits, plan.ranks):
-        how = (f"all {files} file(s) written by all {plan.ranks} ranks together, through "
-               "MPI-IO (Write_at_all), fewer files than ranks")
+        how, writers = "collective", plan.ranks
+        text = (f"all {files} file(s) written by all {plan.ranks} ranks together, through "
+                "MPI-IO (Write_at_all), fewer files than ranks")
     elif files < plan.ranks:
-        how = (f"{files} file(s) dealt out to {files} of the {plan.ranks} ranks: {plan.format} "
-               "cannot be written in parts (its headers hold a checksum of the payload)")
+        how, writers = "whole_files", files
+        text = (f"{files} file(s) dealt out to {files} of the {plan.ranks} ranks: {plan.format} "
+                "cannot be written in parts (its headers hold a checksum of the payload)")
     else:
-        how = f"{files} files dealt out round-robin to the {plan.ranks} ranks"
-    return f"generation      {how} (files already complete are kept)"
+        how, writers = "round_robin", plan.ranks
+        text = f"{files} files dealt out round-robin to the {plan.ranks} ranks"
+    return {"how": how, "files": files, "writers": writers,
+            "text": f"{text} (files already complete are kept)"}

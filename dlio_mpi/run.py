@@ -21,7 +21,7 @@ from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
 from .filesystems import check_striping, describe_filesystems
-from .generate import GenerationResult, check_free_space, generate
+from .generate import GenerationResult, check_dataset_space, check_free_space, generate
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
 from .output import OutputFolder, access_log_name
@@ -392,6 +392,8 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
     striping = None
     if cfg.storage.lustre is not None:  # storage.lustre.required refuses before any I/O
         striping = on_root(comm, lambda: check_striping(cfg.storage.lustre, data_root(cfg)))
+    if cfg.workflow.generate_data and plan.splits:  # no room for the dataset: before any I/O
+        on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
     out = open_output(comm, cfg, plan, workload)
     try:
         summary = _run_claimed(comm, cfg, plan, topo, out, start, striping)
