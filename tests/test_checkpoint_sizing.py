@@ -290,3 +290,26 @@ def test_refuses_subset_larger_than_the_job():
 def test_shard_rank_out_of_range():
     with pytest.raises(ValueError):
         checkpoint_layout(load_config("llama_7b", []), 2).shard(2)
+
+
+def test_llama_70b_zero3_tp8_dp2():
+    layout = checkpoint_layout(load_config("llama_70b_zero3", []), 16)
+    assert (layout.tensor, layout.pipeline, layout.data, layout.sharding_factor) == (8, 1, 2, 2)
+    h = 8192
+    elements = 2 * (h * 128256 // 8 // 2) + 80 * layer_elements(h, 28672, 128, 8, 8, 2) + h // 2
+    assert elements == 2 * 65_667_072 + 80 * 52_961_280 + 4096
+    opt = optimizer_bytes(N_70B // 16, h)
+    assert layout.coordinates(13) == (5, 0, 1, 5)
+    assert layout.shard(13).files == (("zero_pp_rank_1_mp_rank_5_model_states.pt", 2 * elements),
+                                      ("zero_pp_rank_1_mp_rank_5_optim_states.pt", opt))
+    assert layout.total_bytes == 16 * (2 * elements + opt) == dlio_reported_bytes(
+        load_config("llama_70b_zero3", []), 16)
+
+
+def test_datatypes():
+    cfg = load_config("llama_7b", ["model.model_datatype=fp32", "model.optimizer_datatype=bf16"])
+    layout = checkpoint_layout(cfg, 2)
+    n = N_7B // 2
+    assert layout.shard(0).files == (("model_0_model_states.pt", 4 * N_7B),
+                                     ("zero_pp_rank_0_mp_rank_0_optim_states.pt",
+                                      (3 * n + 15 * 4096) * 2))
