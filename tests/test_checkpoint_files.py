@@ -15,8 +15,8 @@ from dlio_mpi.checkpoint.file_per_rank import FilePerRank, ShardFile
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1] / ".pytest_tmp"
-FILES = [ShardFile("zero_pp_rank_0_mp_rank_00_model_states.pt", 3 * MiB + 7),
-         ShardFile("zero_pp_rank_0_mp_rank_00_optim_states.pt", 5 * MiB)]
+FILES = [ShardFile("zero_pp_rank_0_mp_rank_0_model_states.pt", 3 * MiB + 7),
+         ShardFile("zero_pp_rank_0_mp_rank_0_optim_states.pt", 5 * MiB)]
 
 
 @pytest.fixture
