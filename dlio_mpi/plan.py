@@ -47,6 +47,9 @@ class RunPlan:
     ranks_per_node: int            # on rank 0's node (DLIO's npernode)
     nodes: int
     notes: tuple[str, ...] = ()    # what this version does differently from the config's ask
+    # one checkpoint's sizing (checkpoint.sizing.CheckpointLayout.summary()) with
+    # workflow.checkpoint, else None
+    checkpoint: Mapping | None = None
     # The splits and their expected layouts, computed once here and reused by generation and
     # reading (they cost seconds at a million files).
     splits: Mapping[str, DatasetSplit] = field(default_factory=dict, repr=False, compare=False)
@@ -322,7 +325,18 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         eval_steps_per_epoch=eval_steps,
         epochs=cfg.train.epochs, dataset_bytes=dataset_bytes, bytes_per_epoch=epoch_bytes,
         memory_bytes=memory_bytes, ranks_per_node=ranks_per_node, nodes=nodes,
-        notes=_notes(cfg), splits=splits, layouts=layouts)
+        notes=_notes(cfg), splits=splits, layouts=layouts,
+        checkpoint=_checkpoint_sizing(cfg, ranks))
+
+
+def _checkpoint_sizing(cfg, ranks: int) -> dict | None:
+    """One checkpoint's sizing with workflow.checkpoint (refusing impossible parallelism
+    before any I/O), else None."""
+    if not cfg.workflow.checkpoint:
+        return None
+    from .checkpoint.sizing import checkpoint_layout
+
+    return checkpoint_layout(cfg, ranks).summary()
 
 
 def _duration(seconds: float) -> str:
@@ -450,8 +464,8 @@ def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = 
         "notes": list(plan.notes),
         "warnings": list(warnings),
     }
-    # Further top-level entries go here, one line each, e.g. the checkpoint sizing:
-    # record["checkpoint"] = {"total_bytes": ..., "bytes_per_rank": ..., "files_per_rank": ...}
+    # Further top-level entries go here, one line each.
+    record["checkpoint"] = dict(plan.checkpoint) if plan.checkpoint is not None else None
     return record
 
 
@@ -494,6 +508,16 @@ def render_plan(r: Mapping) -> str:
             lines.append(f"note            {r['page_cache_note']}")
         if r["generation"]:
             lines.append(f"generation      {r['generation']['text']}")
+    if r.get("checkpoint"):
+        ck = r["checkpoint"]
+        low, high = ck["bytes_per_rank"]
+        files_low, files_high = ck["files_per_rank"]
+        per_rank = _size(low) if low == high else f"{_size(low)} to {_size(high)}"
+        files = str(files_low) if files_low == files_high else f"{files_low} to {files_high}"
+        lines.append(f"checkpoint      {_size(ck['total_bytes'])} per checkpoint, written by "
+                     f"{ck['writers']} of {ck['ranks']} ranks: {per_rank} and {files} file(s) "
+                     f"per rank (TP {ck['tensor']}, PP {ck['pipeline']}, DP {ck['data']}, "
+                     f"ZeRO {ck['zero_stage']}, {ck['mode']} mode)")
     lines += r["storage"]
     lines.extend(f"note            {note}" for note in r["notes"])
     lines.extend(f"warning         {warning}" for warning in r["warnings"])

@@ -164,3 +164,35 @@ def test_run_refuses_a_dataset_the_storage_cannot_hold_before_any_io(tmp_path, c
     assert res.stderr.count("dataset.data_folder: the dataset takes") == 1, res.stderr
     assert re.search(r"has [\d,.]+ GiB \([\d,]+ bytes\) free", res.stderr)
     assert not any(tmp_path.iterdir()), list(tmp_path.iterdir())  # no output, no data folder
+
+
+@pytest.mark.parametrize(("workload", "ranks"), [("llama_7b", 8), ("llama_70b", 64),
+                                                 ("llama_405b", 512)])
+def test_the_checkpoint_sizing_is_in_the_json_and_the_text_plan(workload, ranks):
+    from dlio_mpi.checkpoint.sizing import checkpoint_layout
+    from dlio_mpi.config import load_config
+
+    plan = json.loads(_validate([workload, "--ranks", str(ranks)], json_out=True))
+    layout = checkpoint_layout(load_config(workload, []), ranks)
+    assert plan["checkpoint"]["total_bytes"] == layout.total_bytes > 0
+    assert plan["checkpoint"]["bytes_per_rank"] == list(layout.bytes_per_rank)
+    assert plan["checkpoint"]["files_per_rank"] == list(layout.files_per_rank)
+    text = _validate([workload, "--ranks", str(ranks)], json_out=False)
+    line = [x for x in text.splitlines() if x.startswith("checkpoint ")]
+    assert len(line) == 1 and line[0].split()[1] == _size(layout.total_bytes).split()[0], line
+
+
+def test_without_checkpointing_the_json_has_no_checkpoint():
+    plan = json.loads(_validate(["demo", "--ranks", "2"], json_out=True))
+    assert plan["checkpoint"] is None
+
+
+def test_impossible_parallelism_is_refused_by_validate_and_run_before_any_io(tmp_path):
+    res = run_cli(["validate", "llama_70b", "--ranks", "6", "--json"], ranks=1)
+    assert res.returncode == 2 and res.stdout == ""
+    assert "tensor × pipeline = 8 × 4 = 32 must divide the rank count" in res.stderr
+    run = run_cli(["run", "llama_70b", f"checkpoint.checkpoint_folder={tmp_path / 'ck'}",
+                   f"output.folder={tmp_path / 'out'}"], ranks=3)
+    assert run.returncode == 2, run.stderr
+    assert "must divide the rank count" in run.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing created
