@@ -587,7 +587,7 @@ def test_notes_of_one_reason_are_one_line():
     assert len(notes) == 1
     assert notes[0].startswith("model.type=transformer, model.num_layers=32, ")
     assert "workflow.checkpoint=true" in notes[0] and "checkpoint.fsync=true" in notes[0]
-    assert "have no effect in dlio-mpi because checkpointing is not implemented yet" in notes[0]
+    assert "have no effect in dlio-mpi because checkpoints are not written or read yet" in notes[0]
 
 
 def test_data_loader_acts_on_multi_sample_files_and_says_what_it_emulates():

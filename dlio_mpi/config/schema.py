@@ -43,7 +43,8 @@ MAX_FILES = 10**9  # per split
 NON_DEFAULT = "non-default"  # Rule.unimplemented: every value but the default is refused
 
 # Reasons shared by whole sections (see Rule.inert)
-CHECKPOINTING = "checkpointing is not implemented yet (no checkpoint is written or read)"
+CHECKPOINTING = ("checkpoints are not written or read yet (the plan only sizes them: its "
+                 "checkpoint line)")
 PROFILING = "profilers are not implemented yet"
 DEAD = "DLIO never reads it either"
 BATCH_COPY = ("DLIO copies a constant decoded sample of this size into every batch after the "
