@@ -184,7 +184,7 @@ def test_too_little_space_is_refused_before_writing(tmp_path):
     try:
         res = run_cli(["generate", "demo", *workload_overrides(
             small, dataset__record_length_bytes=1 << 20)])
-        refused(res, "dataset.data_folder", "free", "would write")
+        refused(res, "dataset.data_folder", "free", "the dataset takes")  # before any I/O
         assert not list((small / "data").rglob("*.npz"))
     finally:
         _umount(small)
