@@ -1,0 +1,82 @@
+"""Checkpoint results: what one save or load of a checkpoint took across the ranks, and the
+summary fields of all of them.
+
+Every rank starts a checkpoint after a barrier, at its own clock's `start_ns`, and records
+when its part ended. A checkpoint's duration is the slowest rank's (the latest end less the
+earliest start), its bandwidth the bytes all ranks moved over that duration: MLPerf
+Storage's definition. DLIO's later source uses the same field names but divides the global
+size by rank 0's own time; the released DLIO 2.0.0 has no checkpoint fields. GB = 2^30 bytes,
+as DLIO counts them; stdev is the population's (numpy's std), as DLIO's summaries."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+GB = 2**30
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """One save or load of one checkpoint, over all ranks."""
+
+    kind: str            # "save" or "load"
+    index: int           # 1, 2, ... within its kind
+    checkpoint_id: str   # its folder: global_epoch<E>_step<S>
+    bytes: int           # all ranks
+    seconds: float       # the slowest rank's: latest end - earliest start
+    rank_seconds: tuple[float, ...]  # each rank's own time
+    syncs: int = 0       # fsync calls, all ranks
+    sync_seconds: float = 0.0  # the slowest rank's time in them
+
+    @property
+    def GB_per_second(self) -> float:  # noqa: N802 - DLIO's unit in the name
+        return self.bytes / GB / self.seconds if self.seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        times = np.asarray(self.rank_seconds, dtype=np.float64)
+        return {"kind": self.kind, "index": self.index, "checkpoint_id": self.checkpoint_id,
+                "bytes": self.bytes, "size_GB": self.bytes / GB,
+                "duration_seconds": self.seconds, "throughput_GB_per_second":
+                self.GB_per_second, "syncs": self.syncs, "sync_seconds": self.sync_seconds,
+                "rank_seconds": {"min": float(times.min()), "median": float(np.median(times)),
+                                 "max": float(times.max())} if len(times) else None}
+
+
+def gather_record(comm, kind: str, index: int, checkpoint_id: str, nbytes: int,
+                  start_ns: int, end_ns: int, syncs: int = 0, sync_ns: int = 0
+                  ) -> CheckpointRecord:
+    """Collective: this rank's part (its bytes, its clock's start and end, after a common
+    barrier) into the checkpoint's record, on every rank. Clocks are CLOCK_MONOTONIC, the
+    same on the ranks of one host; across hosts the slowest rank's own time bounds it."""
+    parts = comm.allgather((nbytes, start_ns, end_ns, syncs, sync_ns))
+    own = tuple((end - start) / 1e9 for _, start, end, _, _ in parts)
+    hosts_share_a_clock = _one_host(comm)
+    span = ((max(p[2] for p in parts) - min(p[1] for p in parts)) / 1e9
+            if hosts_share_a_clock else max(own))
+    return CheckpointRecord(kind, index, checkpoint_id, sum(p[0] for p in parts),
+                            max(span, max(own)), own, sum(p[3] for p in parts),
+                            max(p[4] for p in parts) / 1e9)
+
+
+def _one_host(comm) -> bool:
+    import socket
+
+    return len(set(comm.allgather(socket.gethostname()))) == 1
+
+
+def summary_fields(records: list[CheckpointRecord], checkpoint_bytes: int) -> dict:
+    """The summary's checkpoint fields (metric section) under DLIO's later names."""
+    out: dict = {"checkpoint_size_GB": checkpoint_bytes / GB}
+    for kind in ("save", "load"):
+        mine = [r for r in records if r.kind == kind]
+        if not mine:
+            continue
+        rates = np.array([r.GB_per_second for r in mine])
+        durations = np.array([r.seconds for r in mine])
+        out |= {f"{kind}_checkpoint_io_mean_GB_per_second": float(rates.mean()),
+                f"{kind}_checkpoint_io_stdev_GB_per_second": float(rates.std()),
+                f"{kind}_checkpoint_duration_mean_seconds": float(durations.mean()),
+                f"{kind}_checkpoint_duration_stdev_seconds": float(durations.std())}
+    return out
