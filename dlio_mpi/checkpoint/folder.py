@@ -1,0 +1,114 @@
+"""Which checkpoints in checkpoint.checkpoint_folder are dlio-mpi's: a manifest beside them
+(dlio_mpi_checkpoints.json, a name no checkpoint has) lists each checkpoint folder a run made,
+its files with their size and modification time, and whether it completed, and the tags of
+the runs' temporaries.
+
+Before a run writes checkpoint <id>, a folder <id> already there is removed only when the
+manifest lists it and every file in it is as listed (or is a temporary of ours); anything
+else there is refused, naming it, before any I/O: nothing the user owns is written, renamed
+or deleted. A checkpoint is listed as complete only after every rank's files are in under
+their final names, so one a fault interrupted never looks complete. Rank 0 reads and writes
+the manifest; the ranks only write their files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+from ..errors import UserError
+from ..ownership import create_exclusive, is_temporary_of, read_regular, temporary_name
+
+MANIFEST = "dlio_mpi_checkpoints.json"
+
+
+class CheckpointFolder:
+    """The manifest of one checkpoint folder, for this run (whose temporaries carry `tag`)."""
+
+    def __init__(self, root: str, tag: str) -> None:
+        self.root, self.tag = root, tag
+        self.body = self._read() or {"tool": "dlio-mpi", "checkpoints": {}, "temporaries": []}
+
+    def _read(self) -> dict | None:
+        path = os.path.join(self.root, MANIFEST)
+        try:
+            raw = read_regular(path, 1 << 26)
+            if raw is None:
+                return None
+            body = json.loads(raw)
+        except (OSError, ValueError):
+            body = None
+        if not isinstance(body, dict) or body.get("tool") != "dlio-mpi":
+            raise UserError(f"checkpoint.checkpoint_folder: {path} is not dlio-mpi's; choose "
+                            "another checkpoint_folder")
+        return body
+
+    def clear(self, checkpoint_ids: list[str]) -> list[str]:
+        """Make way for the checkpoints `checkpoint_ids`: remove those of an earlier run of
+        ours (unchanged since), refuse anything else in their place. Returns the removed."""
+        present = [cid for cid in checkpoint_ids
+                   if os.path.lexists(os.path.join(self.root, cid))]
+        for cid in present:  # all looked at before anything is removed
+            self._check_ours(cid)
+        removed = []
+        for cid in present:
+            shutil.rmtree(os.path.join(self.root, cid))
+            del self.body["checkpoints"][cid]
+            removed.append(cid)
+        if removed:
+            self._write()
+        return removed
+
+    def _check_ours(self, cid: str) -> None:
+        """Refuse, naming it, anything in the way of checkpoint `cid` that is not ours."""
+        folder = os.path.join(self.root, cid)
+        listed = self.body["checkpoints"].get(cid)
+        if listed is None or os.path.islink(folder) or not os.path.isdir(folder):
+            raise UserError(f"checkpoint.checkpoint_folder: {folder} is not a checkpoint of an "
+                            "earlier dlio-mpi run; remove it or choose another "
+                            "checkpoint_folder")
+        files, tags = listed.get("files", {}), self.body.get("temporaries", [])
+        with os.scandir(folder) as entries:
+            strangers = [e.path for e in entries
+                         if not (is_temporary_of(e.name, tags) or _unchanged(e, files.get(e.name)))]
+        if strangers:
+            raise UserError(f"checkpoint.checkpoint_folder: {strangers[0]} was not written by "
+                            "an earlier dlio-mpi run, or changed since; dlio-mpi replaces only "
+                            "its own checkpoints: remove it or choose another checkpoint_folder")
+
+    def begin(self, checkpoint_id: str) -> None:
+        """Claim a new checkpoint folder (refused if it appeared meanwhile): listed as
+        incomplete, with this run's tag, before any rank writes into it."""
+        os.mkdir(os.path.join(self.root, checkpoint_id))
+        self.body["checkpoints"][checkpoint_id] = {"complete": False, "files": {}}
+        if self.tag not in self.body["temporaries"]:
+            self.body["temporaries"].append(self.tag)
+        self._write()
+
+    def complete(self, checkpoint_id: str, names: list[str]) -> None:
+        """Every rank's files `names` are in: list them and mark the checkpoint complete."""
+        folder = os.path.join(self.root, checkpoint_id)
+        files = {}
+        for name in names:
+            st = os.lstat(os.path.join(folder, name))
+            files[name] = [st.st_size, st.st_mtime_ns]
+        self.body["checkpoints"][checkpoint_id] = {"complete": True, "files": files}
+        self._write()
+
+    def _write(self) -> None:
+        from .. import __version__
+
+        self.body |= {"version": __version__, "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        path = os.path.join(self.root, MANIFEST)
+        tmp = temporary_name(path, self.tag)
+        with os.fdopen(create_exclusive(tmp), "w") as fp:
+            json.dump(self.body, fp, indent=1)
+        os.replace(tmp, path)  # over our own manifest (_read refused any other)
+
+
+def _unchanged(entry: os.DirEntry, recorded: list[int] | None) -> bool:
+    if recorded is None or entry.is_symlink() or not entry.is_file(follow_symlinks=False):
+        return False
+    st = entry.stat(follow_symlinks=False)
+    return [st.st_size, st.st_mtime_ns] == recorded
