@@ -80,6 +80,13 @@ def build(work: Path, source: str, compiler: str = "cc", flags: tuple = ()) -> s
     return str(exe)
 
 
+def fio_MiB_per_s(fio: str, jobs: list[str], direction: str) -> float:  # noqa: N802
+    """Run fio with `jobs` (its job options), group-reported; the MiB/s of `direction`
+    ("read" or "write") over all jobs."""
+    text = sh([fio, "--output-format=json", "--group_reporting", *jobs]).stdout
+    return json.loads(text[text.index("{"):])["jobs"][0][direction]["bw_bytes"] / 2**20
+
+
 def overrides(**kw) -> list[str]:
     return [f"{k.replace('__', '.')}={v}" for k, v in kw.items()]
 
@@ -317,9 +324,7 @@ def bench_large(work: Path) -> dict:
                      f"--size={len(part) * mib16}", "--iodepth=1"]
         runs = []
         for _ in range(3):
-            text = sh([fio, "--output-format=json", "--group_reporting", *jobs]).stdout
-            runs.append(json.loads(text[text.index("{"):])["jobs"][0]["read"]["bw_bytes"]
-                        / 2**20)
+            runs.append(fio_MiB_per_s(fio, jobs, "read"))
         result.update(fio_MiB_per_s=statistics.median(runs), fio_runs=runs,
                       ratio_fio=ours / statistics.median(runs))
     else:
@@ -568,6 +573,94 @@ def bench_mpiio(work: Path) -> dict:
     return {"large": large, "small": _mpiio_compare(work, "small")}
 
 
+# ------------------------------------------------------------------------------- checkpoint
+
+
+CKPT_RANKS = 2
+CKPT_BYTES_PER_RANK = 2 * 2**30
+CKPT_BLOCK = 64 * 2**20  # bytes per write/read call: the writers' chunk and fio's bs
+
+
+def _checkpoint_driver(work: Path, layout: str, step: int) -> dict:
+    """One save and load of one checkpoint by checkpoint_driver.py (the writers, O_DIRECT and
+    fsync): MiB/s of each over all ranks (bytes over the slowest rank's time)."""
+    # TODO: `dlio-mpi run` with workflow.checkpoint once runs write checkpoints
+    text = sh(["mpiexec", "-n", str(CKPT_RANKS), sys.executable, "-P",
+               str(HERE / "checkpoint_driver.py"), "--folder", str(work / "checkpoint-out"),
+               "--layout", layout, "--bytes-per-rank", str(CKPT_BYTES_PER_RANK),
+               "--chunk", str(CKPT_BLOCK), "--step", str(step), "--odirect", "--fsync"],
+              timeout=600).stdout
+    out = json.loads(text.strip().splitlines()[-1])
+    return {kind: {"MiB_per_s": out[kind]["bytes"] / 2**20 / out[kind]["duration_seconds"],
+                   **out[kind]} for kind in ("save", "load")}
+
+
+def _checkpoint_fio(fio: str, work: Path) -> dict:
+    """fio's O_DIRECT sequential write (then fsync) of as many bytes in as many jobs, then its
+    O_DIRECT read of the files it wrote; its files removed afterwards."""
+    folder = work / "checkpoint-fio"
+    folder.mkdir(exist_ok=True)
+    common = ["--name=ckpt", f"--directory={folder}", "--direct=1", "--ioengine=psync",
+              f"--numjobs={CKPT_RANKS}", f"--bs={CKPT_BLOCK}", f"--size={CKPT_BYTES_PER_RANK}",
+              "--fallocate=none"]  # the writers append to new files; so does fio here
+    try:
+        write = fio_MiB_per_s(fio, [*common, "--rw=write", "--end_fsync=1"], "write")
+        read = fio_MiB_per_s(fio, [*common, "--rw=read"], "read")
+    finally:
+        for job in range(CKPT_RANKS):
+            (folder / f"ckpt.{job}.0").unlink(missing_ok=True)
+        folder.rmdir()
+    return {"write_MiB_per_s": write, "read_MiB_per_s": read}
+
+
+def bench_checkpoint(work: Path, repeats: int = 3) -> dict:
+    """The checkpoint writers (2 ranks x 2 GiB, O_DIRECT, fsync) beside fio: file_per_rank's
+    save against fio's O_DIRECT write and its O_DIRECT load against fio's O_DIRECT read;
+    shared (collective MPI-IO, one file) beside file_per_rank. Medians of `repeats` rounds,
+    dlio-mpi and fio taking turns."""
+    fio = shutil.which("fio")
+    if fio is None:
+        sys.exit("checkpoint: fio not found (apt-get install fio)")
+    runs: dict[str, list[dict]] = {"file_per_rank": [], "shared": [], "fio": []}
+    step = 0
+    for round_ in range(repeats):
+        order = ["file_per_rank", "fio", "shared"]
+        for what in order if round_ % 2 == 0 else order[::-1]:
+            step += 1
+            runs[what].append(_checkpoint_fio(fio, work) if what == "fio"
+                              else _checkpoint_driver(work, what, step))
+    (work / "checkpoint-out").rmdir()  # the drivers removed what they wrote in it
+
+    def med(what: str, kind: str) -> float:
+        return statistics.median(r[kind]["MiB_per_s"] if what != "fio" else r[kind]
+                                 for r in runs[what])
+
+    figures = {"file_per_rank_save": med("file_per_rank", "save"),
+               "file_per_rank_load": med("file_per_rank", "load"),
+               "shared_save": med("shared", "save"), "shared_load": med("shared", "load"),
+               "fio_write": med("fio", "write_MiB_per_s"),
+               "fio_read": med("fio", "read_MiB_per_s")}
+    ratios = {  # name: (figure, over, target)
+        "file_per_rank_save_over_fio_write": ("file_per_rank_save", "fio_write", 0.9),
+        "shared_save_over_file_per_rank_save": ("shared_save", "file_per_rank_save", 0.7),
+        "file_per_rank_load_over_fio_read": ("file_per_rank_load", "fio_read", 0.9),
+        "shared_load_over_file_per_rank_load": ("shared_load", "file_per_rank_load", None)}
+    result: dict[str, object] = {
+        "ranks": CKPT_RANKS, "bytes_per_rank": CKPT_BYTES_PER_RANK, "block": CKPT_BLOCK,
+        "MiB_per_s": figures, "runs": runs,
+        "ratios": {name: {"ratio": figures[a] / figures[b], "target": target}
+                   for name, (a, b, target) in ratios.items()}}
+    print(f"checkpoint: {CKPT_RANKS} ranks x {CKPT_BYTES_PER_RANK / 2**30:g} GiB, O_DIRECT, "
+          f"fsync, {CKPT_BLOCK >> 20} MiB calls, median of {repeats} rounds (MiB/s):", flush=True)
+    for name, value in figures.items():
+        print(f"  {name:20} {value:8,.0f}", flush=True)
+    for name, r in result["ratios"].items():
+        target = (f"target >= {r['target']}: {'met' if r['ratio'] >= r['target'] else 'MISSED'}"
+                  if r["target"] is not None else "no target")
+        print(f"  {name:38} {r['ratio']:5.2f}  ({target})", flush=True)
+    return result
+
+
 # ------------------------------------------------------------------------------- startup
 
 
@@ -624,7 +717,8 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
 
 
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
-              "large": bench_large, "mpiio": bench_mpiio, "startup": bench_startup}
+              "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
+              "startup": bench_startup}
 
 
 def main() -> None:
