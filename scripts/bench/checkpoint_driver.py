@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--fsync", action="store_true")
     parser.add_argument("--chunk", type=int, default=64 << 20, help="bytes per write call")
     parser.add_argument("--step", type=int, default=1)
+    parser.add_argument("--hint", action="append", default=[], metavar="KEY=VALUE",
+                        help="an MPI-IO hint for the shared file (repeatable)")
     args = parser.parse_args()
 
     comm = MPI.COMM_WORLD
@@ -91,7 +93,8 @@ def main() -> None:
             load = timed(comm, "load", checkpoint_id,
                          lambda: fpr.load(args.step, checkpoint_id, files, drop_cache=True))
         else:
-            shared = SharedFile(comm, args.folder, tag, args.fsync, {}, args.chunk)
+            shared = SharedFile(comm, args.folder, tag, args.fsync,
+                                dict(h.split("=", 1) for h in args.hint), args.chunk)
             save = timed(comm, "save", checkpoint_id,
                          lambda: shared.save(args.step, checkpoint_id, SHARED_NAME, nbytes))
             mine = [os.path.join(folder, SHARED_NAME)] if rank == 0 else []
@@ -116,7 +119,7 @@ def main() -> None:
     if rank == 0:
         print(json.dumps({"layout": args.layout, "ranks": comm.Get_size(),
                           "bytes_per_rank": nbytes, "odirect": args.odirect,
-                          "fsync": args.fsync, "chunk": args.chunk,
+                          "fsync": args.fsync, "chunk": args.chunk, "hints": args.hint,
                           "save": save.to_json(), "load": load.to_json()}), flush=True)
 
 
