@@ -24,14 +24,24 @@
             per-request latency p50; CPU time per sample (user, sys: all processes, less a
             2-step run's start-up) and, where perf can sample, split by shared object (kernel,
             Python, libc, MPICH/ROMIO, mpi4py, C core) with the top symbols.
+  checkpoint: the checkpoint writers, 2 ranks x 2 GiB, O_DIRECT and fsync, 64 MiB calls:
+            file_per_rank's save beside fio's O_DIRECT sequential write (2 jobs, the same bytes
+            per job, end_fsync) and its O_DIRECT load beside fio's O_DIRECT read of the files
+            fio wrote; shared (collective MPI-IO, one file; ROMIO's defaults, and with
+            romio_cb_write disabled for reference) beside file_per_rank. Median of 3 rounds,
+            dlio-mpi and fio taking turns; ratios against issue 8's targets. Until `dlio-mpi
+            run` writes checkpoints, the writers are driven by checkpoint_driver.py (mpiexec
+            -n 2 python -P ...), which will then give way to `dlio-mpi run`.
   startup:  seconds from launching mpiexec to the first training step: 2 ranks; 64 ranks
             (oversubscribed: it must start, finish and say how long it took); 10^6 real files.
 
 Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
-  python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [large] [mpiio] [startup]
+  python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [large] [mpiio]
+                                                  [checkpoint] [startup]
 DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large`. The
 figures are printed and saved to DIR/results.json (each benchmark's under its name, the others'
-kept). Each benchmark's files are under DIR, named after it (mpiio: DIR/mpiio-*). Not a test.
+kept). Each benchmark's files are under DIR, named after it
+(mpiio: DIR/mpiio-*; checkpoint: DIR/checkpoint-*, removed afterwards). Not a test.
 """
 
 from __future__ import annotations
