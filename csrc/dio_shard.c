@@ -64,6 +64,26 @@ static size_t chunk_of(size_t chunk, int64_t nbytes)
     return chunk ? chunk : 4096;
 }
 
+/* Move n bytes between buf and fd at `at` with pwrite (writing) or pread, asking for `ask`
+ * bytes (>= n: O_DIRECT reads whole pages); retried on EINTR and partial transfers.  0, or
+ * -errno, -EIO (a write that wrote nothing), -ENODATA (the file ended first). */
+static int move_all(int fd, unsigned char *buf, size_t n, size_t ask, off_t at, int writing,
+                    int64_t *calls)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = writing ? pwrite(fd, buf + done, ask - done, at + (off_t)done)
+                            : pread(fd, buf + done, ask - done, at + (off_t)done);
+        (*calls)++;
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0)
+            return r < 0 ? -errno : (writing ? -EIO : -ENODATA);
+        done += (size_t)r;
+    }
+    return 0;
+}
+
 /* Turn O_DIRECT on or off on fd (for the unaligned tail of an O_DIRECT write). */
 static int set_direct(int fd, int on)
 {
@@ -103,22 +123,10 @@ int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_
     t0 = dio_now_ns();
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
-        size_t put = 0;
         stamp(buf, n, seed, k);
         if (odirect && n % 4096 && (rc = set_direct(fd, 0)) < 0) /* the unaligned tail */
             break;
-        while (put < n) {
-            ssize_t w = pwrite(fd, buf + put, n - put, (off_t)(offset + done + (int64_t)put));
-            st->calls++;
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0) {
-                rc = w < 0 ? -errno : -EIO;
-                break;
-            }
-            put += (size_t)w;
-        }
-        if (rc < 0)
+        if ((rc = move_all(fd, buf, n, n, (off_t)(offset + done), 1, &st->calls)) < 0)
             break;
         done += (int64_t)n;
         k++;
@@ -167,19 +175,8 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t
     t0 = dio_now_ns();
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
-        size_t want = (n + 4095) / 4096 * 4096, got = 0; /* O_DIRECT reads whole pages */
-        while (got < n) {
-            ssize_t r = pread(fd, buf + got, want - got, (off_t)(offset + done + (int64_t)got));
-            st->calls++;
-            if (r < 0 && errno == EINTR)
-                continue;
-            if (r <= 0) {
-                rc = r < 0 ? -errno : -ENODATA;
-                break;
-            }
-            got += (size_t)r;
-        }
-        if (rc < 0)
+        size_t want = (n + 4095) / 4096 * 4096; /* O_DIRECT reads whole pages */
+        if ((rc = move_all(fd, buf, n, want, (off_t)(offset + done), 0, &st->calls)) < 0)
             break;
         if (expected) { /* the stamp of every block; the whole block when verify > 1 or
                          * for every 64th block */

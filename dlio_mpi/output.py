@@ -22,7 +22,7 @@ from .ownership import (
     create_exclusive,
     is_temporary_of,
     new_tag,
-    read_regular,
+    read_own_json,
     remove_quietly,
     rename_noreplace,
     temporary_name,
@@ -123,17 +123,9 @@ class OutputFolder:
         return entries
 
     def _read_manifest(self) -> dict | None:
-        try:
-            raw = read_regular(self.path(RESULTS_MANIFEST), 1 << 26)
-            if raw is None:
-                return None
-            body = json.loads(raw)
-        except (OSError, ValueError):
-            body = None
-        if not isinstance(body, dict) or body.get("tool") != "dlio-mpi":
-            raise UserError(f"output.folder: {self.path(RESULTS_MANIFEST)} is not dlio-mpi's; "
-                            "choose a new or empty output.folder")
-        return body
+        return read_own_json(self.path(RESULTS_MANIFEST),
+                             f"output.folder: {self.path(RESULTS_MANIFEST)} is not dlio-mpi's; "
+                             "choose a new or empty output.folder")
 
     def _remove(self, entries: list[str]) -> None:
         remove_quietly(self.path(rel) for rel in entries)

@@ -112,6 +112,23 @@ def read_regular(path: str, limit: int = 1 << 24) -> bytes | None:
         os.close(fd)
 
 
+def read_own_json(path: str, refusal: str) -> dict | None:
+    """A JSON record dlio-mpi wrote (its "tool" is "dlio-mpi"): None when there is none;
+    UserError(refusal) when the file there is anything else."""
+    import json
+
+    try:
+        raw = read_regular(path, 1 << 26)
+        if raw is None:
+            return None
+        body = json.loads(raw)
+    except (OSError, ValueError):
+        body = None
+    if not isinstance(body, dict) or body.get("tool") != "dlio-mpi":
+        raise UserError(refusal)
+    return body
+
+
 def remove_quietly(paths) -> None:
     for path in paths:
         try:

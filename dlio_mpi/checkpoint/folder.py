@@ -18,7 +18,7 @@ import shutil
 import time
 
 from ..errors import UserError
-from ..ownership import create_exclusive, is_temporary_of, read_regular, temporary_name
+from ..ownership import create_exclusive, is_temporary_of, read_own_json, temporary_name
 
 MANIFEST = "dlio_mpi_checkpoints.json"
 
@@ -32,17 +32,8 @@ class CheckpointFolder:
 
     def _read(self) -> dict | None:
         path = os.path.join(self.root, MANIFEST)
-        try:
-            raw = read_regular(path, 1 << 26)
-            if raw is None:
-                return None
-            body = json.loads(raw)
-        except (OSError, ValueError):
-            body = None
-        if not isinstance(body, dict) or body.get("tool") != "dlio-mpi":
-            raise UserError(f"checkpoint.checkpoint_folder: {path} is not dlio-mpi's; choose "
-                            "another checkpoint_folder")
-        return body
+        return read_own_json(path, f"checkpoint.checkpoint_folder: {path} is not dlio-mpi's; "
+                                   "choose another checkpoint_folder")
 
     def clear(self, checkpoint_ids: list[str]) -> list[str]:
         """Make way for the checkpoints `checkpoint_ids`: remove those of an earlier run of
