@@ -17,7 +17,7 @@ from . import _core
 from .dataset import DatasetSplit
 from .errors import check_all, on_root
 from .formats.base import StagedWrites
-from .mpiio_rounds import mpiio_call, write_rounds
+from .mpiio_rounds import mpiio_call, open_shared, write_rounds
 from .ownership import temporary_name
 
 
@@ -35,18 +35,13 @@ def write_file_collectively(comm, split: DatasetSplit, index: int, seed: int,
     from mpi4py import MPI
 
     from .mpi_library import file_hints
-    from .readers.mpiio import info_of, open_file
 
     path, spec, fmt = split.path(index), split.spec(index), split.format
     header, payload = fmt.payload_extent(spec)
     tmp = comm.bcast(temporary_name(path, staged.tag) if staged is not None else None, root=0)
     on_root(comm, lambda: fmt.write_side_files(path, spec, staged))
-    info = info_of(hints)
-    try:  # MODE_EXCL: a file in the way is never written
-        handle = check_all(comm, lambda: open_file(
-            comm, tmp, info, MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL))
-    finally:
-        info.Free()
+    # MODE_EXCL: a file in the way is never written
+    handle = open_shared(comm, tmp, hints, MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
     if staged is not None:  # from now on, removed with the others on failure
         staged.adopt(tmp, path, len(header) + payload)
     try:

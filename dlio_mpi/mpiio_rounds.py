@@ -19,6 +19,18 @@ from .errors import check_all
 Block = tuple[int, int, Callable[[np.ndarray], None]]
 
 
+def open_shared(comm, path: str, hints: dict[str, str], mode: int):
+    """File.Open of `path` on `comm` with `hints`, its errors agreed by all ranks (JobError
+    naming the file)."""
+    from .readers.mpiio import info_of, open_file
+
+    info = info_of(hints)
+    try:
+        return check_all(comm, lambda: open_file(comm, path, info, mode))
+    finally:
+        info.Free()
+
+
 def write_rounds(comm, handle, blocks: list[Block], path: str) -> int:
     """Write this rank's `blocks` to the open file `handle` collectively; the bytes written."""
     from mpi4py import MPI

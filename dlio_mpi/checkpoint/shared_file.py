@@ -18,8 +18,9 @@ import numpy as np
 
 from .. import _core
 from ..errors import check_all, on_root
-from ..mpiio_rounds import mpiio_call, read_rounds, write_rounds
+from ..mpiio_rounds import mpiio_call, open_shared, read_rounds, write_rounds
 from ..ownership import remove_quietly, rename_noreplace, temporary_name
+from ..readers.mpiio import drop_cached_pages
 from .file_per_rank import IoStats, shard_seed
 
 CHUNK = 64 << 20  # bytes per rank and round
@@ -43,16 +44,6 @@ class SharedFile:
                  lambda view, k=k: act(view, seed, k))
                 for k in range(-(-nbytes // chunk))], start
 
-    def _open(self, path: str, mode: int):
-
-        from ..readers.mpiio import info_of, open_file
-
-        info = info_of(self.hints)
-        try:
-            return check_all(self.comm, lambda: open_file(self.comm, path, info, mode))
-        finally:
-            info.Free()
-
     def save(self, checkpoint: int, checkpoint_id: str, name: str, nbytes: int) -> IoStats:
         """Write this rank's `nbytes` of checkpoint number `checkpoint` into the shared file
         `name` in the folder `checkpoint_id` (made by the caller); collective."""
@@ -61,7 +52,8 @@ class SharedFile:
         final = os.path.join(self.folder, checkpoint_id, name)
         tmp = self.comm.bcast(temporary_name(final, self.tag), root=0)
         blocks, _ = self._blocks(checkpoint, nbytes, _core.shard_block)
-        handle = self._open(tmp, MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
+        handle = open_shared(self.comm, tmp, self.hints,
+                             MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
         stats = IoStats(files=1)
         try:
             stats.bytes = write_rounds(self.comm, handle, blocks, tmp)
@@ -95,7 +87,7 @@ class SharedFile:
 
         path = os.path.join(self.folder, checkpoint_id, name)
         if drop_cache:
-            check_all(self.comm, lambda: _drop(path))
+            check_all(self.comm, lambda: drop_cached_pages([path]))
 
         def check(view: np.ndarray, seed: int, block: int) -> None:
             expected = np.empty(len(view) if block % 64 == 0 else min(16, len(view)),
@@ -106,7 +98,7 @@ class SharedFile:
                                  f"{self.comm.Get_rank()} does not hold the bytes written", path)
 
         blocks, _ = self._blocks(checkpoint, nbytes, check)
-        handle = self._open(path, MPI.MODE_RDONLY)
+        handle = open_shared(self.comm, path, self.hints, MPI.MODE_RDONLY)
         try:
             read = read_rounds(self.comm, handle, blocks, path)
         finally:
@@ -115,7 +107,3 @@ class SharedFile:
                        verified=sum(n if k % 64 == 0 else min(16, n)
                                     for k, (_, n, _) in enumerate(blocks)))
 
-
-def _drop(path: str) -> None:
-    with _core.open_regular(path) as fp:
-        os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
