@@ -325,8 +325,24 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         eval_steps_per_epoch=eval_steps,
         epochs=cfg.train.epochs, dataset_bytes=dataset_bytes, bytes_per_epoch=epoch_bytes,
         memory_bytes=memory_bytes, ranks_per_node=ranks_per_node, nodes=nodes,
-        notes=_notes(cfg), splits=splits, layouts=layouts,
+        notes=_notes(cfg) + _unused_hints_note(cfg, splits, ranks), splits=splits,
+        layouts=layouts,
         checkpoint=_checkpoint_sizing(cfg, ranks))
+
+
+def _unused_hints_note(cfg, splits, ranks: int) -> tuple[str, ...]:
+    """reader.mpiio_hints set where nothing opens a file through MPI-IO: the native engine
+    reads and generation (if any) deals files out."""
+    if not cfg.reader.mpiio_hints or cfg.reader.file_access not in ("multi", "posix"):
+        return ()
+    from .generate import writes_collectively
+
+    if cfg.workflow.generate_data and splits and writes_collectively(splits, ranks):
+        return ()
+    return ("reader.mpiio_hints: no effect here: reader.file_access="
+            f"{cfg.reader.file_access} reads with the native engine and no file is written "
+            "through MPI-IO (the hints act with reader.file_access shared or collective, and "
+            "in collective generation: fewer files than ranks)",)
 
 
 def _checkpoint_sizing(cfg, ranks: int) -> dict | None:

@@ -809,3 +809,18 @@ def test_mpiio_backends_take_drop_page_cache_and_the_watchdog():
         cfg = load_config("demo", [f"reader.file_access={access}",
                                    "reader.drop_page_cache=true"])
         assert "watchdog" not in describe_plan(derive_plan(cfg, 2), cfg)
+
+
+def test_mpiio_hints_where_nothing_uses_them_are_noted():
+    from dlio_mpi.config import load_config
+    from dlio_mpi.plan import derive_plan
+
+    hints = "reader.mpiio_hints={cb_nodes: 2}"
+    unused = "reader.mpiio_hints: no effect here"
+    assert any(n.startswith(unused) for n in derive_plan(load_config("demo", [hints]), 2).notes)
+    for used in (["reader.file_access=shared"],
+                 ["dataset.format=npy", "dataset.num_files_train=1",
+                  "dataset.num_samples_per_file=8", "workflow.generate_data=true",
+                  "reader.read_mode=sample"]):
+        plan = derive_plan(load_config("demo", [hints, *used]), 2)
+        assert not any(n.startswith(unused) for n in plan.notes), used
