@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import support_notes
+from .config import keys_set, support_notes
 from .dataset import DatasetSplit, LayoutTable, describe_dataset
 from .errors import UserError
 from .filesystems import setstripe_args
@@ -157,7 +157,32 @@ def _notes(cfg) -> tuple[str, ...]:
     notes = ([loader_note(cfg)] if reads else []) + support_notes(cfg)
     if reads:
         notes += _mpiio_notes(cfg.reader)
-    return tuple(notes)
+    return tuple(notes + _checkpoint_notes(cfg))
+
+
+def _checkpoint_notes(cfg) -> list[str]:
+    """Checkpoint keys set where they cannot act in this run."""
+    ck = cfg.checkpoint
+    idle: list[tuple[list[str], str]] = []
+    if not cfg.workflow.checkpoint:
+        idle.append((keys_set(cfg, ("checkpoint", "model.")),
+                     "workflow.checkpoint is false (they size and drive checkpoints)"))
+    elif cfg.workflow.train:
+        idle.append((keys_set(cfg, ("checkpoint.num_checkpoints_write",
+                                    "checkpoint.num_checkpoints_read",
+                                    "checkpoint.time_between_checkpoints",
+                                    "checkpoint.recovery_rank_shift")),
+                     "they drive the checkpoint-only workflow (workflow.train false); "
+                     "training writes checkpoints and restores none, as in DLIO"))
+    else:
+        idle.append((keys_set(cfg, ("checkpoint.steps_between_checkpoints",
+                                    "checkpoint.checkpoint_after_epoch",
+                                    "checkpoint.epochs_between_checkpoints")),
+                     "they place checkpoints in training, and workflow.train is false"))
+    if cfg.workflow.checkpoint and ck.layout != "shared":
+        idle.append((keys_set(cfg, ("checkpoint.mpiio_hints",)),
+                     "checkpoint.layout file_per_rank writes without MPI-IO"))
+    return [f"{', '.join(keys)}: no effect here: {why}" for keys, why in idle if keys]
 
 
 def _mpiio_notes(rd) -> list[str]:
@@ -327,7 +352,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         memory_bytes=memory_bytes, ranks_per_node=ranks_per_node, nodes=nodes,
         notes=_notes(cfg) + _unused_hints_note(cfg, splits, ranks), splits=splits,
         layouts=layouts,
-        checkpoint=_checkpoint_sizing(cfg, ranks))
+        checkpoint=_checkpoint_plan(cfg, ranks, steps))
 
 
 def _unused_hints_note(cfg, splits, ranks: int) -> tuple[str, ...]:
@@ -345,14 +370,38 @@ def _unused_hints_note(cfg, splits, ranks: int) -> tuple[str, ...]:
             "in collective generation: fewer files than ranks)",)
 
 
-def _checkpoint_sizing(cfg, ranks: int) -> dict | None:
-    """One checkpoint's sizing with workflow.checkpoint (refusing impossible parallelism
-    before any I/O), else None."""
+def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
+    """With workflow.checkpoint, one checkpoint's sizing (refusing impossible parallelism
+    before any I/O; checkpoint.sizing.CheckpointLayout.summary()) and how the run writes
+    and restores checkpoints; else None."""
     if not cfg.workflow.checkpoint:
         return None
+    from .checkpoint.checkpointer import restore_methods, writer_name
+    from .checkpoint.schedule import checkpoint_only_ids, training_schedule
     from .checkpoint.sizing import checkpoint_layout
 
-    return checkpoint_layout(cfg, ranks).summary()
+    ck = cfg.checkpoint
+    sizing = checkpoint_layout(cfg, ranks).summary()
+    if cfg.workflow.train:
+        saves, loads = len(training_schedule(ck, cfg.train.epochs, steps)), 0
+        if ck.steps_between_checkpoints >= 0:
+            when = (f"after every {ck.steps_between_checkpoints} steps of each epoch (each "
+                    "ends a block of steps)" if ck.steps_between_checkpoints else "never "
+                    "(steps_between_checkpoints 0)")
+        else:
+            when = (f"after epoch {ck.checkpoint_after_epoch}, then every "
+                    f"{ck.epochs_between_checkpoints} epoch(s)")
+    else:
+        save_ids, load_ids = checkpoint_only_ids(ck)
+        saves, loads = len(save_ids), len(load_ids)
+        pause = ck.time_between_checkpoints
+        when = (f"checkpoint-only: {saves} save(s), then {loads} load(s), each after "
+                + (f"{pause.mean:g} s" if pause is not None else "1 s (DLIO's default)"))
+    return {**sizing, "writer": writer_name(ck), "layout": ck.layout,
+            "odirect": bool(ck.odirect), "fsync": bool(ck.fsync),
+            "folder": ck.checkpoint_folder, "saves": saves, "loads": loads, "when": when,
+            "bytes_written": saves * sizing["total_bytes"],
+            "restore_methods": restore_methods(ck) if loads else []}
 
 
 def _duration(seconds: float) -> str:
@@ -496,7 +545,8 @@ def render_plan(r: Mapping) -> str:
     train, ev = r["train"], r["eval"]
     lines = [
         f"workload        {r['workload']}: {r['format']}, read mode {r['read_mode']}, "
-        f"O_DIRECT {'on' if r['odirect'] else 'off'}",
+        f"O_DIRECT {'on' if r['odirect'] else 'off'}" if r["uses_dataset"] else
+        f"workload        {r['workload']}: no dataset",
         f"ranks           {r['ranks']} ({r['ranks_per_node']} per node)",
     ]
     if not r["uses_dataset"]:
@@ -534,6 +584,17 @@ def render_plan(r: Mapping) -> str:
                      f"{ck['writers']} of {ck['ranks']} ranks: {per_rank} and {files} file(s) "
                      f"per rank (TP {ck['tensor']}, PP {ck['pipeline']}, DP {ck['data']}, "
                      f"ZeRO {ck['zero_stage']}, {ck['mode']} mode)")
+        writer = {"file_per_rank": "each rank its own files (C core)",
+                  "shared": "one shared file per checkpoint (MPI-IO Write_at_all)",
+                  "pt_save": "each rank its own files through torch.save"}[ck["writer"]]
+        restore = (f"; restores defeat the page cache by {' + '.join(ck['restore_methods'])}"
+                   if ck["restore_methods"] else "")
+        lines.append(f"checkpoints     {ck['when']}; {ck['saves']} checkpoint(s) "
+                     f"({_size(ck['bytes_written'])}, all kept) in {ck['folder']}: {writer}, "
+                     f"O_DIRECT {'on' if ck['odirect'] else 'off'}, fsync "
+                     f"{'on' if ck['fsync'] else 'off'}"
+                     + (" (dlio-mpi's default, as MLPerf Storage requires; DLIO's is off and "
+                        "its fsync never happens)" if ck["fsync"] else "") + restore)
     lines += r["storage"]
     lines.extend(f"note            {note}" for note in r["notes"])
     lines.extend(f"warning         {warning}" for warning in r["warnings"])

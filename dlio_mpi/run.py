@@ -10,13 +10,23 @@ import resource
 import signal
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import yaml
 
 from . import __version__, _core
 from .catalog import SplitFiles, locate_split
+from .checkpoint.checkpointer import Checkpointer
+from .checkpoint.phase import (
+    announce,
+    describe_checkpoints,
+    epoch_entries,
+    metric_fields,
+    open_checkpointer,
+    run_checkpoint_only,
+)
+from .checkpoint.schedule import Due, after_epoch, steps_due, training_schedule
 from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
@@ -182,8 +192,10 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
 
 
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
-                    topo: Topology, wall_offset: int, out: OutputFolder) -> EpochSummary | None:
-    """One epoch of a phase on every rank; the gathered summary on rank 0, else None."""
+                    topo: Topology, wall_offset: int, out: OutputFolder,
+                    pause_after: list[int] = (), pause=None) -> EpochSummary | None:
+    """One epoch of a phase on every rank; the gathered summary on rank 0, else None.
+    `pause_after`, `pause`: checkpoints ending blocks of steps (training.run_epoch)."""
     rank = comm.Get_rank()
     split = phase.split
     shuffle = epoch_shuffle(phase.shuffle, epoch, draw_entropy(comm, phase.shuffle))
@@ -192,7 +204,8 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
                        phase.files.layouts, resolve_read_mode(cfg), phase.policy)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
-                      phase.pacing, barrier=phase.barrier)
+                      phase.pacing, barrier=phase.barrier, pause_after=pause_after,
+                      pause=pause)
     if cfg.output.access_log:
         out.write(access_log_name(phase.name, epoch, rank),
                   lambda fp: np.save(fp, trace.sample_ids), binary=True)
@@ -220,11 +233,26 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
     return summary
 
 
-def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputFolder
+@dataclass
+class Checkpoints:
+    """The run's checkpointer and what it did: (when it was due, its record) per save/load."""
+
+    checkpointer: Checkpointer
+    records: list = field(default_factory=list)
+
+    def save(self, due: Due | None, index: int, out: OutputFolder) -> None:
+        record = self.checkpointer.save(due.checkpoint_id, index)
+        self.records.append((due, record))
+        say(self.checkpointer.comm, announce(record), out=out)
+
+
+def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputFolder,
+          checkpoints: Checkpoints | None = None
           ) -> tuple[list[EpochSummary], list[EpochSummary], int, dict]:
-    """The training epochs, each followed by evaluation when it is due; returns the train and
-    eval epoch summaries (complete on rank 0 only), the signal that stopped them early on
-    every rank (0: none) and each phase's reader backend's description."""
+    """The training epochs, each followed by evaluation when it is due, with the
+    checkpoints due (workflow.checkpoint: `checkpoints`); returns the train and eval epoch
+    summaries (complete on rank 0 only), the signal that stopped them early on every rank
+    (0: none) and each phase's reader backend's description."""
     rank = comm.Get_rank()
     rng = np.random.default_rng([cfg.train.seed, rank])
     wall_offset = time.time_ns() - _core.now_ns()
@@ -234,13 +262,27 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
     next_eval = cfg.evaluation.eval_after_epoch
     stop = 0
+    schedule = (training_schedule(cfg.checkpoint, cfg.train.epochs, plan.steps_per_epoch)
+                if checkpoints is not None else [])
+    saved = 0
+
+    def save(due: Due) -> None:
+        nonlocal saved
+        saved += 1
+        checkpoints.save(due, saved, out)
+
     for epoch in range(1, cfg.train.epochs + 1):
         for phase in phases:
             if phase.name == "eval":
                 if epoch < next_eval:
                     continue
                 next_eval += cfg.evaluation.epochs_between_evals
-            summary = run_phase_epoch(comm, cfg, phase, epoch, rng, topo, wall_offset, out)
+            inside = {d.step: d for d in schedule if d.epoch == epoch} \
+                if phase.name == "train" else {}
+            summary = run_phase_epoch(
+                comm, cfg, phase, epoch, rng, topo, wall_offset, out,
+                pause_after=steps_due(schedule, epoch, phase.steps) if inside else [],
+                pause=lambda step, inside=inside: save(inside[step]))
             if summary is not None:
                 done[phase.name].append(summary)
             # the step loop stops every rank after the same step; a signal that came during
@@ -248,6 +290,9 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
             stop = comm.allreduce(_core.stop_signal(), op=_max_op())
             if stop:
                 break
+            if phase.name == "train":  # after the last step (step mode) or the epoch
+                for due in after_epoch(schedule, epoch, phase.steps):
+                    save(due)
         if stop:
             break
     # Closed only on success: on an error the job aborts at once, without waiting for reads
@@ -310,28 +355,43 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
                   train_epochs: list[EpochSummary], eval_epochs: list[EpochSummary],
                   start: float, out: OutputFolder, stopped_by: int = 0,
                   striping: dict | None = None, readers: dict | None = None,
-                  generation: dict | None = None) -> dict:
+                  generation: dict | None = None,
+                  checkpoints: Checkpoints | None = None) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml, each whole or not at
-    all; returns the summary. `stopped_by`: the signal that ended training early; `striping`:
+    all; returns the summary. `stopped_by`: the signal that ended the run early; `striping`:
     what storage.lustre did; `readers`: rank 0's reader backends, described; `generation`:
-    what this run's data generation did."""
+    what this run's data generation did; `checkpoints`: the checkpoints saved and loaded."""
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
+    wall_offset = time.time_ns() - _core.now_ns()  # rank 0's: checkpoint records' clock
 
     def write() -> dict:
-        train = plan.splits["train"]
         # on rank 0 only (lfs runs once); data_file: the layout a data file really took
+        folders = {}
+        if plan.splits:
+            train = plan.splits["train"]
+            folders = {"data_folder": train.root, "data_file": train.path(0)}
+        if checkpoints is not None:
+            folders["checkpoint_folder"] = cfg.checkpoint.checkpoint_folder
         header["dlio_mpi"]["filesystems"] = describe_filesystems(
-            {"data_folder": train.root, "data_file": train.path(0),
-             "output_folder": cfg.output.folder})
+            {**folders, "output_folder": cfg.output.folder})
         header["dlio_mpi"]["striping"] = striping
         header["dlio_mpi"]["readers"] = readers
         header["dlio_mpi"]["generation"] = generation
+        records = [r for _, r in checkpoints.records] if checkpoints is not None else []
+        if checkpoints is not None:
+            header["dlio_mpi"]["checkpoint"] = describe_checkpoints(
+                cfg, checkpoints.checkpointer, records, topo)
         summary = build_summary(train_epochs, eval_epochs, cfg, header)
-        stats = {str(e.epoch): e.to_json() for e in train_epochs}
+        if checkpoints is not None:
+            summary["metric"].update(metric_fields(checkpoints.checkpointer, records))
+        stats: dict = {str(e.epoch): e.to_json() for e in train_epochs}
         for e in eval_epochs:
             stats[str(e.epoch)]["eval"] = e.to_json()
+        if checkpoints is not None:
+            for epoch, entries in epoch_entries(checkpoints.records, wall_offset).items():
+                stats.setdefault(str(epoch), {}).update(entries)
         out.write("summary.json", lambda fp: json.dump(summary, fp, indent=2))
         out.write("per_epoch_stats.json", lambda fp: json.dump(stats, fp, indent=2))
         out.write("config.yaml", lambda fp: yaml.safe_dump({"workload": cfg.to_dict()}, fp,
@@ -414,9 +474,16 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
 def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
                  start: float, striping: dict | None) -> dict | None:
     root = data_root(cfg)
-    filesystems = on_root(comm, lambda: describe_filesystems(
-        {"data_folder": root, "output_folder": cfg.output.folder}))
+    folders = {"data_folder": root} if plan.splits else {}
+    if cfg.workflow.checkpoint:
+        folders["checkpoint_folder"] = cfg.checkpoint.checkpoint_folder
+    folders["output_folder"] = cfg.output.folder
+    filesystems = on_root(comm, lambda: describe_filesystems(folders))
     say(comm, describe_plan(plan, cfg, filesystems, striping), out=out)
+    checkpoints = None
+    if cfg.workflow.checkpoint:  # its folder made ready (or refused) before any other I/O
+        checkpoints = Checkpoints(open_checkpointer(
+            comm, cfg, plan, topo, out.tag, lambda line: say(comm, line, out=out)))
     generation = None
     if cfg.workflow.generate_data:
         result = run_generation(comm, cfg, plan, out)
@@ -426,15 +493,25 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
                       "bytes_written": result.bytes_written, "seconds": result.seconds,
                       "collective": result.collective,
                       "striping_set_by": striping_set_by(result)}
-    summary, stop = None, 0
+    summary, stop, done = None, 0, "training epoch(s)"
+    pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
+    results = dict(start=start, out=out, striping=striping, generation=generation,
+                   checkpoints=checkpoints)
     if cfg.workflow.train:
-        pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
-        train_epochs, eval_epochs, stop, readers = train(comm, cfg, plan, topo, pacing, out)
+        train_epochs, eval_epochs, stop, readers = train(comm, cfg, plan, topo, pacing, out,
+                                                         checkpoints)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
-                                start, out, stop, striping, readers, generation)
+                                stopped_by=stop, readers=readers, **results)
+        done = f"{len(train_epochs)} complete or partial training epoch(s)"
+    elif checkpoints is not None:
+        records, stop = run_checkpoint_only(comm, cfg, checkpoints.checkpointer,
+                                            lambda line: say(comm, line, out=out))
+        checkpoints.records.extend((None, r) for r in records)
+        summary = write_results(comm, cfg, plan, topo, pacing, [], [], stopped_by=stop,
+                                **results)
+        done = f"{len(records)} checkpoint save(s) and load(s)"
     if stop:
-        raise Stopped(f"stopped by {signal.Signals(stop).name} after "
-                      f"{len(train_epochs)} complete or partial training epoch(s); the results "
+        raise Stopped(f"stopped by {signal.Signals(stop).name} after {done}; the results "
                       f"so far are in {out.path('summary.json')}, marked incomplete "
                       "(dlio_mpi.complete: false)", stop)
     if not cfg.dataset.keep_files and plan.splits:

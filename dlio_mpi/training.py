@@ -6,7 +6,8 @@ own overhead) is derived from them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -45,14 +46,23 @@ class EpochTrace:
     lat_ns: np.ndarray         # per request
     sample_ids: np.ndarray     # what this rank consumed, in order
     synchronised: bool         # a per-step barrier ran (training) or not (evaluation)
+    # checkpoints that ended a block inside the epoch: (after step, start ns, end ns)
+    pauses: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
         return len(self.stamps)
 
     @property
+    def pause_ns(self) -> int:
+        """Time in checkpoints between the epoch's blocks of steps."""
+        return sum(end - start for _, start, end in self.pauses)
+
+    @property
     def block_seconds(self) -> float:
-        return (self.block_end_ns - self.block_start_ns) / 1e9
+        """The epoch's blocks of steps together: from the first step's start to the last
+        step's end, less the checkpoints between blocks (DLIO times each block apart)."""
+        return (self.block_end_ns - self.block_start_ns - self.pause_ns) / 1e9
 
     def column(self, name: int) -> np.ndarray:
         return self.stamps[:, name]
@@ -86,19 +96,36 @@ class EpochTrace:
 
 
 def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray, epoch: int,
-              pacing: Pacing, barrier: bool = True) -> EpochTrace:
-    """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds."""
+              pacing: Pacing, barrier: bool = True, pause_after: Sequence[int] = (),
+              pause: Callable[[int], None] | None = None) -> EpochTrace:
+    """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds.
+    After each step number s (counted from 1) in `pause_after` that is not the last, the
+    block of steps ends and `pause(s)` runs (a checkpoint: collective); the next block starts
+    when it returns, its first step's wait starting then. The reader keeps prefetching
+    meanwhile, as a loader's workers do."""
     planned = np.round(np.asarray(compute_s, dtype=np.float64) * 1e9).astype(np.int64)
     barrier_ = StepSync(comm, pacing.sync_spin_ns) if barrier else None
+    ends = sorted({s for s in pause_after if 0 < s < plan.steps}) + [plan.steps]
+    pauses: list[tuple[int, int, int]] = []
     reader.prepare_epoch(plan)
     before = reader.counters()
     try:
         comm.Barrier()  # all ranks open the block together ...
-        block_start = _core.now_ns()
+        block_start = start = _core.now_ns()
         reader.start_epoch(plan)  # ... and read nothing ahead outside it (in step 0's wait)
-        table = reader.run_steps(pacing.pacer, barrier_, planned,
-                                 block_start)
+        parts, done = [], 0
+        for end in ends:
+            part = reader.run_steps(pacing.pacer, barrier_, planned[done:end], start)
+            parts.append(part)
+            done += len(part)
+            if done < end or end == plan.steps:  # the ranks agreed to stop, or the last block
+                break
+            paused = _core.now_ns()
+            pause(end)
+            start = _core.now_ns()
+            pauses.append((end, paused, start))
         block_end = _core.now_ns()
+        table = np.concatenate(parts) if len(parts) > 1 else parts[0]
     finally:
         if barrier_ is not None:
             barrier_.close()
@@ -120,4 +147,4 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         opens=after["opens"] - before["opens"], closes=after["closes"] - before["closes"],
         stats=after["stats"] - before["stats"], requests=requests,
         lat_ns=reader.lat_ns[:requests].copy(), sample_ids=plan.sample_ids[:done * per_step],
-        synchronised=barrier)
+        synchronised=barrier, pauses=pauses)

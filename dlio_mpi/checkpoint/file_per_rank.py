@@ -15,14 +15,7 @@ from dataclasses import dataclass
 
 from .. import _core
 from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
-
-
-@dataclass(frozen=True)
-class ShardFile:
-    """One file a rank writes for a checkpoint: its name (DeepSpeed's) and size."""
-
-    name: str
-    nbytes: int
+from .sizing import RankShard
 
 
 @dataclass
@@ -51,28 +44,33 @@ def shard_seed(checkpoint: int, rank: int, file: int) -> int:
 
 
 class FilePerRank:
-    """Saves and loads one rank's files of each checkpoint."""
+    """Saves and loads one rank's files of each checkpoint (a checkpoint.CheckpointWriter)."""
 
-    def __init__(self, folder: str, rank: int, tag: str, odirect: bool, fsync: bool,
+    def __init__(self, folder: str, tag: str, odirect: bool, fsync: bool,
                  chunk: int = 0) -> None:
-        self.folder, self.rank, self.tag = folder, rank, tag
+        self.folder, self.tag = folder, tag
         self.odirect, self.fsync, self.chunk = odirect, fsync, chunk
 
     def path(self, checkpoint_id: str, name: str) -> str:
         return os.path.join(self.folder, checkpoint_id, name)
 
-    def save(self, checkpoint: int, checkpoint_id: str, files: list[ShardFile]) -> IoStats:
-        """Write this rank's files of checkpoint number `checkpoint` (folder `checkpoint_id`,
-        made by the caller); each appears under its final name only when whole."""
+    def file_names(self, shards) -> list[str]:
+        """The files of one checkpoint, given every rank's shard."""
+        return [name for shard in shards for name in shard.names]
+
+    def save(self, checkpoint: int, checkpoint_id: str, shard: RankShard) -> IoStats:
+        """Write the files of `shard` (a rank's) of checkpoint number `checkpoint` (folder
+        `checkpoint_id`, made by the caller); each appears under its final name only when
+        whole."""
         stats = IoStats()
-        for index, shard in enumerate(files):
-            final = self.path(checkpoint_id, shard.name)
+        for index, (name, nbytes) in enumerate(shard.files):
+            final = self.path(checkpoint_id, name)
             tmp = temporary_name(final, self.tag)
             fd = create_exclusive(tmp)
             try:
                 try:
-                    stats.add(_core.write_shard(fd, 0, shard.nbytes,
-                                                shard_seed(checkpoint, self.rank, index),
+                    stats.add(_core.write_shard(fd, 0, nbytes,
+                                                shard_seed(checkpoint, shard.rank, index),
                                                 self.chunk, self.odirect, self.fsync, final))
                 finally:
                     os.close(fd)
@@ -82,21 +80,22 @@ class FilePerRank:
                 raise
         return stats
 
-    def load(self, checkpoint: int, checkpoint_id: str, files: list[ShardFile],
+    def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
              drop_cache: bool = False) -> IoStats:
-        """Read this rank's files of a checkpoint back and check them; with O_DIRECT when
-        checkpoint.odirect, else (drop_cache) after advising the page cache to drop them."""
+        """Read the files of `shard` (this rank's, or another's under recovery_rank_shift)
+        back and check them; with O_DIRECT when checkpoint.odirect, else (drop_cache) after
+        advising the page cache to drop them."""
         stats = IoStats()
         # O_NONBLOCK: a FIFO put in place of a file of ours cannot block the open
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_DIRECT if self.odirect else 0)
-        for index, shard in enumerate(files):
-            path = self.path(checkpoint_id, shard.name)
+        for index, (name, nbytes) in enumerate(shard.files):
+            path = self.path(checkpoint_id, name)
             fd = os.open(path, flags)
             try:
                 if drop_cache and not self.odirect:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                stats.add(_core.read_shard(fd, 0, shard.nbytes,
-                                           shard_seed(checkpoint, self.rank, index),
+                stats.add(_core.read_shard(fd, 0, nbytes,
+                                           shard_seed(checkpoint, shard.rank, index),
                                            self.chunk, 1, path))
             finally:
                 os.close(fd)

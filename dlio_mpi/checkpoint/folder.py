@@ -35,13 +35,26 @@ class CheckpointFolder:
         return read_own_json(path, f"checkpoint.checkpoint_folder: {path} is not dlio-mpi's; "
                                    "choose another checkpoint_folder")
 
+    def _present(self, checkpoint_ids: list[str]) -> list[str]:
+        return [cid for cid in checkpoint_ids if os.path.lexists(os.path.join(self.root, cid))]
+
+    def check_clear(self, checkpoint_ids: list[str]) -> None:
+        """Refuse, naming it, anything in the place of `checkpoint_ids` that clear() would
+        not remove."""
+        for cid in self._present(checkpoint_ids):
+            self._check_ours(cid)
+
+    def listed_bytes(self, checkpoint_ids: list[str]) -> int:
+        """Bytes of the listed files of those of `checkpoint_ids` that are there."""
+        return sum(size for cid in self._present(checkpoint_ids)
+                   for size, _ in self.body["checkpoints"].get(cid, {}).get("files",
+                                                                            {}).values())
+
     def clear(self, checkpoint_ids: list[str]) -> list[str]:
         """Make way for the checkpoints `checkpoint_ids`: remove those of an earlier run of
         ours (unchanged since), refuse anything else in their place. Returns the removed."""
-        present = [cid for cid in checkpoint_ids
-                   if os.path.lexists(os.path.join(self.root, cid))]
-        for cid in present:  # all looked at before anything is removed
-            self._check_ours(cid)
+        present = self._present(checkpoint_ids)
+        self.check_clear(present)  # all looked at before anything is removed
         removed = []
         for cid in present:
             shutil.rmtree(os.path.join(self.root, cid))

@@ -29,6 +29,8 @@ class CheckpointRecord:
     rank_seconds: tuple[float, ...]  # each rank's own time
     syncs: int = 0       # fsync calls, all ranks
     sync_seconds: float = 0.0  # the slowest rank's time in them
+    start_ns: int = 0    # the earliest start, on rank 0's monotonic clock
+    end_ns: int = 0      # the latest end
 
     @property
     def GB_per_second(self) -> float:  # noqa: N802 - DLIO's unit in the name
@@ -37,6 +39,7 @@ class CheckpointRecord:
     def to_json(self) -> dict:
         times = np.asarray(self.rank_seconds, dtype=np.float64)
         return {"kind": self.kind, "index": self.index, "checkpoint_id": self.checkpoint_id,
+                "start_ns": self.start_ns, "end_ns": self.end_ns,
                 "bytes": self.bytes, "size_GB": self.bytes / GB,
                 "duration_seconds": self.seconds, "throughput_GB_per_second":
                 self.GB_per_second, "syncs": self.syncs, "sync_seconds": self.sync_seconds,
@@ -45,19 +48,23 @@ class CheckpointRecord:
 
 
 def gather_record(comm, kind: str, index: int, checkpoint_id: str, nbytes: int,
-                  start_ns: int, end_ns: int, syncs: int = 0, sync_ns: int = 0
-                  ) -> CheckpointRecord:
+                  start_ns: int, end_ns: int, syncs: int = 0, sync_ns: int = 0,
+                  clock_offset_ns: int | None = None) -> CheckpointRecord:
     """Collective: this rank's part (its bytes, its clock's start and end, after a common
-    barrier) into the checkpoint's record, on every rank. Clocks are CLOCK_MONOTONIC, the
-    same on the ranks of one host; across hosts the slowest rank's own time bounds it."""
-    parts = comm.allgather((nbytes, start_ns, end_ns, syncs, sync_ns))
+    barrier) into the checkpoint's record, on every rank. Clocks are CLOCK_MONOTONIC:
+    `clock_offset_ns` (this rank's clock minus rank 0's, topology.discover) puts them on one
+    time line; without it, ranks on one host share a clock and across hosts the slowest
+    rank's own time bounds the duration."""
+    offset = clock_offset_ns or 0
+    parts = comm.allgather((nbytes, start_ns - offset, end_ns - offset, syncs, sync_ns))
     own = tuple((end - start) / 1e9 for _, start, end, _, _ in parts)
-    hosts_share_a_clock = _one_host(comm)
+    one_line = clock_offset_ns is not None or _one_host(comm)
     span = ((max(p[2] for p in parts) - min(p[1] for p in parts)) / 1e9
-            if hosts_share_a_clock else max(own))
+            if one_line else max(own))
     return CheckpointRecord(kind, index, checkpoint_id, sum(p[0] for p in parts),
                             max(span, max(own)), own, sum(p[3] for p in parts),
-                            max(p[4] for p in parts) / 1e9)
+                            max(p[4] for p in parts) / 1e9, min(p[1] for p in parts),
+                            max(p[2] for p in parts))
 
 
 def _one_host(comm) -> bool:

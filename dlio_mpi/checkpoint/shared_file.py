@@ -22,36 +22,42 @@ from ..mpiio_rounds import mpiio_call, open_shared, read_rounds, write_rounds
 from ..ownership import remove_quietly, rename_noreplace, temporary_name
 from ..readers.mpiio import drop_cached_pages
 from .file_per_rank import IoStats, shard_seed
+from .sizing import EXTENSION, RankShard
 
 CHUNK = 64 << 20  # bytes per rank and round
+NAME = f"shared_model_optim_states.{EXTENSION}"  # the one file of a checkpoint
 
 
 class SharedFile:
-    """Saves and loads the ranks' shares of each checkpoint in one file, collectively."""
+    """Saves and loads the ranks' shares of each checkpoint in one file, collectively (a
+    checkpoint.CheckpointWriter). `sizes[r]`: the bytes rank r writes; rank r's share starts
+    where rank r - 1's ends."""
 
     def __init__(self, comm, folder: str, tag: str, fsync: bool, hints: dict[str, str],
-                 chunk: int = CHUNK) -> None:
+                 sizes: list[int], chunk: int = CHUNK) -> None:
         self.comm, self.folder, self.tag = comm, folder, tag
         self.fsync, self.hints, self.chunk = fsync, dict(hints), chunk
+        self.starts = [0, *np.cumsum(sizes, dtype=np.int64).tolist()][:len(sizes)]
 
-    def _blocks(self, checkpoint: int, nbytes: int, act) -> tuple[list, int]:
-        """This rank's blocks (offset in the file, bytes, act(view, seed, block)) and its
-        offset: the shares of the ranks before it."""
-        rank = self.comm.Get_rank()
-        start = self.comm.exscan(nbytes) or 0  # collective; None on rank 0
-        seed, chunk = shard_seed(checkpoint, rank, 0), self.chunk
+    def file_names(self, shards) -> list[str]:
+        return [NAME]
+
+    def _blocks(self, checkpoint: int, shard: RankShard, act) -> list:
+        """The blocks of `shard` (offset in the file, bytes, act(view, seed, block))."""
+        start, nbytes = self.starts[shard.rank], shard.nbytes
+        seed, chunk = shard_seed(checkpoint, shard.rank, 0), self.chunk
         return [(start + k * chunk, min(chunk, nbytes - k * chunk),
                  lambda view, k=k: act(view, seed, k))
-                for k in range(-(-nbytes // chunk))], start
+                for k in range(-(-nbytes // chunk))]
 
-    def save(self, checkpoint: int, checkpoint_id: str, name: str, nbytes: int) -> IoStats:
-        """Write this rank's `nbytes` of checkpoint number `checkpoint` into the shared file
-        `name` in the folder `checkpoint_id` (made by the caller); collective."""
+    def save(self, checkpoint: int, checkpoint_id: str, shard: RankShard) -> IoStats:
+        """Write this rank's `shard` of checkpoint number `checkpoint` into the shared file in
+        the folder `checkpoint_id` (made by the caller); collective."""
         from mpi4py import MPI
 
-        final = os.path.join(self.folder, checkpoint_id, name)
+        final = os.path.join(self.folder, checkpoint_id, NAME)
         tmp = self.comm.bcast(temporary_name(final, self.tag), root=0)
-        blocks, _ = self._blocks(checkpoint, nbytes, _core.shard_block)
+        blocks = self._blocks(checkpoint, shard, _core.shard_block)
         handle = open_shared(self.comm, tmp, self.hints,
                              MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
         stats = IoStats(files=1)
@@ -79,13 +85,14 @@ class SharedFile:
         on_root(self.comm, complete)
         return stats
 
-    def load(self, checkpoint: int, checkpoint_id: str, name: str, nbytes: int,
+    def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
              drop_cache: bool = False) -> IoStats:
-        """Read this rank's share back collectively and check it (every block's stamp, every
-        64th block whole); `drop_cache`: advise the page cache to drop the file first."""
+        """Read `shard`'s share (this rank's, or another's under recovery_rank_shift) back
+        collectively and check it (every block's stamp, every 64th block whole);
+        `drop_cache`: advise the page cache to drop the file first."""
         from mpi4py import MPI
 
-        path = os.path.join(self.folder, checkpoint_id, name)
+        path = os.path.join(self.folder, checkpoint_id, NAME)
         if drop_cache:
             check_all(self.comm, lambda: drop_cached_pages([path]))
 
@@ -95,9 +102,9 @@ class SharedFile:
             _core.shard_block(expected, seed, block)
             if not np.array_equal(view[:len(expected)], expected):
                 raise OSError(5, f"checkpoint {path}: block {block} of rank "
-                                 f"{self.comm.Get_rank()} does not hold the bytes written", path)
+                                 f"{shard.rank} does not hold the bytes written", path)
 
-        blocks, _ = self._blocks(checkpoint, nbytes, check)
+        blocks = self._blocks(checkpoint, shard, check)
         handle = open_shared(self.comm, path, self.hints, MPI.MODE_RDONLY)
         try:
             read = read_rounds(self.comm, handle, blocks, path)

@@ -9,8 +9,8 @@ loader (YAML sources, aliases, overrides, cross-key checks).
 """
 
 from .loader import ALIASES, list_workloads, load_config
-from .schema import Config, ConfigError, support_notes
+from .schema import Config, ConfigError, keys_set, support_notes
 from .timespec import TimeSpec
 
-__all__ = ["ALIASES", "Config", "ConfigError", "TimeSpec", "list_workloads", "load_config",
-           "support_notes"]
+__all__ = ["ALIASES", "Config", "ConfigError", "TimeSpec", "keys_set", "list_workloads",
+           "load_config", "support_notes"]

@@ -330,6 +330,16 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError(f"checkpoint.num_checkpoints_read: expected at most "
                           f"num_checkpoints_write ({ck.num_checkpoints_write}), "
                           f"got {ck.num_checkpoints_read}")
+    if ck.checkpoint_mechanism == "pt_save" and ck.layout == "shared":
+        raise ConfigError("checkpoint.layout: shared writes one file through MPI-IO, which "
+                          "torch.save cannot; expected file_per_rank with "
+                          "checkpoint_mechanism pt_save (or checkpoint_mechanism native)")
+    if ck.odirect and (ck.layout == "shared" or ck.checkpoint_mechanism == "pt_save"):
+        what = ("layout shared (MPI-IO: set the file system's direct-I/O hints in "
+                "checkpoint.mpiio_hints instead)" if ck.layout == "shared"
+                else "checkpoint_mechanism pt_save (torch.save writes through the page cache)")
+        raise ConfigError(f"checkpoint.odirect: true does not combine with {what}; expected "
+                          "false, or layout file_per_rank with checkpoint_mechanism native")
     if ck.ksm is not None and ck.randomize_tensor:
         raise ConfigError("checkpoint.ksm: needs checkpoint.randomize_tensor false "
                           "(random tensors cannot be merged)")

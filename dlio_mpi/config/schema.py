@@ -43,8 +43,8 @@ MAX_FILES = 10**9  # per split
 NON_DEFAULT = "non-default"  # Rule.unimplemented: every value but the default is refused
 
 # Reasons shared by whole sections (see Rule.inert)
-CHECKPOINTING = ("checkpoints are not written or read yet (the plan only sizes them: its "
-                 "checkpoint line)")
+UNUSED_MEMORY = ("dlio-mpi holds no checkpoint tensors in memory (the C core streams each "
+                 "shard from one reused buffer), so there is nothing to merge")
 PROFILING = "profilers are not implemented yet"
 DEAD = "DLIO never reads it either"
 BATCH_COPY = ("DLIO copies a constant decoded sample of this size into every batch after the "
@@ -237,19 +237,16 @@ class Transformer:
 @dataclass(frozen=True)
 class Model:
     name: str = key("default", "str")
-    # The rest sizes checkpoints.
-    type: str | None = key(None, "str", optional=True,  # 'transformer': LLM checkpoint sizing
-                           inert=CHECKPOINTING)
-    model_size_bytes: int = key(10240, "int", minimum=0, inert=CHECKPOINTING)  # alias: model_size
-    optimization_groups: tuple[int, ...] = key((), "ints", minimum=0,  # legacy explicit sizes
-                                               inert=CHECKPOINTING)
-    num_layers: int = key(-1, "int", inert=CHECKPOINTING)
-    layer_parameters: tuple[int, ...] = key((), "ints", minimum=0,  # legacy explicit sizes
-                                            inert=CHECKPOINTING)
-    model_datatype: str = key("fp16", "str", choices=DATATYPES, inert=CHECKPOINTING)
-    optimizer_datatype: str = key("fp32", "str", choices=DATATYPES, inert=CHECKPOINTING)
-    parallelism: Parallelism = section(Parallelism, inert=CHECKPOINTING)
-    transformer: Transformer = section(Transformer, inert=CHECKPOINTING)
+    # The rest sizes checkpoints (checkpoint/sizing.py).
+    type: str | None = key(None, "str", optional=True)  # 'transformer': LLM checkpoint sizing
+    model_size_bytes: int = key(10240, "int", minimum=0)  # alias: model_size
+    optimization_groups: tuple[int, ...] = key((), "ints", minimum=0)  # legacy explicit sizes
+    num_layers: int = key(-1, "int")
+    layer_parameters: tuple[int, ...] = key((), "ints", minimum=0)  # legacy explicit sizes
+    model_datatype: str = key("fp16", "str", choices=DATATYPES)
+    optimizer_datatype: str = key("fp32", "str", choices=DATATYPES)
+    parallelism: Parallelism = section(Parallelism)
+    transformer: Transformer = section(Transformer)
 
 
 # --------------------------------------------------------------------------- workflow, storage
@@ -258,7 +255,7 @@ class Workflow:
     generate_data: bool = key(False, "bool")
     train: bool = key(True, "bool")
     evaluation: bool = key(False, "bool")
-    checkpoint: bool = key(False, "bool", inert=CHECKPOINTING)
+    checkpoint: bool = key(False, "bool")
     profiling: bool = key(False, "bool", inert=PROFILING)
     query: str | None = key(None, "str", optional=True,
                             inert="only DLIO's dlio_benchmark_query tool reads it")
@@ -502,18 +499,29 @@ class Checkpoint:
     checkpoint_after_epoch: int = key(1, "int", minimum=0)
     epochs_between_checkpoints: int = key(1, "int", minimum=1)
     steps_between_checkpoints: int = key(-1, "int")  # >= 0: step mode; < 0: epoch mode
-    type: str = key("rank_zero", "str", choices=("rank_zero", "all_ranks"))  # DLIO dead key
+    type: str = key("rank_zero", "str", choices=("rank_zero", "all_ranks"), inert=DEAD)
     mode: str = key("default", "str", choices=("default", "subset"))
-    fsync: bool = key(False, "bool")
+    # True, as MLPerf Storage requires: a stated deviation from DLIO's default (false, and
+    # DLIO never syncs whatever it says)
+    fsync: bool = key(True, "bool")
     # checkpoint-only mode: emulated compute between checkpoints; None = unset (DLIO's -1)
     time_between_checkpoints: TimeSpec | None = key(None, "timespec", optional=True, unset=-1)
     num_checkpoints_write: int = key(-1, "int", minimum=-1)
     num_checkpoints_read: int = key(-1, "int", minimum=-1)
     recovery_rank_shift: bool = key(False, "bool")
     rank_sync: bool = key(False, "bool")
-    randomize_tensor: bool = key(True, "bool")
-    checkpoint_mechanism_classname: str | None = key(None, "str", optional=True)
-    ksm: Ksm | None = section(Ksm, optional=True)
+    # false: DLIO writes tensors of ones (compressible, deduplicable)
+    randomize_tensor: bool = key(True, "bool", unimplemented=(False,))
+    checkpoint_mechanism_classname: str | None = key(None, "str", optional=True,
+                                                     unimplemented=NON_DEFAULT)
+    ksm: Ksm | None = section(Ksm, optional=True, inert=UNUSED_MEMORY)
+    # ours: how the bytes are written. native: the C core (file_per_rank) or MPI-IO
+    # (shared); pt_save: a real torch.save per file (DLIO's PyTorch checkpointing)
+    checkpoint_mechanism: str = key("native", "str", choices=("native", "pt_save", "tf_save"),
+                                    unimplemented=("tf_save",))
+    layout: str = key("file_per_rank", "str", choices=("file_per_rank", "shared"))
+    odirect: bool = key(False, "bool")  # O_DIRECT writes and restores (file_per_rank)
+    mpiio_hints: tuple[tuple[str, str], ...] = key((), "hints")  # layout shared
 
 
 # --------------------------------------------------------------------------- output, metric, ...
@@ -554,7 +562,7 @@ class Config:
     reader: Reader = section(Reader)
     train: Train = section(Train)
     evaluation: Evaluation = section(Evaluation)
-    checkpoint: Checkpoint = section(Checkpoint, inert=CHECKPOINTING)
+    checkpoint: Checkpoint = section(Checkpoint)
     output: Output = section(Output)
     metric: Metric = section(Metric)
     profiling: Profiling = section(Profiling, inert=PROFILING)
@@ -653,6 +661,14 @@ def support_notes(cfg: Config) -> list[str]:
             by_reason.setdefault(inert, []).append(shown)
     return [f"{', '.join(keys)}: accepted, {'has' if len(keys) == 1 else 'have'} no effect in "
             f"dlio-mpi because {reason}" for reason, keys in by_reason.items()]
+
+
+def keys_set(cfg: Config, prefixes: tuple[str, ...]) -> list[str]:
+    """'key=value' of the keys starting with one of `prefixes` set away from their default
+    (model.name and keys that never act, noted by support_notes, left out)."""
+    return [where if rule.kind == "section" else f"{where}={_yaml_text(value)}"
+            for where, rule, value, _, inert in _set_keys(cfg)
+            if where.startswith(prefixes) and where != "model.name" and not inert]
 
 
 def schema_keys(cls: type = Config, path: str = "") -> list[str]:

@@ -40,6 +40,7 @@ class EpochRecord:
     wait_seconds: float
     compute_seconds: float
     sync_seconds: float
+    checkpoint_pause_seconds: float     # checkpoints between the epoch's blocks (not in block)
     storage_stall_seconds: float        # waiting for batches that were not complete yet
     sync_imbalance_seconds: float       # in the barrier, until the last rank arrived
     overshoot_us_per_step: float        # compute wait returning past its deadline
@@ -93,6 +94,7 @@ def condense(trace: EpochTrace, last_arrival: np.ndarray | None, rank: int, batc
         wait_seconds=float(trace.wait_ns.sum()) / 1e9,
         compute_seconds=float(trace.compute_ns.sum()) / 1e9,
         sync_seconds=float(sync.sum()) / 1e9,
+        checkpoint_pause_seconds=trace.pause_ns / 1e9,
         storage_stall_seconds=float(trace.stall_ns.sum()) / 1e9,
         sync_imbalance_seconds=float(imbalance.sum()) / 1e9,
         overshoot_us_per_step=_mean_us(trace.overshoot_ns[trace.planned_compute_ns > 0]),
@@ -123,7 +125,7 @@ def _spread(values) -> dict:
     return {"min": float(arr.min()), "median": float(np.median(arr)), "max": float(arr.max())}
 
 
-def _iso(seconds: float) -> str:
+def iso_time(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds)) + \
         f".{int(seconds % 1 * 1e6):06d}"
 
@@ -184,10 +186,11 @@ class EpochSummary:
     def to_json(self) -> dict:
         hist = self.latency_hist()
         return {
-            "start": _iso(min(r.start for r in self.records)),
-            "end": _iso(max(r.end for r in self.records)),
+            "start": iso_time(min(r.start for r in self.records)),
+            "end": iso_time(max(r.end for r in self.records)),
             "duration": round(self.seconds, 6),
             "steps": self.records[0].steps,
+            "checkpoint_pause_seconds": max(r.checkpoint_pause_seconds for r in self.records),
             "au_percentage": self.au_percentage,
             "au_without_barrier_percentage": self.au_without_barrier_percentage,
             "throughput_samples_per_second": self.samples_per_second,
@@ -312,7 +315,7 @@ def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: 
     rows = [f"{'phase':>5} {'epoch':>5} {'AU %':>7} {'AU-sync':>7} {'samples/s':>11} "
             f"{'MiB/s':>9} {'wait s':>8} {'compute s':>9} {'sync s':>8} {'ovh us':>8} "
             f"{'p50 ms':>8} {'p99 ms':>8}",
-            *_rows("train", train), *_rows("eval", evals)]
+            *_rows("train", train), *_rows("eval", evals)] if train or evals else []
     m = summary["metric"]
     for phase in ("train", "eval"):
         if f"{phase}_au_mean_percentage" not in m:
@@ -324,7 +327,15 @@ def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: 
             f"{m[f'{phase}_transfer_mean_MiB_per_second']:.1f} MiB/s read "
             f"({m[f'{phase}_bytes_transferred'] / MIB:.1f} MiB in {m[f'{phase}_read_ops']} "
             f"reads, {m[f'{phase}_file_opens']} opens)")
-    rows.append("(AU-sync: AU without the per-step barrier; MiB/s: bytes storage returned over "
-                "AU's span; wait/compute/sync: slowest rank's total; ovh: the emulator's own "
-                "time per step)")
+    for kind in ("save", "load"):
+        if f"{kind}_checkpoint_io_mean_GB_per_second" in m:
+            rows.append(
+                f"checkpoint {kind}: {m[f'{kind}_checkpoint_io_mean_GB_per_second']:.3f} GiB/s "
+                f"mean (stdev {m[f'{kind}_checkpoint_io_stdev_GB_per_second']:.3f}), "
+                f"{m[f'{kind}_checkpoint_duration_mean_seconds']:.3f} s mean per checkpoint of "
+                f"{m['checkpoint_size_GB']:.3f} GiB (duration: the slowest rank's)")
+    if train or evals:
+        rows.append("(AU-sync: AU without the per-step barrier; MiB/s: bytes storage returned "
+                    "over AU's span; wait/compute/sync: slowest rank's total; ovh: the "
+                    "emulator's own time per step)")
     return "\n".join(rows)

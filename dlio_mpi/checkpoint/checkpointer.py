@@ -1,0 +1,214 @@
+"""The checkpoint phase: every rank saves its share of a checkpoint (checkpoint/sizing.py)
+through the writer the configuration names, and loads it back with the page cache defeated;
+each save and load is timed from a common start and becomes a CheckpointRecord.
+
+Writers (one protocol, one registry, as the reader backends): `file_per_rank` (the C core,
+each rank its own files, DeepSpeed's names), `shared` (one file, the ranks' shares back to
+back, collective MPI-IO) and `pt_save` (a real torch.save per file). Rank 0 keeps the
+checkpoint folder's manifest (checkpoint/folder.py): which checkpoints are dlio-mpi's and
+complete.
+
+Restores defeat the page cache: O_DIRECT (checkpoint.odirect), else posix_fadvise(DONTNEED)
+of the files before they are read (clean pages go: checkpoint.fsync leaves none dirty); with
+checkpoint.recovery_rank_shift rank r reads the share of rank (r + ranks per node) mod P, as
+DLIO intends (its key never takes effect there), so that on real nodes no rank reads what its
+own node wrote."""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+from .. import _core
+from ..errors import UserError, check_all, on_root
+from ..filesystems import nearest_existing
+from .file_per_rank import FilePerRank, IoStats
+from .folder import CheckpointFolder
+from .results import CheckpointRecord, gather_record
+from .shared_file import SharedFile
+from .sizing import CheckpointLayout, RankShard
+
+
+class CheckpointWriter(Protocol):
+    """Saves and loads one rank's share of each checkpoint. `save` and `load` are
+    collective for writers that say so (`collective`)."""
+
+    collective: bool
+
+    def file_names(self, shards: list[RankShard]) -> list[str]: ...
+    def save(self, checkpoint: int, checkpoint_id: str, shard: RankShard) -> IoStats: ...
+    def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
+             drop_cache: bool = False) -> IoStats: ...
+
+
+@dataclass(frozen=True)
+class WriterContext:
+    """What a writer is opened with."""
+
+    comm: object
+    folder: str
+    tag: str
+    odirect: bool
+    fsync: bool
+    hints: dict[str, str]
+    sizes: list[int]  # every rank's bytes per checkpoint
+
+
+def _file_per_rank(ctx: WriterContext) -> CheckpointWriter:
+    return FilePerRank(ctx.folder, ctx.tag, ctx.odirect, ctx.fsync)
+
+
+def _shared(ctx: WriterContext) -> CheckpointWriter:
+    return SharedFile(ctx.comm, ctx.folder, ctx.tag, ctx.fsync, ctx.hints, ctx.sizes)
+
+
+def _pt_save(ctx: WriterContext) -> CheckpointWriter:
+    from .torch_save import TorchSave  # imports torch
+
+    return TorchSave(ctx.folder, ctx.tag, ctx.fsync)
+
+
+WRITERS: dict[str, Callable[[WriterContext], CheckpointWriter]] = {
+    "file_per_rank": _file_per_rank, "shared": _shared, "pt_save": _pt_save}
+
+
+def writer_name(ck) -> str:
+    """The writer of checkpoint section `ck`: pt_save, else its layout."""
+    return "pt_save" if ck.checkpoint_mechanism == "pt_save" else ck.layout
+
+
+def checkpoint_number(checkpoint_id: str) -> int:
+    """The number its bytes are seeded with: a function of its id only, so that a restore
+    in a later run checks them too."""
+    return zlib.crc32(checkpoint_id.encode())
+
+
+def restore_methods(ck) -> list[str]:
+    """How restores defeat the page cache, in the order they act."""
+    methods = []
+    if ck.recovery_rank_shift:
+        methods.append("recovery_rank_shift")
+    methods.append("odirect" if ck.odirect else "drop_page_cache")
+    return methods
+
+
+def restore_warnings(ck, per_node_bytes: int, node_memory: int, nodes: int,
+                     loads: bool) -> list[str]:
+    """Why restores could still be served by the page cache, if they could."""
+    if not loads or ck.odirect:
+        return []
+    warnings = []
+    if not ck.fsync and per_node_bytes < node_memory:
+        warnings.append(
+            f"checkpoint.fsync is false: pages not yet written back cannot be dropped from "
+            f"the page cache, and a checkpoint ({per_node_bytes / 2**30:.2f} GiB per node) "
+            f"fits in a node's memory ({node_memory / 2**30:.2f} GiB): restores may read "
+            "memory, not storage (checkpoint.fsync: true or checkpoint.odirect: true avoid it)")
+    if ck.recovery_rank_shift and nodes < 2:
+        warnings.append("checkpoint.recovery_rank_shift: every rank is on one node, so the "
+                        "shifted reads come from the node that wrote them")
+    return warnings
+
+
+class Checkpointer:
+    """Saves and loads this rank's share of the run's checkpoints (collective calls)."""
+
+    def __init__(self, comm, cfg, layout: CheckpointLayout, tag: str, ranks_per_node: int,
+                 clock_offset_ns: int = 0) -> None:
+        ck = cfg.checkpoint
+        self.comm, self.cfg, self.layout, self.tag = comm, cfg, layout, tag
+        self.root = ck.checkpoint_folder
+        rank, size = comm.Get_rank(), comm.Get_size()
+        self.shard = layout.shard(rank)
+        shift = ranks_per_node if ck.recovery_rank_shift else 0
+        self.source = layout.shard((rank + shift) % size)
+        self.clock_offset_ns = clock_offset_ns
+        sizes = comm.allgather(self.shard.nbytes)
+        self.writer_name = writer_name(ck)
+        self.writer = WRITERS[self.writer_name](WriterContext(
+            comm, self.root, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes))
+        self.folder = CheckpointFolder(self.root, tag) if rank == 0 else None
+        self.saves = 0
+
+    # -------------------------------------------------------------- before any I/O
+    def prepare(self, save_ids: list[str], load_ids: list[str]) -> list[str]:
+        """Collective, before any I/O of the run: make way for the checkpoints to save
+        (refusing, naming it, anything in their place that is not an unchanged checkpoint of
+        ours), refuse when they would not fit the free space, and check that those loaded
+        without being saved are ours and complete. Returns the earlier checkpoints removed."""
+
+        def make_way() -> list[str]:
+            os.makedirs(self.root, exist_ok=True)
+            self.folder = CheckpointFolder(self.root, self.tag)
+            for cid in load_ids:
+                if cid not in save_ids:
+                    self._check_complete(cid)
+            self.folder.check_clear(save_ids)
+            check_checkpoint_space(self.root, len(save_ids) * self.layout.total_bytes
+                                   - self.folder.listed_bytes(save_ids))
+            return self.folder.clear(save_ids)
+
+        return on_root(self.comm, make_way)
+
+    def _check_complete(self, cid: str) -> None:
+        listed = self.folder.body["checkpoints"].get(cid)
+        if listed is None or not listed.get("complete"):
+            raise UserError(f"checkpoint.num_checkpoints_read: {os.path.join(self.root, cid)} "
+                            "is not a complete checkpoint of an earlier dlio-mpi run; expected "
+                            "num_checkpoints_read <= num_checkpoints_write, or the checkpoints "
+                            "of an earlier run of this workload in checkpoint_folder")
+
+    # -------------------------------------------------------------- save and load
+    def save(self, checkpoint_id: str, index: int) -> CheckpointRecord:
+        """Collective: write this rank's share of checkpoint `checkpoint_id` (the run's
+        save number `index`), list it complete when every rank's files are in."""
+        on_root(self.comm, lambda: self.folder.begin(checkpoint_id))
+        record = self._timed("save", index, checkpoint_id, lambda: self.writer.save(
+            checkpoint_number(checkpoint_id), checkpoint_id, self.shard))
+        shards = [self.layout.shard(r) for r in range(self.comm.Get_size())] \
+            if self.comm.Get_rank() == 0 else []
+        on_root(self.comm, lambda: self.folder.complete(
+            checkpoint_id, self.writer.file_names(shards)))
+        self.saves += 1
+        return record
+
+    def load(self, checkpoint_id: str, index: int) -> CheckpointRecord:
+        """Collective: read back the share this rank restores (its own, or its shifted
+        neighbour's) with the page cache defeated, checking the bytes."""
+        return self._timed("load", index, checkpoint_id, lambda: self.writer.load(
+            checkpoint_number(checkpoint_id), checkpoint_id, self.source, drop_cache=True))
+
+    def _timed(self, kind: str, index: int, checkpoint_id: str,
+               act: Callable[[], IoStats]) -> CheckpointRecord:
+        """A barrier, this rank's part between its clock's start and end, every rank's
+        outcome agreed (a failing rank ends the checkpoint on all), the record."""
+        self.comm.Barrier()
+        start = _core.now_ns()
+
+        def part() -> tuple[IoStats, int]:
+            stats = act()
+            return stats, _core.now_ns()
+
+        stats, end = check_all(self.comm, part)
+        if self.cfg.checkpoint.rank_sync:
+            self.comm.Barrier()
+        return gather_record(self.comm, kind, index, checkpoint_id, stats.bytes, start, end,
+                             stats.syncs, stats.sync_ns, self.clock_offset_ns)
+
+
+def check_checkpoint_space(root: str, need: int) -> None:
+    """Refuse up front when the checkpoint folder's file system has less room than the
+    run's checkpoints take (all are kept)."""
+    where = nearest_existing(root)
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return  # making the folder says why
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise UserError(f"checkpoint.checkpoint_folder: the run's checkpoints take "
+                        f"{need / 2**30:,.2f} GiB ({need:,} bytes), but the file system of "
+                        f"{root} has {free / 2**30:,.2f} GiB free (at {where}); free space, "
+                        "choose another folder, or write fewer or smaller checkpoints")

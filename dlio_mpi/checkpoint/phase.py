@@ -1,0 +1,132 @@
+"""Checkpoints in a run: the checkpointer opened (and its folder made ready) before any I/O,
+the checkpoint-only workflow, and what goes into the results.
+
+Checkpoint-only (workflow.train false, workflow.checkpoint true), as DLIO: for each of
+num_checkpoints_write checkpoints, sleep time_between_checkpoints (the emulated training
+between them; unset: 1 s, as DLIO sleeps abs(-1)), then save; then as many loads of the first
+num_checkpoints_read, each after the same sleep. Writes and reads are separate phases, so
+every load reads a checkpoint written a whole phase earlier."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .. import _core
+from ..config import TimeSpec
+from .checkpointer import Checkpointer, restore_methods, restore_warnings, writer_name
+from .results import GB, CheckpointRecord, summary_fields
+from .schedule import Due, checkpoint_only_ids, training_schedule
+from .sizing import checkpoint_layout
+
+DLIO_UNSET_SLEEP = TimeSpec("constant", (1.0,))  # DLIO's -1 default sleeps abs(-1) s
+NAP_S = 0.05
+
+
+def open_checkpointer(comm, cfg, plan, topo, tag: str, say) -> Checkpointer:
+    """Collective, before any I/O: the checkpointer of this run, its folder ready (earlier
+    checkpoints of ours in the way removed, anything else refused, room checked)."""
+    layout = checkpoint_layout(cfg, comm.Get_size())
+    ckpt = Checkpointer(comm, cfg, layout, tag, topo.ranks_per_node, topo.clock_offset_ns)
+    if cfg.workflow.train:
+        saves = [d.checkpoint_id for d in
+                 training_schedule(cfg.checkpoint, cfg.train.epochs, plan.steps_per_epoch)]
+        loads: list[str] = []
+    else:
+        saves, loads = checkpoint_only_ids(cfg.checkpoint)
+    removed = ckpt.prepare(saves, loads)
+    if removed:
+        say(f"checkpoint: removed {len(removed)} earlier checkpoint(s) of dlio-mpi in "
+            f"{cfg.checkpoint.checkpoint_folder} to make way: {', '.join(removed)}")
+    ck = cfg.checkpoint
+    per_node = layout.total_bytes // max(topo.nodes, 1)
+    for warning in restore_warnings(ck, per_node, topo.memory_bytes // max(topo.nodes, 1),
+                                    topo.nodes, bool(loads)):
+        say(f"warning: {warning}")
+    return ckpt
+
+
+def announce(record: CheckpointRecord) -> str:
+    """One line per save or load, as rank 0 prints it."""
+    verb = "saved" if record.kind == "save" else "loaded"
+    sync = f", fsync {record.sync_seconds:.2f} s" if record.syncs else ""
+    return (f"checkpoint {record.checkpoint_id} {verb}: {record.bytes / GB:.3f} GiB in "
+            f"{record.seconds:.3f} s = {record.GB_per_second:.3f} GiB/s (slowest rank{sync})")
+
+
+def _sleep(seconds: float) -> int:
+    """Sleep, waking for a stop signal; returns it (0: none)."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if _core.stop_signal():
+            return _core.stop_signal()
+        time.sleep(min(left, NAP_S))
+    return _core.stop_signal()
+
+
+def run_checkpoint_only(comm, cfg, ckpt: Checkpointer, say) -> tuple[list[CheckpointRecord], int]:
+    """The checkpoint-only workflow; returns the records and the signal that stopped it
+    early (0: none), agreed by every rank."""
+    from mpi4py import MPI
+
+    ck = cfg.checkpoint
+    saves, loads = checkpoint_only_ids(ck)
+    spec = ck.time_between_checkpoints or DLIO_UNSET_SLEEP
+    rng = np.random.default_rng([cfg.train.seed, comm.Get_rank(), 0xC4])
+    sleeps = iter(spec.draw(rng, len(saves) + len(loads)).tolist())
+    records: list[CheckpointRecord] = []
+    for kind, ids in (("save", saves), ("load", loads)):
+        for index, cid in enumerate(ids, start=1):
+            stop = comm.allreduce(_sleep(next(sleeps)), op=MPI.MAX)
+            if stop:
+                return records, stop
+            record = ckpt.save(cid, index) if kind == "save" else ckpt.load(cid, index)
+            say(announce(record))
+            records.append(record)
+    return records, 0
+
+
+def describe_checkpoints(cfg, ckpt: Checkpointer, records: list[CheckpointRecord],
+                         topo) -> dict:
+    """summary.json's dlio_mpi.checkpoint: how checkpoints were written and restored, the
+    sizing, and each save and load."""
+    ck = cfg.checkpoint
+    layout = ckpt.layout
+    return {
+        "writer": writer_name(ck), "layout": ck.layout,
+        "checkpoint_mechanism": ck.checkpoint_mechanism, "odirect": ck.odirect,
+        "fsync": ck.fsync, "mpiio_hints": dict(ck.mpiio_hints),
+        "folder": ck.checkpoint_folder,
+        "restore": {"methods": restore_methods(ck) if any(r.kind == "load" for r in records)
+                    else [],
+                    "warnings": restore_warnings(
+                        ck, layout.total_bytes // max(topo.nodes, 1),
+                        topo.memory_bytes // max(topo.nodes, 1), topo.nodes,
+                        any(r.kind == "load" for r in records))},
+        "sizing": layout.summary(),
+        "records": [r.to_json() for r in records],
+    }
+
+
+def metric_fields(ckpt: Checkpointer, records: list[CheckpointRecord]) -> dict:
+    """The summary's metric fields of the checkpoints (DLIO's later names)."""
+    return summary_fields(records, ckpt.layout.total_bytes)
+
+
+def epoch_entries(records: list[tuple[Due | None, CheckpointRecord]], wall_offset_ns: int
+                  ) -> dict[int, dict]:
+    """per_epoch_stats.json's save_ckpt<k> / load_ckpt<k> entries per epoch: DLIO's start,
+    end, duration and throughput (GB/s, GB = 2^30 B), then ours. Checkpoint-only records
+    (due None) go under epoch 1 numbered by their index."""
+    from ..metrics.summary import iso_time
+
+    out: dict[int, dict] = {}
+    for due, record in records:
+        epoch, number = (due.epoch, due.block) if due is not None else (1, record.index)
+        entry = {"start": iso_time((record.start_ns + wall_offset_ns) / 1e9),
+                 "end": iso_time((record.end_ns + wall_offset_ns) / 1e9),
+                 "duration": record.seconds, "throughput": record.GB_per_second,
+                 **record.to_json()}
+        out.setdefault(epoch, {})[f"{record.kind}_ckpt{number}"] = entry
+    return out
