@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: installs dlio-mpi (and the test tools) into ./.venv, checks style, runs
-# the serial tests, then the MPI tests under mpiexec -n 2 and -n 3 (pytest-mpi).
+# The whole test suite: installs dlio-mpi (with the test tools, and torch for pt_save) into
+# ./.venv, checks style, runs the serial tests, then the MPI tests under mpiexec -n 2 and -n 3
+# (pytest-mpi).
 set -euo pipefail
 source "$(dirname "$0")/_env.sh" test
 cd "$ROOT"

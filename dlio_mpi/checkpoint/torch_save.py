@@ -1,0 +1,204 @@
+"""checkpoint.checkpoint_mechanism: pt_save: every rank writes its own files of each
+checkpoint, as DeepSpeed names them, in <checkpoint_folder>/<checkpoint id>/, with a real
+torch.save of a state dict per file, and reads them back with torch.load (framework fidelity:
+the container, the pickling and the call pattern of the DLIO benchmark's PyTorch
+checkpointing, not just the bytes).
+
+As DLIO does, a rank's tensors are allocated once (at its first save, or by `allocate` before
+it) and kept for the whole run, and every checkpoint writes the same tensors: a rank holds its
+whole checkpoint share in memory throughout the run, and a load holds one file's tensors
+besides while it checks them (`memory_needed`). A file's state dict is uint8 tensors "t0",
+"t1", ... of at most 1 GiB each, totalling the file's payload bytes; their bytes are block k
+(64 MiB blocks) of the checkpoint shard of seed shard_seed(0, rank, file) (_core.shard_block,
+the stream file_per_rank writes), independent of the checkpoint, so that a restore checks them
+without having kept them (every block's first 16 bytes, every 64th block whole) but cannot
+tell one checkpoint's file from another's (the checkpoint folder's manifest does that).
+
+A file is written under a temporary name of this job's (created with O_EXCL), flushed, synced
+when checkpoint.fsync, and renamed to its final name only when whole, never over an existing
+file: a save a fault interrupts leaves no file that looks complete. torch is imported by this
+module only (checkpoint/checkpointer.py imports it when pt_save is chosen)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+import numpy as np
+import torch
+
+from .. import _core
+from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+from .file_per_rank import IoStats, shard_seed
+from .sizing import RankShard
+
+BLOCK = 64 << 20  # bytes per shard block (the stamp and check unit)
+TENSOR = 1 << 30  # bytes per tensor at most (a whole number of blocks)
+STAMP = 16  # bytes of a block checked when the block is not checked whole
+WHOLE_EVERY = 64  # every so many blocks is checked whole
+
+
+def memory_needed(bytes_per_rank: int, local_ranks: int) -> int:
+    """Bytes this writer holds on a node of `local_ranks` ranks writing `bytes_per_rank` each,
+    at most: each rank's tensors (its share, kept all run) plus, while a load checks them,
+    one file's loaded tensors (a file is at most the share)."""
+    return 2 * bytes_per_rank * local_ranks
+
+
+def _tensor_sizes(nbytes: int) -> list[int]:
+    """The bytes of each tensor of a file of `nbytes` payload bytes."""
+    return [min(TENSOR, nbytes - start) for start in range(0, nbytes, TENSOR)]
+
+
+def _keys(nbytes: int) -> list[str]:
+    return [f"t{j}" for j in range(len(_tensor_sizes(nbytes)))]
+
+
+class TorchSave:
+    """Saves and loads one rank's files of each checkpoint with torch.save / torch.load (a
+    checkpoint.CheckpointWriter)."""
+
+    collective = False
+
+    def __init__(self, folder: str, tag: str, fsync: bool) -> None:
+        self.folder, self.tag, self.fsync = folder, tag, fsync
+        # (rank, file index, bytes) -> that file's state dict, allocated once per run
+        self._states: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
+
+    def path(self, checkpoint_id: str, name: str) -> str:
+        return os.path.join(self.folder, checkpoint_id, name)
+
+    def file_names(self, shards) -> list[str]:
+        """The files of one checkpoint, given every rank's shard."""
+        return [name for shard in shards for name in shard.names]
+
+    # ------------------------------------------------------------------ the tensors
+    def state(self, shard: RankShard, index: int) -> dict[str, torch.Tensor]:
+        """The state dict of file `index` of `shard`: allocated and filled at the first call,
+        the same tensors at every later one."""
+        nbytes = shard.files[index][1]
+        key = (shard.rank, index, nbytes)
+        state = self._states.get(key)
+        if state is None:
+            seed = shard_seed(0, shard.rank, index)
+            state, block = {}, 0
+            for name, size in zip(_keys(nbytes), _tensor_sizes(nbytes)):
+                tensor = torch.empty(size, dtype=torch.uint8)
+                view = tensor.numpy()
+                for start in range(0, size, BLOCK):
+                    _core.shard_block(view[start:start + BLOCK], seed, block)
+                    block += 1
+                state[name] = tensor
+            self._states[key] = state
+        return state
+
+    def allocate(self, shard: RankShard) -> None:
+        """Allocate and fill the tensors of `shard`'s files now (a save does it when they are
+        not yet), e.g. before the first save is timed, as DLIO allocates them at start."""
+        for index in range(len(shard.files)):
+            self.state(shard, index)
+
+    # ------------------------------------------------------------------ save and load
+    def save(self, checkpoint: int, checkpoint_id: str, shard: RankShard) -> IoStats:
+        """Write the files of `shard` (a rank's) of checkpoint `checkpoint_id` (folder made by
+        the caller) with torch.save; each appears under its final name only when whole (and
+        synced when fsync). `checkpoint` does not change the bytes: as DLIO, every checkpoint
+        writes the same tensors."""
+        stats = IoStats()
+        for index, (name, nbytes) in enumerate(shard.files):
+            state = self.state(shard, index)
+            final = self.path(checkpoint_id, name)
+            tmp = temporary_name(final, self.tag)
+            fd = create_exclusive(tmp)
+            try:
+                try:
+                    fp = os.fdopen(fd, "wb")
+                except BaseException:
+                    os.close(fd)
+                    raise
+                with fp:
+                    try:
+                        torch.save(state, fp)
+                    except RuntimeError as exc:  # torch's own failures: an I/O error here
+                        raise OSError(errno.EIO, f"torch.save {final}: {exc}", final) from exc
+                    fp.flush()
+                    if self.fsync:
+                        started = _core.now_ns()
+                        os.fsync(fp.fileno())
+                        stats.sync_ns += _core.now_ns() - started
+                        stats.syncs += 1
+                rename_noreplace(tmp, final)  # refused if a file is there: it is not ours
+            except BaseException:
+                remove_quietly([tmp])
+                raise
+            stats.bytes += nbytes
+            stats.files += 1
+            stats.calls += 1
+        return stats
+
+    def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
+             drop_cache: bool = False) -> IoStats:
+        """Read the files of `shard` (this rank's, or another's under recovery_rank_shift)
+        back with torch.load and check them (their bytes in total, every block's first 16
+        bytes, every 64th block whole); `drop_cache`: advise the page cache to drop each file
+        first. OSError (EIO) naming the file when one does not hold what was written."""
+        stats = IoStats()
+        # O_NONBLOCK: a FIFO put in place of a file of ours cannot block the open
+        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+        for index, (name, nbytes) in enumerate(shard.files):
+            path = self.path(checkpoint_id, name)
+            fd = os.open(path, flags)
+            try:
+                fp = os.fdopen(fd, "rb")
+            except BaseException:
+                os.close(fd)
+                raise
+            with fp:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise OSError(errno.EIO, f"checkpoint {path}: not a regular file", path)
+                if drop_cache:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                try:
+                    state = torch.load(fp, map_location="cpu", weights_only=True)
+                except OSError:
+                    raise
+                except Exception as exc:  # not a torch.save file, or a damaged one
+                    raise OSError(errno.EIO, f"checkpoint {path}: torch.load cannot read it "
+                                  f"({type(exc).__name__}: {exc})", path) from exc
+            stats.verified += _check(state, path, nbytes, shard.rank,
+                                     shard_seed(0, shard.rank, index))
+            del state  # the loaded tensors go before the next file is read
+            stats.bytes += nbytes
+            stats.files += 1
+            stats.calls += 1
+        return stats
+
+
+def _check(state, path: str, nbytes: int, rank: int, seed: int) -> int:
+    """Check a loaded state dict against what `save` wrote; returns the bytes compared."""
+    keys, sizes = _keys(nbytes), _tensor_sizes(nbytes)
+    if not isinstance(state, dict) or list(state) != keys or not all(
+            isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
+            for t in state.values()):
+        raise OSError(errno.EIO, f"checkpoint {path}: not the state dict written (uint8 "
+                      f"tensors {', '.join(keys) or 'none'})", path)
+    held = sum(t.numel() for t in state.values())
+    if held != nbytes or [t.numel() for t in state.values()] != sizes:
+        raise OSError(errno.EIO, f"checkpoint {path}: its tensors hold {held:,} bytes, "
+                      f"expected {nbytes:,}", path)
+    verified, block = 0, 0
+    expected = np.empty(min(BLOCK, nbytes), dtype=np.uint8)
+    for tensor in state.values():
+        view = tensor.contiguous().numpy()
+        for start in range(0, len(view), BLOCK):
+            got = view[start:start + BLOCK]
+            n = len(got) if block % WHOLE_EVERY == 0 else min(STAMP, len(got))
+            want = expected[:n]
+            _core.shard_block(want, seed, block)  # the first n bytes of block `block`
+            if not np.array_equal(got[:n], want):
+                raise OSError(errno.EIO, f"checkpoint {path}: block {block} of rank {rank} "
+                              "does not hold the bytes written", path)
+            verified += n
+            block += 1
+    return verified
