@@ -344,6 +344,9 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
                 eval_steps = _steps(splits["valid"], ranks, cfg.reader.batch_size_eval,
                                     "reader.batch_size_eval", "dataset.num_files_eval")
                 _check_measurable(eval_steps, cfg, "evaluation")
+    checkpoint = _checkpoint_plan(cfg, ranks, steps)
+    if checkpoint is not None and checkpoint["writer"] == "pt_save":
+        _check_tensor_memory(checkpoint, max(local_ranks, node[0]), node[1])
     return RunPlan(
         ranks=ranks, format=fmt, read_mode=mode, train_files=files, train_samples=samples,
         samples_per_rank=steps * cfg.reader.batch_size, steps_per_epoch=steps,
@@ -352,7 +355,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         memory_bytes=memory_bytes, ranks_per_node=ranks_per_node, nodes=nodes,
         notes=_notes(cfg) + _unused_hints_note(cfg, splits, ranks), splits=splits,
         layouts=layouts,
-        checkpoint=_checkpoint_plan(cfg, ranks, steps))
+        checkpoint=checkpoint)
 
 
 def _unused_hints_note(cfg, splits, ranks: int) -> tuple[str, ...]:
@@ -402,6 +405,26 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
             "folder": ck.checkpoint_folder, "saves": saves, "loads": loads, "when": when,
             "bytes_written": saves * sizing["total_bytes"],
             "restore_methods": restore_methods(ck) if loads else []}
+
+
+def _check_tensor_memory(checkpoint: Mapping, local_ranks: int, node_memory: int) -> None:
+    """checkpoint_mechanism pt_save keeps each rank's checkpoint share in memory as tensors
+    (as DLIO does): refuse before any I/O when a node's ranks could not hold them."""
+    try:
+        from .checkpoint.torch_save import memory_needed  # imports torch
+    except ImportError as exc:
+        raise UserError(f"checkpoint.checkpoint_mechanism: pt_save writes with torch.save, but "
+                        f"torch cannot be imported ({exc}); install it with "
+                        "pip install 'dlio-mpi[torch]' (torch==2.13.0, the CPU wheel), or use "
+                        "checkpoint_mechanism native") from None
+    need = memory_needed(checkpoint["bytes_per_rank"][1], local_ranks)
+    if need > node_memory:
+        raise UserError(f"checkpoint.checkpoint_mechanism: pt_save holds each rank's share of a "
+                        f"checkpoint in memory as tensors (and a file's worth more while a load "
+                        f"checks it): {need / 2**30:,.1f} GiB for the {local_ranks} rank(s) of a "
+                        f"node, which has {node_memory / 2**30:,.1f} GiB; expected "
+                        "checkpoint_mechanism native (streams from one buffer), or a smaller "
+                        "share (checkpoint.mode subset, more ranks)")
 
 
 def _duration(seconds: float) -> str:

@@ -150,7 +150,13 @@ class Checkpointer:
                                    - self.folder.listed_bytes(save_ids))
             return self.folder.clear(save_ids)
 
-        return on_root(self.comm, make_way)
+        removed = on_root(self.comm, make_way)
+        # pt_save keeps its tensors all run, as DLIO allocates them at start: made and filled
+        # here, outside the first save's time
+        allocate = getattr(self.writer, "allocate", None)
+        if allocate is not None:
+            check_all(self.comm, lambda: allocate(self.shard))
+        return removed
 
     def _check_complete(self, cid: str) -> None:
         listed = self.folder.body["checkpoints"].get(cid)
