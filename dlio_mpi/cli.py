@@ -117,19 +117,24 @@ def _command(args, comm) -> int:
 
 
 def _space_warnings(cfg, plan) -> tuple[str, ...]:
-    """validate: why `run` would refuse to generate the dataset on the storage at hand (not
-    enough free space), as warnings; the configuration itself is valid."""
+    """validate: why `run` would refuse to generate the dataset or write the checkpoints on
+    the storage at hand (not enough free space), as warnings; the configuration itself is
+    valid."""
     from .errors import UserError
     from .generate import check_dataset_space
     from .run import data_root
 
-    if not (cfg.workflow.generate_data and plan.splits):
-        return ()
-    try:
-        check_dataset_space(data_root(cfg), plan.dataset_bytes)
-    except (UserError, OSError) as exc:
-        return (f"run would refuse: {exc}",)
-    return ()
+    warnings = []
+    if cfg.workflow.generate_data and plan.splits:
+        try:
+            check_dataset_space(data_root(cfg), plan.dataset_bytes)
+        except (UserError, OSError) as exc:
+            warnings.append(f"run would refuse: {exc}")
+    if plan.checkpoint is not None:
+        from .checkpoint.phase import space_warning
+
+        warnings.append(space_warning(cfg, plan))
+    return tuple(w for w in warnings if w)
 
 
 def _ranks_on_this_host(comm) -> int:

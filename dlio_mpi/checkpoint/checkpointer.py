@@ -140,14 +140,13 @@ class Checkpointer:
         without being saved are ours and complete. Returns the earlier checkpoints removed."""
 
         def make_way() -> list[str]:
-            os.makedirs(self.root, exist_ok=True)
             self.folder = CheckpointFolder(self.root, self.tag)
             for cid in load_ids:
                 if cid not in save_ids:
                     self._check_complete(cid)
             self.folder.check_clear(save_ids)
-            check_checkpoint_space(self.root, len(save_ids) * self.layout.total_bytes
-                                   - self.folder.listed_bytes(save_ids))
+            check_checkpoint_space(self.folder, save_ids, self.layout.total_bytes)
+            os.makedirs(self.root, exist_ok=True)  # nothing written before the checks
             return self.folder.clear(save_ids)
 
         removed = on_root(self.comm, make_way)
@@ -204,17 +203,20 @@ class Checkpointer:
                              stats.syncs, stats.sync_ns, self.clock_offset_ns)
 
 
-def check_checkpoint_space(root: str, need: int) -> None:
-    """Refuse up front when the checkpoint folder's file system has less room than the
-    run's checkpoints take (all are kept)."""
-    where = nearest_existing(root)
+def check_checkpoint_space(folder: CheckpointFolder, save_ids: list[str],
+                           checkpoint_bytes: int) -> None:
+    """Refuse up front when the checkpoint folder's file system has less room than the run's
+    checkpoints take (all are kept), less those of ours they replace."""
+    need = len(save_ids) * checkpoint_bytes - folder.listed_bytes(save_ids)
+    where = nearest_existing(folder.root)
     try:
         st = os.statvfs(where)
     except OSError:
         return  # making the folder says why
     free = st.f_bavail * st.f_frsize
     if need > free:
-        raise UserError(f"checkpoint.checkpoint_folder: the run's checkpoints take "
-                        f"{need / 2**30:,.2f} GiB ({need:,} bytes), but the file system of "
-                        f"{root} has {free / 2**30:,.2f} GiB free (at {where}); free space, "
-                        "choose another folder, or write fewer or smaller checkpoints")
+        raise UserError(f"checkpoint.checkpoint_folder: the run's {len(save_ids)} "
+                        f"checkpoint(s) take {need / 2**30:,.2f} GiB ({need:,} bytes), but the "
+                        f"file system of {folder.root} has {free / 2**30:,.2f} GiB free (at "
+                        f"{where}); free space, choose another folder, or write fewer or "
+                        "smaller checkpoints")

@@ -29,12 +29,7 @@ def open_checkpointer(comm, cfg, plan, topo, tag: str, say) -> Checkpointer:
     checkpoints of ours in the way removed, anything else refused, room checked)."""
     layout = checkpoint_layout(cfg, comm.Get_size())
     ckpt = Checkpointer(comm, cfg, layout, tag, topo.ranks_per_node, topo.clock_offset_ns)
-    if cfg.workflow.train:
-        saves = [d.checkpoint_id for d in
-                 training_schedule(cfg.checkpoint, cfg.train.epochs, plan.steps_per_epoch)]
-        loads: list[str] = []
-    else:
-        saves, loads = checkpoint_only_ids(cfg.checkpoint)
+    saves, loads = planned_ids(cfg, plan.steps_per_epoch)
     removed = ckpt.prepare(saves, loads)
     if removed:
         say(f"checkpoint: removed {len(removed)} earlier checkpoint(s) of dlio-mpi in "
@@ -45,6 +40,29 @@ def open_checkpointer(comm, cfg, plan, topo, tag: str, say) -> Checkpointer:
                                     topo.nodes, bool(loads)):
         say(f"warning: {warning}")
     return ckpt
+
+
+def planned_ids(cfg, steps: int) -> tuple[list[str], list[str]]:
+    """The ids of the checkpoints the run saves and loads, in order."""
+    if cfg.workflow.train:
+        return [d.checkpoint_id for d in
+                training_schedule(cfg.checkpoint, cfg.train.epochs, steps)], []
+    return checkpoint_only_ids(cfg.checkpoint)
+
+
+def space_warning(cfg, plan) -> str | None:
+    """validate: why `run` would refuse the checkpoints for lack of room, if it would."""
+    from ..errors import UserError
+    from .checkpointer import check_checkpoint_space
+    from .folder import CheckpointFolder
+
+    try:
+        folder = CheckpointFolder(cfg.checkpoint.checkpoint_folder, "validate")
+        check_checkpoint_space(folder, planned_ids(cfg, plan.steps_per_epoch)[0],
+                               plan.checkpoint["total_bytes"])
+    except (UserError, OSError) as exc:
+        return f"run would refuse: {exc}"
+    return None
 
 
 def announce(record: CheckpointRecord) -> str:
