@@ -24,24 +24,26 @@
             per-request latency p50; CPU time per sample (user, sys: all processes, less a
             2-step run's start-up) and, where perf can sample, split by shared object (kernel,
             Python, libc, MPICH/ROMIO, mpi4py, C core) with the top symbols.
-  checkpoint: the checkpoint writers, 2 ranks x 2 GiB, O_DIRECT and fsync, 64 MiB calls:
-            file_per_rank's save beside fio's O_DIRECT sequential write (2 jobs, the same bytes
-            per job, end_fsync) and its O_DIRECT load beside fio's O_DIRECT read of the files
-            fio wrote; shared (collective MPI-IO, one file; ROMIO's defaults, and with
-            romio_cb_write disabled for reference) beside file_per_rank. Median of 3 rounds,
-            dlio-mpi and fio taking turns; ratios against issue 8's targets. Until `dlio-mpi
-            run` writes checkpoints, the writers are driven by checkpoint_driver.py (mpiexec
-            -n 2 python -P ...), which will then give way to `dlio-mpi run`.
+  checkpoint: checkpoints written and restored by `dlio-mpi run` (mpiexec -n 2, the
+            checkpoint-only workflow: one save and one load per run), 2 ranks x 2 GiB
+            (model_size_bytes with ZeRO 1: one file per rank), fsync, 64 MiB calls:
+            file_per_rank's O_DIRECT save beside fio's O_DIRECT sequential write (2 jobs, the
+            same bytes per job, end_fsync) and its O_DIRECT load beside fio's O_DIRECT read of
+            the files fio wrote; shared (collective MPI-IO, one file; ROMIO's defaults, and
+            with romio_cb_write disabled for reference) beside file_per_rank. dlio-mpi's
+            figures come from each run's summary.json; median of 3 rounds, dlio-mpi and fio
+            taking turns; ratios against issue 8's targets. DLIO_MPI_BENCH_CHECKPOINT_BYTES
+            sets other bytes per rank (a multiple of 64 MiB) for a quick try.
   startup:  seconds from launching mpiexec to the first training step: 2 ranks; 64 ranks
             (oversubscribed: it must start, finish and say how long it took); 10^6 real files.
 
 Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
   python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [large] [mpiio]
                                                   [checkpoint] [startup]
-DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large`. The
-figures are printed and saved to DIR/results.json (each benchmark's under its name, the others'
-kept). Each benchmark's files are under DIR, named after it
-(mpiio: DIR/mpiio-*; checkpoint: DIR/checkpoint-*, removed afterwards). Not a test.
+DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large` and
+`checkpoint`. The figures are printed and saved to DIR/results.json (each benchmark's under its
+name, the others' kept). Each benchmark's files are under DIR, named after it (mpiio:
+DIR/mpiio-*; checkpoint: DIR/checkpoint-*, removed afterwards). Not a test.
 """
 
 from __future__ import annotations
@@ -588,68 +590,117 @@ def bench_mpiio(work: Path) -> dict:
 
 CKPT_RANKS = 2
 CKPT_BYTES_PER_RANK = 2 * 2**30
-CKPT_BLOCK = 64 * 2**20  # bytes per write/read call: the writers' chunk and fio's bs
+CKPT_BYTES_ENV = "DLIO_MPI_BENCH_CHECKPOINT_BYTES"  # bytes per rank instead, for a quick try
+CKPT_BLOCK = 64 * 2**20  # bytes per write/read call: the writers' (C core, MPI-IO rounds), fio's bs
 
 
-# the writers' runs: name: (layout, MPI-IO hints of the shared file)
-CKPT_VARIANTS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "file_per_rank": ("file_per_rank", ()),
-    "shared": ("shared", ()),  # ROMIO's defaults, as the writer is given no hints
-    "shared_cb_disabled": ("shared", ("romio_cb_write=disable",)),  # for reference
+# the runs of `dlio-mpi run`: name: (checkpoint.layout, checkpoint.odirect, mpiio_hints)
+CKPT_VARIANTS: dict[str, tuple[str, bool, dict[str, str]]] = {
+    "file_per_rank": ("file_per_rank", True, {}),
+    # ROMIO's UFS driver has no O_DIRECT (dlio-mpi refuses odirect with layout shared): the
+    # load drops the file from the page cache first
+    "shared": ("shared", False, {}),  # ROMIO's defaults, as no hints are given
+    "shared_cb_disabled": ("shared", False, {"romio_cb_write": "disable"}),  # for reference
 }
 
 
-def _checkpoint_driver(work: Path, variant: str, step: int) -> dict:
-    """One save and load of one checkpoint by checkpoint_driver.py (the writers, O_DIRECT and
-    fsync): MiB/s of each over all ranks (bytes over the slowest rank's time)."""
-    layout, hints = CKPT_VARIANTS[variant]
-    # TODO: `dlio-mpi run` with workflow.checkpoint once runs write checkpoints
-    text = sh(["mpiexec", "-n", str(CKPT_RANKS), sys.executable, "-P",
-               str(HERE / "checkpoint_driver.py"), "--folder", str(work / "checkpoint-out"),
-               "--layout", layout, "--bytes-per-rank", str(CKPT_BYTES_PER_RANK),
-               "--chunk", str(CKPT_BLOCK), "--step", str(step), "--odirect", "--fsync",
-               *(f"--hint={h}" for h in hints)],
-              timeout=600).stdout
-    out = json.loads(text.strip().splitlines()[-1])
-    return {kind: {"MiB_per_s": out[kind]["bytes"] / 2**20 / out[kind]["duration_seconds"],
-                   **out[kind]} for kind in ("save", "load")}
+def _checkpoint_bytes_per_rank() -> int:
+    text = os.environ.get(CKPT_BYTES_ENV)
+    if text is None:
+        return CKPT_BYTES_PER_RANK
+    nbytes = int(text)
+    if nbytes <= 0 or nbytes % CKPT_BLOCK:
+        sys.exit(f"checkpoint: {CKPT_BYTES_ENV}={text}: expected a positive multiple of "
+                 f"{CKPT_BLOCK} (the {CKPT_BLOCK >> 20} MiB calls)")
+    return nbytes
 
 
-def _checkpoint_fio(fio: str, work: Path) -> dict:
+def _checkpoint_run(work: Path, variant: str, nbytes: int, run: int) -> dict:
+    """One `mpiexec -n 2 dlio-mpi run` of the checkpoint-only workflow: one checkpoint saved
+    (O_DIRECT as the variant says, fsync) and loaded back. Its figures from its summary.json:
+    MiB/s of the save and the load over all ranks (bytes over the slowest rank's time, the
+    metric's save/load_checkpoint_io_mean_GB_per_second), and each one's record. The
+    checkpoint is removed afterwards."""
+    import yaml
+
+    layout, odirect, hints = CKPT_VARIANTS[variant]
+    runs, checkpoints = work / "checkpoint-runs", work / "checkpoint-out"
+    runs.mkdir(exist_ok=True)
+    out = runs / f"{run:02d}-{variant}"
+    workload = {
+        # ZeRO >= 1: every rank writes one file (model_states-<rank>.pt) of model_size_bytes
+        "model": {"name": f"checkpoint_bench_{variant}", "model_size_bytes": nbytes,
+                  "parallelism": {"zero_stage": 1}},
+        "framework": "pytorch",
+        "workflow": {"generate_data": False, "train": False, "checkpoint": True},
+        "checkpoint": {"checkpoint_folder": str(checkpoints), "num_checkpoints_write": 1,
+                       "num_checkpoints_read": 1, "time_between_checkpoints": 0,
+                       "layout": layout, "odirect": odirect, "fsync": True,
+                       "mpiio_hints": hints},
+        "output": {"folder": str(out)}}
+    config = runs / f"{variant}.yaml"
+    config.write_text(yaml.safe_dump(workload, sort_keys=False))
+    try:
+        dlio(["run", str(config)], ranks=CKPT_RANKS, timeout=600)
+    finally:
+        shutil.rmtree(checkpoints, ignore_errors=True)  # 4 GiB: one checkpoint at a time
+    s = summary(out)
+    ck, metric = s["dlio_mpi"]["checkpoint"], s["metric"]
+    asked = {"layout": layout, "odirect": odirect, "fsync": True, "mpiio_hints": hints,
+             "bytes_per_rank": [nbytes] * CKPT_RANKS, "kinds": ["save", "load"]}
+    found = {"layout": ck["layout"], "odirect": ck["odirect"], "fsync": ck["fsync"],
+             "mpiio_hints": ck["mpiio_hints"], "bytes_per_rank": ck["sizing"]["bytes_per_rank"],
+             "kinds": [r["kind"] for r in ck["records"]]}
+    if found != asked:
+        sys.exit(f"checkpoint: {out / 'summary.json'}: the run did {found}, not {asked}")
+    result = {}
+    for record in ck["records"]:
+        kind = record["kind"]
+        result[kind] = {
+            "MiB_per_s": metric[f"{kind}_checkpoint_io_mean_GB_per_second"] * 1024, **record}
+    result["restore_methods"] = ck["restore"]["methods"]
+    return result
+
+
+def _checkpoint_fio(fio: str, work: Path, nbytes: int) -> dict:
     """fio's O_DIRECT sequential write (then fsync) of as many bytes in as many jobs, then its
     O_DIRECT read of the files it wrote; its files removed afterwards."""
     folder = work / "checkpoint-fio"
     folder.mkdir(exist_ok=True)
     common = ["--name=ckpt", f"--directory={folder}", "--direct=1", "--ioengine=psync",
-              f"--numjobs={CKPT_RANKS}", f"--bs={CKPT_BLOCK}", f"--size={CKPT_BYTES_PER_RANK}",
+              f"--numjobs={CKPT_RANKS}", f"--bs={CKPT_BLOCK}", f"--size={nbytes}",
               "--fallocate=none"]  # the writers append to new files; so does fio here
     try:
         write = fio_MiB_per_s(fio, [*common, "--rw=write", "--end_fsync=1"], "write")
         read = fio_MiB_per_s(fio, [*common, "--rw=read"], "read")
     finally:
-        for job in range(CKPT_RANKS):
-            (folder / f"ckpt.{job}.0").unlink(missing_ok=True)
-        folder.rmdir()
+        shutil.rmtree(folder, ignore_errors=True)
     return {"write_MiB_per_s": write, "read_MiB_per_s": read}
 
 
 def bench_checkpoint(work: Path, repeats: int = 3) -> dict:
-    """The checkpoint writers (2 ranks x 2 GiB, O_DIRECT, fsync) beside fio: file_per_rank's
-    save against fio's O_DIRECT write and its O_DIRECT load against fio's O_DIRECT read;
-    shared (collective MPI-IO, one file) beside file_per_rank. Medians of `repeats` rounds,
-    dlio-mpi and fio taking turns."""
+    """Checkpoints written and restored by `dlio-mpi run` (checkpoint-only workflow, 2 ranks x
+    2 GiB, fsync; file_per_rank with O_DIRECT) beside fio: file_per_rank's save against fio's
+    O_DIRECT write and its O_DIRECT load against fio's O_DIRECT read; shared (collective
+    MPI-IO, one file) beside file_per_rank. Figures from the runs' summary.json; medians of
+    `repeats` rounds, dlio-mpi and fio taking turns. The benchmark's folders under `work`
+    (checkpoint-runs, checkpoint-out, checkpoint-fio) are removed afterwards."""
     fio = shutil.which("fio")
     if fio is None:
         sys.exit("checkpoint: fio not found (apt-get install fio)")
+    nbytes = _checkpoint_bytes_per_rank()
     order = ["file_per_rank", "fio", *list(CKPT_VARIANTS)[1:]]
     runs: dict[str, list[dict]] = {what: [] for what in order}
-    step = 0
-    for round_ in range(repeats):
-        for what in order if round_ % 2 == 0 else order[::-1]:
-            step += 1
-            runs[what].append(_checkpoint_fio(fio, work) if what == "fio"
-                              else _checkpoint_driver(work, what, step))
-    (work / "checkpoint-out").rmdir()  # the drivers removed what they wrote in it
+    run = 0
+    try:
+        for round_ in range(repeats):
+            for what in order if round_ % 2 == 0 else order[::-1]:
+                run += 1
+                runs[what].append(_checkpoint_fio(fio, work, nbytes) if what == "fio"
+                                  else _checkpoint_run(work, what, nbytes, run))
+    finally:
+        for name in ("checkpoint-runs", "checkpoint-out", "checkpoint-fio"):
+            shutil.rmtree(work / name, ignore_errors=True)
 
     def med(what: str, kind: str) -> float:
         return statistics.median(r[kind]["MiB_per_s"] if what != "fio" else r[kind]
@@ -670,12 +721,18 @@ def bench_checkpoint(work: Path, repeats: int = 3) -> dict:
         "shared_cb_disabled_save_over_file_per_rank_save": (
             "shared_cb_disabled_save", "file_per_rank_save", None)}
     result: dict[str, object] = {
-        "ranks": CKPT_RANKS, "bytes_per_rank": CKPT_BYTES_PER_RANK, "block": CKPT_BLOCK,
+        "source": f"dlio-mpi run summaries (mpiexec -n {CKPT_RANKS} dlio-mpi run, "
+                  "checkpoint-only workflow; summary.json metric and "
+                  "dlio_mpi.checkpoint.records)",
+        "ranks": CKPT_RANKS, "bytes_per_rank": nbytes, "block": CKPT_BLOCK,
+        "variants": {name: {"layout": layout, "odirect": odirect, "mpiio_hints": hints}
+                     for name, (layout, odirect, hints) in CKPT_VARIANTS.items()},
         "MiB_per_s": figures, "runs": runs,
         "ratios": {name: {"ratio": figures[a] / figures[b], "target": target}
                    for name, (a, b, target) in ratios.items()}}
-    print(f"checkpoint: {CKPT_RANKS} ranks x {CKPT_BYTES_PER_RANK / 2**30:g} GiB, O_DIRECT, "
-          f"fsync, {CKPT_BLOCK >> 20} MiB calls, median of {repeats} rounds (MiB/s):", flush=True)
+    print(f"checkpoint: {CKPT_RANKS} ranks x {nbytes / 2**30:g} GiB, O_DIRECT, fsync, "
+          f"{CKPT_BLOCK >> 20} MiB calls, median of {repeats} rounds (MiB/s; dlio-mpi's from "
+          "`dlio-mpi run` summaries):", flush=True)
     for name, value in figures.items():
         print(f"  {name:24} {value:8,.0f}", flush=True)
     for name, r in result["ratios"].items():
