@@ -260,7 +260,16 @@ def test_type_conversions():
     (["checkpoint.mode=subset"], "checkpoint.mode subset needs an explicit"),
     (["checkpoint.num_checkpoints_write=2", "checkpoint.num_checkpoints_read=3"],
      "checkpoint.num_checkpoints_read: expected at most"),
-    (["checkpoint.ksm={}"], "checkpoint.ksm: needs checkpoint.randomize_tensor false"),
+    (["checkpoint.randomize_tensor=false"], "checkpoint.randomize_tensor: false is not "
+                                            "implemented yet in dlio-mpi; accepted: true"),
+    (["checkpoint.checkpoint_mechanism=pt_save", "checkpoint.layout=shared"],
+     "checkpoint.layout: shared writes one file through MPI-IO, which torch.save cannot"),
+    (["checkpoint.odirect=true", "checkpoint.layout=shared"],
+     "checkpoint.odirect: true does not combine with layout shared"),
+    (["checkpoint.checkpoint_mechanism=tf_save"], "checkpoint.checkpoint_mechanism: 'tf_save' "
+                                                  "is not implemented yet"),
+    (["checkpoint.checkpoint_mechanism_classname=my.Ckpt"],
+     "checkpoint.checkpoint_mechanism_classname: 'my.Ckpt' is not implemented yet"),
     (["checkpoint.time_between_checkpoints=-2"], "checkpoint.time_between_checkpoints: expected"),
     (["train.computation_time={type: uniform, min: 2, max: 1}"],
      "train.computation_time: min (2.0) is larger than max (1.0)"),
@@ -305,7 +314,6 @@ def test_override_lists_mappings_and_nested_keys():
     cfg = load_config("demo", [
         "++workload.dataset.record_length_bytes_stdev=0",
         "++workload.dataset.record_dims=[3,224,224]",
-        "++workload.checkpoint.randomize_tensor=false",
         "++workload.checkpoint.ksm={}",
         "++workload.train.computation_time.type=normal",
         "++workload.train.computation_time.stdev=0.005",
@@ -333,7 +341,7 @@ def test_override_delete_and_errors():
 
 def test_to_dict_round_trip_with_every_kind_of_value(tmp_path):
     cfg = load_config("unet3d_h100", [
-        "checkpoint.randomize_tensor=false", "checkpoint.ksm={low_ram_exit: 10}",
+        "checkpoint.ksm={low_ram_exit: 10}",
         "train.computation_time={type: gamma, shape: 2, scale: 0.1}",
         "evaluation.eval_time_stdev=0.01", "evaluation.eval_time=0.2",
         "checkpoint.time_between_checkpoints={type: poisson, lam: 3}",
@@ -432,6 +440,20 @@ ACTING = {
     "reader.io_watchdog_abort",
     # ours (issue 7): applied by filesystems.apply_striping
     "storage.lustre",
+    # checkpoints (issue 8): sizing (checkpoint/sizing.py), when (schedule.py), how
+    # (checkpointer.py, its writers), the checkpoint-only workflow (phase.py)
+    "model.type", "model.model_size_bytes", "model.optimization_groups", "model.num_layers",
+    "model.layer_parameters", "model.model_datatype", "model.optimizer_datatype",
+    "model.parallelism.tensor", "model.parallelism.pipeline", "model.parallelism.data",
+    "model.parallelism.zero_stage", "model.transformer.vocab_size",
+    "model.transformer.hidden_size", "model.transformer.ffn_hidden_size",
+    "model.transformer.num_attention_heads", "model.transformer.num_kv_heads",
+    "workflow.checkpoint", "checkpoint.checkpoint_folder", "checkpoint.checkpoint_after_epoch",
+    "checkpoint.epochs_between_checkpoints", "checkpoint.steps_between_checkpoints",
+    "checkpoint.mode", "checkpoint.fsync", "checkpoint.time_between_checkpoints",
+    "checkpoint.num_checkpoints_write", "checkpoint.num_checkpoints_read",
+    "checkpoint.recovery_rank_shift", "checkpoint.rank_sync", "checkpoint.checkpoint_mechanism",
+    "checkpoint.layout", "checkpoint.odirect", "checkpoint.mpiio_hints",
 }
 
 
@@ -560,19 +582,15 @@ def test_data_loader_none_is_refused_as_dlio_refuses_it():
     ("dataset.record_element_bytes=4", "dataset.record_element_bytes=4"),
     ("dataset.hdf5.chunk_dims=[2]", "dataset.hdf5.chunk_dims=[2]"),
     ("storage.storage_options={region: eu-west-1}", "storage.storage_options:"),
-    ("model.num_layers=4", "model.num_layers=4"),
-    ("model.transformer.hidden_size=64", "model.transformer.hidden_size=64"),
-    ("workflow.checkpoint=true", "workflow.checkpoint=true"),
-    ("checkpoint.fsync=true", "checkpoint.fsync=true"),
     ("checkpoint.ksm={}", "checkpoint.ksm:"),
+    ("checkpoint.type=all_ranks", "checkpoint.type=all_ranks"),
     ("workflow.profiling=true", "workflow.profiling=true"),
     ("profiling.profiler=darshan", "profiling.profiler=darshan"),
 ])
 def test_settings_without_effect_are_noted_in_the_plan(override, shown):
     from dlio_mpi.plan import derive_plan, describe_plan
 
-    extra = ["checkpoint.randomize_tensor=false"] if "ksm" in override else []
-    cfg = load_config("demo", [override, *extra])
+    cfg = load_config("demo", [override])
     notes = [n for n in derive_plan(cfg, 2).notes if "no effect" in n]
     assert len(notes) == 1 and shown in notes[0], notes
     assert ": accepted, ha" in notes[0] and " no effect in dlio-mpi because " in notes[0]
@@ -583,11 +601,34 @@ def test_settings_without_effect_are_noted_in_the_plan(override, shown):
 def test_notes_of_one_reason_are_one_line():
     from dlio_mpi.config import support_notes
 
-    notes = support_notes(load_config("llama_7b"))
-    assert len(notes) == 1
-    assert notes[0].startswith("model.type=transformer, model.num_layers=32, ")
-    assert "workflow.checkpoint=true" in notes[0] and "checkpoint.fsync=true" in notes[0]
-    assert "have no effect in dlio-mpi because checkpoints are not written or read yet" in notes[0]
+    notes = support_notes(load_config("demo", ["workflow.profiling=true",
+                                               "profiling.profiler=darshan"]))
+    assert notes == ["workflow.profiling=true, profiling.profiler=darshan: accepted, have no "
+                     "effect in dlio-mpi because profilers are not implemented yet"]
+    assert support_notes(load_config("llama_7b")) == []  # every checkpoint key acts
+
+
+@pytest.mark.parametrize("overrides, shown", [
+    (["model.num_layers=4", "checkpoint.fsync=false"],
+     "model.num_layers=4, checkpoint.fsync=false: no effect here: workflow.checkpoint is false"),
+    (["workflow.checkpoint=true", "checkpoint.num_checkpoints_write=3",
+      "checkpoint.recovery_rank_shift=true"],
+     "checkpoint.num_checkpoints_write=3, checkpoint.recovery_rank_shift=true: no effect here: "
+     "they drive the checkpoint-only workflow"),
+    (["workflow.checkpoint=true", "workflow.train=false", "checkpoint.num_checkpoints_write=1",
+      "checkpoint.steps_between_checkpoints=5"],
+     "checkpoint.steps_between_checkpoints=5: no effect here: they place checkpoints in "
+     "training, and workflow.train is false"),
+    (["workflow.checkpoint=true", "checkpoint.mpiio_hints={romio_cb_write: enable}"],
+     "checkpoint.mpiio_hints={romio_cb_write: enable}: no effect here: checkpoint.layout "
+     "file_per_rank writes without MPI-IO"),
+])
+def test_checkpoint_keys_where_they_cannot_act_are_noted(overrides, shown):
+    from dlio_mpi.plan import derive_plan
+
+    notes = [n for n in derive_plan(load_config("demo", overrides), 2).notes
+             if "no effect here" in n]
+    assert len(notes) == 1 and notes[0].startswith(shown), notes
 
 
 def test_data_loader_acts_on_multi_sample_files_and_says_what_it_emulates():

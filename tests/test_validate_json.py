@@ -39,9 +39,11 @@ def _lines(text: str) -> dict[str, list[str]]:
 def _check_equal(plan: dict, text: str) -> None:
     """Every field of the JSON plan says what the text plan says."""
     lines = _lines(text)
-    assert lines["workload"] == [f"{plan['workload']}: {plan['format']}, read mode "
-                                 f"{plan['read_mode']}, O_DIRECT "
-                                 f"{'on' if plan['odirect'] else 'off'}"]
+    assert lines["workload"] == ([f"{plan['workload']}: {plan['format']}, read mode "
+                                  f"{plan['read_mode']}, O_DIRECT "
+                                  f"{'on' if plan['odirect'] else 'off'}"]
+                                 if plan["uses_dataset"] else
+                                 [f"{plan['workload']}: no dataset"])
     assert lines["ranks"] == [f"{plan['ranks']} ({plan['ranks_per_node']} per node)"]
     notes = lines.get("note", [])
     if not plan["uses_dataset"]:

@@ -340,9 +340,6 @@ def check_consistency(cfg: Config) -> None:
                 else "checkpoint_mechanism pt_save (torch.save writes through the page cache)")
         raise ConfigError(f"checkpoint.odirect: true does not combine with {what}; expected "
                           "false, or layout file_per_rank with checkpoint_mechanism native")
-    if ck.ksm is not None and ck.randomize_tensor:
-        raise ConfigError("checkpoint.ksm: needs checkpoint.randomize_tensor false "
-                          "(random tensors cannot be merged)")
 
 
 # --------------------------------------------------------------------------- entry point

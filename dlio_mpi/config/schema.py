@@ -666,7 +666,8 @@ def support_notes(cfg: Config) -> list[str]:
 def keys_set(cfg: Config, prefixes: tuple[str, ...]) -> list[str]:
     """'key=value' of the keys starting with one of `prefixes` set away from their default
     (model.name and keys that never act, noted by support_notes, left out)."""
-    return [where if rule.kind == "section" else f"{where}={_yaml_text(value)}"
+    return [where if rule.kind == "section" else
+            f"{where}={_yaml_text(dict(value) if rule.kind == 'hints' else value)}"
             for where, rule, value, _, inert in _set_keys(cfg)
             if where.startswith(prefixes) and where != "model.name" and not inert]
 
