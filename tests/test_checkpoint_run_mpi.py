@@ -248,3 +248,25 @@ def test_epoch_checkpoints_follow_after_and_between(shared_tmp):
     # ZeRO 0, flat model, no model parallelism: only rank 0 writes
     assert _files(shared_tmp / "ck" / f"global_epoch2_step{steps + 1}") == {
         "model_states-0.pt": 1 << 20}
+
+
+def test_pt_save_writes_each_file_through_torch_save_and_reads_it_back(shared_tmp):
+    import torch
+
+    from dlio_mpi.checkpoint.sizing import checkpoint_layout
+
+    comm = _comm()
+    cfg, summary = _checkpoint_run(shared_tmp, "llama_7b", **_scaled("llama_7b"),
+                                   **{"checkpoint.checkpoint_mechanism": "pt_save"})
+    layout = checkpoint_layout(cfg, comm.Get_size())
+    expected = {name: n for r in range(comm.Get_size()) for name, n in layout.shard(r).files}
+    files = _files(shared_tmp / "ck" / "global_epoch1_step1")
+    assert sorted(files) == sorted(expected)
+    for name, nbytes in expected.items():  # the payload plus torch.save's container
+        assert nbytes < files[name] < nbytes + 64 * 1024
+    if comm.Get_rank() == 0:
+        state = torch.load(shared_tmp / "ck" / "global_epoch1_step1" / "model_0_model_states.pt",
+                           weights_only=True)
+        assert sum(t.numel() for t in state.values()) == expected["model_0_model_states.pt"]
+    ck = summary["dlio_mpi"]["checkpoint"]
+    assert ck["writer"] == "pt_save" and len(ck["records"]) == 4

@@ -1,0 +1,110 @@
+"""A checkpoint that runs out of room mid-file (ENOSPC on a small tmpfs, filled by someone
+else between two checkpoints) ends the job promptly with an error naming the file, and
+leaves nothing that looks complete; a run whose checkpoints could not fit is refused before
+any I/O."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import mpiexec
+
+MiB = 1 << 20
+SHARE = 4 * MiB  # per rank and checkpoint
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A 24 MiB tmpfs mounted for the test (needs root: skipped elsewhere)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def _settings(tmp_path, folder, *extra: str, writes: int = 2) -> list[str]:
+    """llama_7b made a flat 4 MiB model (ZeRO 1: each rank writes model_states-<rank>)."""
+    return ["model.type=null", "model.num_layers=-1", f"model.model_size_bytes={SHARE}",
+            f"checkpoint.checkpoint_folder={folder}", f"output.folder={tmp_path / 'out'}",
+            f"checkpoint.num_checkpoints_write={writes}", "checkpoint.num_checkpoints_read=0",
+            *extra]
+
+
+def _dlio_mpi(ranks: int, *args: str) -> list[str]:
+    return [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", *args]
+
+
+def _command(tmp_path, folder, *extra: str, writes: int = 2) -> list[str]:
+    return _dlio_mpi(2, "run", "llama_7b", *_settings(tmp_path, folder, *extra, writes=writes))
+
+
+def _complete(folder) -> dict:
+    try:
+        with open(folder / "dlio_mpi_checkpoints.json") as fp:
+            return {cid: c["complete"] for cid, c in json.load(fp)["checkpoints"].items()}
+    except (OSError, ValueError):
+        return {}
+
+
+def test_running_out_of_room_mid_checkpoint_ends_the_job_and_names_the_file(tmp_path, small_fs):
+    folder = small_fs / "ck"
+    job = subprocess.Popen(_command(tmp_path, folder, "checkpoint.time_between_checkpoints=3"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _complete(folder).get("global_epoch1_step1") is not True:
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.05)
+        # someone else's file takes the room the second checkpoint was counted on
+        st = os.statvfs(small_fs)
+        with open(small_fs / "someone_elses_file", "wb") as fp:
+            fp.write(b"\0" * (st.f_bavail * st.f_frsize - 2 * MiB))
+        started = time.monotonic()
+        out, err = job.communicate(timeout=60)
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise
+    assert job.returncode == 2, (out, err)
+    assert time.monotonic() - started < 30  # the time between checkpoints, then the failure
+    second = folder / "global_epoch1_step2"
+    assert "No space left on device" in err and str(second) in err, err
+    assert err.count("dlio-mpi: error") == 1, err
+    assert os.listdir(second) == [], os.listdir(second)  # no file, whole or partial
+    assert _complete(folder) == {"global_epoch1_step1": True, "global_epoch1_step2": False}
+    assert sorted(os.listdir(folder / "global_epoch1_step1")) == [
+        "model_states-0.pt", "model_states-1.pt"]
+    assert (small_fs / "someone_elses_file").exists()
+    summary = tmp_path / "out" / "summary.json"
+    assert not summary.exists()  # no results that look complete
+
+
+def test_checkpoints_that_cannot_fit_are_refused_before_any_io(tmp_path, small_fs):
+    folder = small_fs / "ck"
+    res = subprocess.run(_command(tmp_path, folder, "checkpoint.time_between_checkpoints=0",
+                                  writes=4),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "checkpoint.checkpoint_folder: the run's 4 checkpoint(s) take 0.03 GiB " \
+           "(33,554,432 bytes)" in res.stderr, res.stderr
+    assert not folder.exists()
+    validate = subprocess.run(_dlio_mpi(1, "validate", "llama_7b", "--ranks", "2",
+                                        *_settings(tmp_path, folder, writes=4)),
+                              capture_output=True, text=True, timeout=120)
+    assert validate.returncode == 0, validate.stderr
+    assert "warning         run would refuse: checkpoint.checkpoint_folder: the run's 4 " \
+           "checkpoint(s)" in validate.stdout, validate.stdout
