@@ -451,7 +451,12 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
         on_root(comm, lambda: check_dataset_removable(cfg, plan))
     striping = None
     if cfg.storage.lustre is not None:  # storage.lustre.required refuses before any I/O
-        striping = on_root(comm, lambda: check_striping(cfg.storage.lustre, data_root(cfg)))
+        if plan.splits:
+            striping = on_root(comm, lambda: check_striping(cfg.storage.lustre,
+                                                            data_root(cfg)))
+        if cfg.workflow.checkpoint:  # the checkpoint folder takes the layout too
+            on_root(comm, lambda: check_striping(cfg.storage.lustre,
+                                                 cfg.checkpoint.checkpoint_folder))
     if cfg.workflow.generate_data and plan.splits:  # no room for the dataset: before any I/O
         on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
     out = open_output(comm, cfg, plan, workload)

@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 
 from .. import _core
 from ..errors import UserError, check_all, on_root
-from ..filesystems import nearest_existing
+from ..filesystems import apply_striping, nearest_existing
 from .file_per_rank import FilePerRank, IoStats
 from .folder import CheckpointFolder
 from .results import CheckpointRecord, gather_record
@@ -130,6 +130,7 @@ class Checkpointer:
         self.writer = WRITERS[self.writer_name](WriterContext(
             comm, self.root, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes))
         self.folder = CheckpointFolder(self.root, tag) if rank == 0 else None
+        self.striping: dict | None = None  # what storage.lustre did to the folder
         self.saves = 0
 
     # -------------------------------------------------------------- before any I/O
@@ -146,10 +147,12 @@ class Checkpointer:
                     self._check_complete(cid)
             self.folder.check_clear(save_ids)
             check_checkpoint_space(self.folder, save_ids, self.layout.total_bytes)
+            lustre = self.cfg.storage.lustre  # the folder's default layout, as the data's
+            striping = apply_striping(lustre, self.root) if lustre is not None else None
             os.makedirs(self.root, exist_ok=True)  # nothing written before the checks
-            return self.folder.clear(save_ids)
+            return self.folder.clear(save_ids), striping
 
-        removed = on_root(self.comm, make_way)
+        removed, self.striping = on_root(self.comm, make_way)
         # pt_save keeps its tensors all run, as DLIO allocates them at start: made and filled
         # here, outside the first save's time
         allocate = getattr(self.writer, "allocate", None)

@@ -31,6 +31,9 @@ def open_checkpointer(comm, cfg, plan, topo, tag: str, say) -> Checkpointer:
     ckpt = Checkpointer(comm, cfg, layout, tag, topo.ranks_per_node, topo.clock_offset_ns)
     saves, loads = planned_ids(cfg, plan.steps_per_epoch)
     removed = ckpt.prepare(saves, loads)
+    for key in ("note", "mismatch"):
+        if ckpt.striping and ckpt.striping.get(key):
+            say(f"checkpoint striping: {ckpt.striping[key]}")
     if removed:
         say(f"checkpoint: removed {len(removed)} earlier checkpoint(s) of dlio-mpi in "
             f"{cfg.checkpoint.checkpoint_folder} to make way: {', '.join(removed)}")
@@ -115,7 +118,7 @@ def describe_checkpoints(cfg, ckpt: Checkpointer, records: list[CheckpointRecord
         "writer": writer_name(ck), "layout": ck.layout,
         "checkpoint_mechanism": ck.checkpoint_mechanism, "odirect": ck.odirect,
         "fsync": ck.fsync, "mpiio_hints": dict(ck.mpiio_hints),
-        "folder": ck.checkpoint_folder,
+        "folder": ck.checkpoint_folder, "striping": ckpt.striping,
         "restore": {"methods": restore_methods(ck) if any(r.kind == "load" for r in records)
                     else [],
                     "warnings": restore_warnings(

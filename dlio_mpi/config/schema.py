@@ -291,14 +291,16 @@ def _stripe_size_bytes(text: str, path: str) -> int:
 
 @dataclass(frozen=True)
 class Lustre:
-    """Ours: the Lustre layout set with `lfs setstripe` on the data folder before files are
-    created (filesystems.apply_striping). Unset keys keep lfs's defaults."""
+    """Ours: the Lustre layout set with `lfs setstripe` on the data folder and the checkpoint
+    folder before files are created (filesystems.apply_striping). Unset keys keep lfs's
+    defaults."""
 
     stripe_count: int | None = key(None, "int", optional=True, minimum=-1,  # -1: all OSTs
                                    maximum=2000)  # Lustre's LOV_MAX_STRIPE_COUNT
     stripe_size: int | None = key(None, "str", optional=True)  # bytes, or "4M"; stored as bytes
     pool: str | None = key(None, "str", optional=True)  # an OST pool: "flash" or "fsname.flash"
-    # true: a data folder that is not on Lustre, or a layout lfs cannot set, is an error
+    # true: a data or checkpoint folder that is not on Lustre, or a layout lfs cannot set,
+    # is an error
     required: bool = key(False, "bool")
 
     def __post_init__(self) -> None:
