@@ -1,9 +1,11 @@
 """Shared test fixtures. Under mpiexec every rank gets its own pytest base temp folder (so the
-ranks do not race on pytest's numbered folders); MPI tests share rank 0's folder."""
+ranks do not race on pytest's numbered folders), inside one folder per job; MPI tests share
+rank 0's folder."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,9 +16,19 @@ RANK = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
 
 def pytest_configure(config):
     if RANK is not None and not config.option.basetemp:
-        parent = Path(f"/tmp/dlio-mpi-tests-{os.getuid()}")
-        parent.mkdir(exist_ok=True)
-        config.option.basetemp = str(parent / f"rank{RANK}")
+        # One folder per mpiexec job (the ranks of a node share their launcher, the parent
+        # process): pytest empties its base temp at start, so two suites running at once
+        # must not share one. Folders of jobs whose launcher is gone are removed.
+        root = Path(f"/tmp/dlio-mpi-tests-{os.getuid()}")
+        root.mkdir(exist_ok=True)
+        launcher = os.getppid()
+        for old in root.glob("job*"):
+            pid = old.name[3:]
+            if pid.isdigit() and int(pid) != launcher and not os.path.exists(f"/proc/{pid}"):
+                shutil.rmtree(old, ignore_errors=True)
+        job = root / f"job{launcher}"
+        job.mkdir(exist_ok=True)
+        config.option.basetemp = str(job / f"rank{RANK}")
 
 
 @pytest.fixture

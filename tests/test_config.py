@@ -264,8 +264,8 @@ def test_type_conversions():
                                             "implemented yet in dlio-mpi; accepted: true"),
     (["checkpoint.checkpoint_mechanism=pt_save", "checkpoint.layout=shared"],
      "checkpoint.layout: shared writes one file through MPI-IO, which torch.save cannot"),
-    (["checkpoint.odirect=true", "checkpoint.layout=shared"],
-     "checkpoint.odirect: true does not combine with layout shared"),
+    (["checkpoint.odirect=true", "checkpoint.checkpoint_mechanism=pt_save"],
+     "checkpoint.odirect: true does not combine with checkpoint_mechanism pt_save"),
     (["checkpoint.checkpoint_mechanism=tf_save"], "checkpoint.checkpoint_mechanism: 'tf_save' "
                                                   "is not implemented yet"),
     (["checkpoint.checkpoint_mechanism_classname=my.Ckpt"],

@@ -61,7 +61,8 @@ def _file_per_rank(ctx: WriterContext) -> CheckpointWriter:
 
 
 def _shared(ctx: WriterContext) -> CheckpointWriter:
-    return SharedFile(ctx.comm, ctx.folder, ctx.tag, ctx.fsync, ctx.hints, ctx.sizes)
+    return SharedFile(ctx.comm, ctx.folder, ctx.tag, ctx.fsync, ctx.hints, ctx.sizes,
+                      odirect=ctx.odirect)
 
 
 def _pt_save(ctx: WriterContext) -> CheckpointWriter:

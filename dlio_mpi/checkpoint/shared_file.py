@@ -8,7 +8,12 @@ MPI-IO striping hints act at its creation and no file in the way is ever written
 File.Sync when checkpoint.fsync, and renamed by rank 0 to its final name only when every rank's
 bytes are in, never over an existing file. A rank's bytes are the checkpoint shard of its
 (checkpoint, rank) seed in blocks of `chunk` bytes, as file_per_rank writes them, so a restore
-checks them the same way."""
+checks them the same way.
+
+With checkpoint.odirect (ROMIO's UFS driver has no direct I/O), the file is still created
+collectively through MPI-IO, but each rank writes and reads its share itself with the C core's
+O_DIRECT pwrite/pread (fsync per rank), at an offset rounded up to ALIGN (so that no two ranks
+share a stripe or a block: IOR's POSIX shared-file mode)."""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from .file_per_rank import IoStats, shard_seed
 from .sizing import EXTENSION, RankShard
 
 CHUNK = 64 << 20  # bytes per rank and round
+ALIGN = 1 << 20  # a rank's share starts at a multiple of this with O_DIRECT
 NAME = f"shared_model_optim_states.{EXTENSION}"  # the one file of a checkpoint
 
 
@@ -34,10 +40,12 @@ class SharedFile:
     where rank r - 1's ends."""
 
     def __init__(self, comm, folder: str, tag: str, fsync: bool, hints: dict[str, str],
-                 sizes: list[int], chunk: int = CHUNK) -> None:
+                 sizes: list[int], chunk: int = CHUNK, odirect: bool = False) -> None:
         self.comm, self.folder, self.tag = comm, folder, tag
-        self.fsync, self.hints, self.chunk = fsync, dict(hints), chunk
-        self.starts = [0, *np.cumsum(sizes, dtype=np.int64).tolist()][:len(sizes)]
+        self.fsync, self.hints, self.chunk, self.odirect = fsync, dict(hints), chunk, odirect
+        align = ALIGN if odirect else 1
+        spans = [-(-n // align) * align for n in sizes]
+        self.starts = [0, *np.cumsum(spans, dtype=np.int64).tolist()][:len(sizes)]
 
     def file_names(self, shards) -> list[str]:
         return [NAME]
@@ -60,11 +68,18 @@ class SharedFile:
         blocks = self._blocks(checkpoint, shard, _core.shard_block)
         handle = open_shared(self.comm, tmp, self.hints,
                              MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
-        stats = IoStats(files=1)
+        stats = IoStats(files=0 if self.odirect else 1)  # IoStats.add counts the file
         try:
-            stats.bytes = write_rounds(self.comm, handle, blocks, tmp)
-            stats.calls = len(blocks)
-            if self.fsync:
+            if self.odirect:
+                stats.add(check_all(self.comm, lambda: self._posix(
+                    tmp, os.O_WRONLY, lambda fd: _core.write_shard(
+                        fd, self.starts[shard.rank], shard.nbytes,
+                        shard_seed(checkpoint, shard.rank, 0), self.chunk, True, self.fsync,
+                        tmp))))
+            else:
+                stats.bytes = write_rounds(self.comm, handle, blocks, tmp)
+                stats.calls = len(blocks)
+            if self.fsync and not self.odirect:
                 started = _core.now_ns()
                 check_all(self.comm, lambda: mpiio_call(handle.Sync, "sync", tmp))
                 stats.syncs, stats.sync_ns = 1, _core.now_ns() - started
@@ -104,6 +119,13 @@ class SharedFile:
                 raise OSError(5, f"checkpoint {path}: block {block} of rank "
                                  f"{shard.rank} does not hold the bytes written", path)
 
+        if self.odirect:
+            stats = IoStats()
+            stats.add(check_all(self.comm, lambda: self._posix(
+                path, os.O_RDONLY | os.O_DIRECT, lambda fd: _core.read_shard(
+                    fd, self.starts[shard.rank], shard.nbytes,
+                    shard_seed(checkpoint, shard.rank, 0), self.chunk, 1, path))))
+            return stats
         blocks = self._blocks(checkpoint, shard, check)
         handle = open_shared(self.comm, path, self.hints, MPI.MODE_RDONLY)
         try:
@@ -114,3 +136,12 @@ class SharedFile:
                        verified=sum(n if k % 64 == 0 else min(16, n)
                                     for k, (_, n, _) in enumerate(blocks)))
 
+    @staticmethod
+    def _posix(path: str, flags: int, move) -> dict:
+        """move(fd) on this rank's own descriptor of the shared file (O_NONBLOCK: nothing in
+        its place can block the open)."""
+        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            return move(fd)
+        finally:
+            os.close(fd)

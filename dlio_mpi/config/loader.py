@@ -334,12 +334,10 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError("checkpoint.layout: shared writes one file through MPI-IO, which "
                           "torch.save cannot; expected file_per_rank with "
                           "checkpoint_mechanism pt_save (or checkpoint_mechanism native)")
-    if ck.odirect and (ck.layout == "shared" or ck.checkpoint_mechanism == "pt_save"):
-        what = ("layout shared (MPI-IO: set the file system's direct-I/O hints in "
-                "checkpoint.mpiio_hints instead)" if ck.layout == "shared"
-                else "checkpoint_mechanism pt_save (torch.save writes through the page cache)")
-        raise ConfigError(f"checkpoint.odirect: true does not combine with {what}; expected "
-                          "false, or layout file_per_rank with checkpoint_mechanism native")
+    if ck.odirect and ck.checkpoint_mechanism == "pt_save":
+        raise ConfigError("checkpoint.odirect: true does not combine with checkpoint_mechanism "
+                          "pt_save (torch.save writes through the page cache); expected false, "
+                          "or checkpoint_mechanism native")
 
 
 # --------------------------------------------------------------------------- entry point
