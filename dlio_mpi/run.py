@@ -240,8 +240,9 @@ class Checkpoints:
     checkpointer: Checkpointer
     records: list = field(default_factory=list)
 
-    def save(self, due: Due | None, index: int, out: OutputFolder) -> None:
-        record = self.checkpointer.save(due.checkpoint_id, index)
+    def save(self, due: Due, out: OutputFolder) -> None:
+        """Collective: save the checkpoint `due` now (the run's next save)."""
+        record = self.checkpointer.save(due.checkpoint_id, len(self.records) + 1)
         self.records.append((due, record))
         say(self.checkpointer.comm, announce(record), out=out)
 
@@ -264,25 +265,17 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     stop = 0
     schedule = (training_schedule(cfg.checkpoint, cfg.train.epochs, plan.steps_per_epoch)
                 if checkpoints is not None else [])
-    saved = 0
-
-    def save(due: Due) -> None:
-        nonlocal saved
-        saved += 1
-        checkpoints.save(due, saved, out)
-
     for epoch in range(1, cfg.train.epochs + 1):
         for phase in phases:
             if phase.name == "eval":
                 if epoch < next_eval:
                     continue
                 next_eval += cfg.evaluation.epochs_between_evals
-            inside = {d.step: d for d in schedule if d.epoch == epoch} \
-                if phase.name == "train" else {}
+            due = {d.step: d for d in schedule if d.epoch == epoch and phase.name == "train"}
             summary = run_phase_epoch(
                 comm, cfg, phase, epoch, rng, topo, wall_offset, out,
-                pause_after=steps_due(schedule, epoch, phase.steps) if inside else [],
-                pause=lambda step, inside=inside: save(inside[step]))
+                pause_after=steps_due(schedule, epoch, phase.steps) if due else [],
+                pause=lambda step, due=due: checkpoints.save(due[step], out))
             if summary is not None:
                 done[phase.name].append(summary)
             # the step loop stops every rank after the same step; a signal that came during
@@ -291,8 +284,8 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
             if stop:
                 break
             if phase.name == "train":  # after the last step (step mode) or the epoch
-                for due in after_epoch(schedule, epoch, phase.steps):
-                    save(due)
+                for last in after_epoch(schedule, epoch, phase.steps):
+                    checkpoints.save(last, out)
         if stop:
             break
     # Closed only on success: on an error the job aborts at once, without waiting for reads

@@ -30,7 +30,9 @@
             file_per_rank's O_DIRECT save beside fio's O_DIRECT sequential write (2 jobs, the
             same bytes per job, end_fsync) and its O_DIRECT load beside fio's O_DIRECT read of
             the files fio wrote; shared (collective MPI-IO, one file; ROMIO's defaults, and
-            with romio_cb_write disabled for reference) beside file_per_rank. dlio-mpi's
+            with romio_cb_write disabled for reference) beside file_per_rank, with O_DIRECT
+            and through the page cache (like for like: ROMIO's UFS driver has no O_DIRECT);
+            shared with O_DIRECT (each rank's own calls into the one file). dlio-mpi's
             figures come from each run's summary.json; median of 3 rounds, dlio-mpi and fio
             taking turns; ratios against issue 8's targets. DLIO_MPI_BENCH_CHECKPOINT_BYTES
             sets other bytes per rank (a multiple of 64 MiB) for a quick try.
@@ -597,10 +599,13 @@ CKPT_BLOCK = 64 * 2**20  # bytes per write/read call: the writers' (C core, MPI-
 # the runs of `dlio-mpi run`: name: (checkpoint.layout, checkpoint.odirect, mpiio_hints)
 CKPT_VARIANTS: dict[str, tuple[str, bool, dict[str, str]]] = {
     "file_per_rank": ("file_per_rank", True, {}),
-    # ROMIO's UFS driver has no O_DIRECT (dlio-mpi refuses odirect with layout shared): the
-    # load drops the file from the page cache first
-    "shared": ("shared", False, {}),  # ROMIO's defaults, as no hints are given
+    # through the page cache, like for like with the collective writes: ROMIO's UFS driver
+    # has no O_DIRECT (their loads drop the files from the page cache first)
+    "file_per_rank_buffered": ("file_per_rank", False, {}),
+    "shared": ("shared", False, {}),  # collective MPI-IO, ROMIO's defaults (no hints given)
     "shared_cb_disabled": ("shared", False, {"romio_cb_write": "disable"}),  # for reference
+    # one file created collectively, each rank's share by its own O_DIRECT calls
+    "shared_odirect": ("shared", True, {}),
 }
 
 
@@ -706,20 +711,23 @@ def bench_checkpoint(work: Path, repeats: int = 3) -> dict:
         return statistics.median(r[kind]["MiB_per_s"] if what != "fio" else r[kind]
                                  for r in runs[what])
 
-    figures = {"file_per_rank_save": med("file_per_rank", "save"),
-               "file_per_rank_load": med("file_per_rank", "load"),
-               "shared_save": med("shared", "save"), "shared_load": med("shared", "load"),
-               "shared_cb_disabled_save": med("shared_cb_disabled", "save"),
-               "shared_cb_disabled_load": med("shared_cb_disabled", "load"),
-               "fio_write": med("fio", "write_MiB_per_s"),
-               "fio_read": med("fio", "read_MiB_per_s")}
+    figures = {f"{variant}_{kind}": med(variant, kind)
+               for variant in CKPT_VARIANTS for kind in ("save", "load")}
+    figures |= {"fio_write": med("fio", "write_MiB_per_s"),
+                "fio_read": med("fio", "read_MiB_per_s")}
     ratios = {  # name: (figure, over, target)
         "file_per_rank_save_over_fio_write": ("file_per_rank_save", "fio_write", 0.9),
         "shared_save_over_file_per_rank_save": ("shared_save", "file_per_rank_save", 0.7),
         "file_per_rank_load_over_fio_read": ("file_per_rank_load", "fio_read", 0.9),
         "shared_load_over_file_per_rank_load": ("shared_load", "file_per_rank_load", None),
+        "shared_save_over_file_per_rank_buffered_save": (
+            "shared_save", "file_per_rank_buffered_save", None),
         "shared_cb_disabled_save_over_file_per_rank_save": (
-            "shared_cb_disabled_save", "file_per_rank_save", None)}
+            "shared_cb_disabled_save", "file_per_rank_save", None),
+        "shared_odirect_save_over_file_per_rank_save": (
+            "shared_odirect_save", "file_per_rank_save", None),
+        "shared_odirect_load_over_file_per_rank_load": (
+            "shared_odirect_load", "file_per_rank_load", None)}
     result: dict[str, object] = {
         "source": f"dlio-mpi run summaries (mpiexec -n {CKPT_RANKS} dlio-mpi run, "
                   "checkpoint-only workflow; summary.json metric and "
@@ -730,11 +738,11 @@ def bench_checkpoint(work: Path, repeats: int = 3) -> dict:
         "MiB_per_s": figures, "runs": runs,
         "ratios": {name: {"ratio": figures[a] / figures[b], "target": target}
                    for name, (a, b, target) in ratios.items()}}
-    print(f"checkpoint: {CKPT_RANKS} ranks x {nbytes / 2**30:g} GiB, O_DIRECT, fsync, "
+    print(f"checkpoint: {CKPT_RANKS} ranks x {nbytes / 2**30:g} GiB, fsync, "
           f"{CKPT_BLOCK >> 20} MiB calls, median of {repeats} rounds (MiB/s; dlio-mpi's from "
           "`dlio-mpi run` summaries):", flush=True)
     for name, value in figures.items():
-        print(f"  {name:24} {value:8,.0f}", flush=True)
+        print(f"  {name:30} {value:8,.0f}", flush=True)
     for name, r in result["ratios"].items():
         target = (f"target >= {r['target']}: {'met' if r['ratio'] >= r['target'] else 'MISSED'}"
                   if r["target"] is not None else "no target")
