@@ -237,6 +237,9 @@ int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_er
 #define DIO_REQ_OPEN   1u  /* open a fresh descriptor (and fstat it) before this request */
 #define DIO_REQ_CLOSE  2u  /* close the access's descriptor after this request */
 #define DIO_REQ_FSTAT  4u  /* one more fstat before this request */
+#define DIO_REQ_MMAP   8u  /* read by mapping the extent (mmap, MAP_SHARED) and copying it out,
+                            * which touches every page, as an mmap reader consuming the sample
+                            * does; one read op per request; not with O_DIRECT */
 
 /* One epoch of requests: batch b covers requests [batch_start[b], batch_start[b+1]).  The
  * arrays are copied by dio_engine_start_epoch.  batch_start[0] must be 0 and batch_start must

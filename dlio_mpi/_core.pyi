@@ -65,6 +65,7 @@ class Batch:
 REQ_OPEN: int
 REQ_CLOSE: int
 REQ_FSTAT: int
+REQ_MMAP: int
 
 class Engine:
     def __init__(self, threads: int, prefetch: int, odirect: bool = False, fd_cache: int = 256,

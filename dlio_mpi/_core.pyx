@@ -111,6 +111,7 @@ cdef extern from "dio.h" nogil:
     uint32_t DIO_REQ_OPEN
     uint32_t DIO_REQ_CLOSE
     uint32_t DIO_REQ_FSTAT
+    uint32_t DIO_REQ_MMAP
 
     ctypedef struct dio_batch:
         int64_t index
@@ -566,6 +567,7 @@ cdef class Batch:
 REQ_OPEN = DIO_REQ_OPEN
 REQ_CLOSE = DIO_REQ_CLOSE
 REQ_FSTAT = DIO_REQ_FSTAT
+REQ_MMAP = DIO_REQ_MMAP
 
 
 cdef class Engine:

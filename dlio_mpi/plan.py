@@ -213,6 +213,23 @@ def _mpiio_notes(rd) -> list[str]:
     return notes
 
 
+def _check_mapped_reads(cfg) -> None:
+    """A format read by mmap (mmap_indexed_binary) goes through the page cache, with the
+    native engine's mapped reads only."""
+    from .formats import get_format
+
+    if not getattr(get_format(cfg.dataset.format), "reads_by_mmap", False):
+        return
+    if cfg.reader.odirect:
+        raise UserError(f"reader.odirect: true does not combine with dataset.format "
+                        f"{cfg.dataset.format}, which is read through a memory mapping (the "
+                        "page cache); expected false, or dataset.format indexed_binary")
+    if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
+        raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, but "
+                        f"dataset.format {cfg.dataset.format} is read through a memory "
+                        "mapping; expected multi (or dataset.format indexed_binary)")
+
+
 def _check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
     """Drawn sample shapes are kept for every file on every rank: refuse before drawing them
     when the ranks of a node could not hold them."""
@@ -327,6 +344,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         if fmt not in implemented_formats():
             raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
                             f"implemented: {', '.join(implemented_formats())}")
+        _check_mapped_reads(cfg)
         _check_shape_memory(cfg, max(local_ranks, node[0]), node[1])
         splits = describe_dataset(cfg)
         _check_sizes(cfg, splits)

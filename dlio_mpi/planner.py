@@ -44,6 +44,7 @@ class AccessPolicy:
     odirect: bool = False
     blksize: int = 4096  # st_blksize of the data: buffered loaders read in units of it
     format_reads: object = None  # fmt.loader_reads(layouts, blksize) or None
+    mmap: bool = False  # the format's reader maps the file: every request is an mmap read
 
     def whole_file(self, lay: Layouts) -> WholeFileReads:
         if self.odirect or self.format_reads is None:
@@ -134,6 +135,8 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
         expect = length
         flags = np.zeros(len(ids), dtype=np.uint32)
         payload = lay.sample_bytes
+    if policy.mmap:
+        flags = flags | _core.REQ_MMAP
     batch_payload = np.bincount(step_of, weights=payload, minlength=steps).astype(np.int64)
     return ReadPlan(ids, _batches_of(req_step, steps),
                     np.ascontiguousarray(file_idx, dtype=np.int64),
