@@ -179,7 +179,8 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
                                             fmt.loader_facts(files.path(0))))
     policy = AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
         facts, np.dtype(split.dtype).itemsize, split.samples_per_file),
-        mmap=getattr(fmt, "reads_by_mmap", False))
+        mmap=getattr(fmt, "reads_by_mmap", False),
+        reads_nothing=getattr(fmt, "reads_nothing", False))
     options = ReaderOptions.from_config(rd, comm.Get_rank())
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
     if train:

@@ -11,10 +11,11 @@ from .base import FileLayout, Format, SampleSpec, StoredArray
 from .indexed_binary import IndexedBinaryFormat, MmapIndexedBinaryFormat
 from .npy import NpyFormat
 from .npz import NpzFormat
+from .synthetic import SyntheticFormat
 
 _REGISTRY: dict[str, Format] = {
     fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat(),
-                              MmapIndexedBinaryFormat())
+                              MmapIndexedBinaryFormat(), SyntheticFormat())
 }
 
 
