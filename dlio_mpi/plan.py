@@ -398,13 +398,14 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
     if not cfg.workflow.checkpoint:
         return None
     from .checkpoint.checkpointer import restore_methods, writer_name
-    from .checkpoint.schedule import checkpoint_only_ids, training_schedule
+    from .checkpoint.schedule import Schedule
     from .checkpoint.sizing import checkpoint_layout
 
     ck = cfg.checkpoint
     sizing = checkpoint_layout(cfg, ranks).summary()
+    schedule = Schedule.of(cfg, steps)
+    saves, loads = schedule.saves, schedule.loads
     if cfg.workflow.train:
-        saves, loads = len(training_schedule(ck, cfg.train.epochs, steps)), 0
         if ck.steps_between_checkpoints >= 0:
             when = (f"after every {ck.steps_between_checkpoints} steps of each epoch (each "
                     "ends a block of steps)" if ck.steps_between_checkpoints else "never "
@@ -413,8 +414,6 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
             when = (f"after epoch {ck.checkpoint_after_epoch}, then every "
                     f"{ck.epochs_between_checkpoints} epoch(s)")
     else:
-        save_ids, load_ids = checkpoint_only_ids(ck)
-        saves, loads = len(save_ids), len(load_ids)
         pause = ck.time_between_checkpoints
         when = (f"checkpoint-only: {saves} save(s), then {loads} load(s), each after "
                 + (f"{pause.mean:g} s" if pause is not None else "1 s (DLIO's default)"))
@@ -630,7 +629,7 @@ def render_plan(r: Mapping) -> str:
                   "pt_save": "each rank its own files through torch.save"}[ck["writer"]]
         restore = (f"; restores defeat the page cache by {' + '.join(ck['restore_methods'])}"
                    if ck["restore_methods"] else "")
-        lines.append(f"checkpoints     {ck['when']}; {ck['saves']} checkpoint(s) "
+        lines.append(f"checkpoints     {ck['when']}; {ck['saves']:,} checkpoint(s) "
                      f"({_size(ck['bytes_written'])}, all kept) in {ck['folder']}: {writer}, "
                      f"O_DIRECT {'on' if ck['odirect'] else 'off'}, fsync "
                      f"{'on' if ck['fsync'] else 'off'}"
