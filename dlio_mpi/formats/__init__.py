@@ -11,9 +11,10 @@ from .base import FileLayout, Format, SampleSpec, StoredArray
 from .indexed_binary import IndexedBinaryFormat
 from .npy import NpyFormat
 from .npz import NpzFormat
+from .tfrecord import TFRecordFormat
 
 _REGISTRY: dict[str, Format] = {
-    fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat())
+    fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat(), TFRecordFormat())
 }
 
 
