@@ -12,10 +12,11 @@ from .indexed_binary import IndexedBinaryFormat, MmapIndexedBinaryFormat
 from .npy import NpyFormat
 from .npz import NpzFormat
 from .synthetic import SyntheticFormat
+from .tfrecord import TFRecordFormat
 
 _REGISTRY: dict[str, Format] = {
     fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat(),
-                              MmapIndexedBinaryFormat(), SyntheticFormat())
+                              MmapIndexedBinaryFormat(), SyntheticFormat(), TFRecordFormat())
 }
 
 
