@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .formats import FileLayout, Format, SampleSpec, get_format
+from .formats import FileLayout, Format, SampleSpec, format_for
 
 SPLITS = ("train", "valid")
 SHAPE_SEED = 10  # DLIO seeds its global NumPy RNG with 10 before drawing file shapes
@@ -331,7 +331,7 @@ def sample_shapes(dataset, total_files: int) -> np.ndarray:
 def describe_dataset(cfg) -> dict[str, DatasetSplit]:
     """The train and valid splits of the workload `cfg` (pure computation, no I/O)."""
     ds = cfg.dataset
-    fmt = get_format(ds.format)
+    fmt = format_for(ds)
     root = os.path.join(cfg.storage.storage_root, ds.data_folder)
     counts = {"train": ds.num_files_train, "valid": ds.num_files_eval}
     subfolders = {"train": ds.num_subfolders_train, "valid": ds.num_subfolders_eval}

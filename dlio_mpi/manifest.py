@@ -18,7 +18,7 @@ MANIFEST_NAME = "dlio_mpi_manifest.json"
 def generation_params(cfg) -> dict:
     """The configuration values that determine the generated files' names and bytes."""
     ds = cfg.dataset
-    return {
+    params = {
         "format": ds.format,
         "num_files_train": ds.num_files_train,
         "num_files_eval": ds.num_files_eval,
@@ -32,6 +32,13 @@ def generation_params(cfg) -> dict:
         "record_element_type": ds.record_element_type,
         "sample_layout": ds.sample_layout,
     }
+    if ds.format == "hdf5":  # only there, so that other datasets' manifests stay valid
+        params["hdf5"] = {"num_dset_per_record": ds.hdf5.num_dset_per_record,
+                          "chunk_dims": list(ds.hdf5.chunk_dims),
+                          "max_shape": list(ds.hdf5.max_shape),
+                          "compression": ds.compression,
+                          "compression_level": ds.compression_level}
+    return params
 
 
 def manifest_path(root: str) -> str:

@@ -15,7 +15,7 @@ from .config import keys_set, support_notes
 from .dataset import DatasetSplit, LayoutTable, describe_dataset
 from .errors import UserError
 from .filesystems import setstripe_args
-from .formats import implemented_formats
+from .formats import implemented_formats, read_refusal
 from .planner import READ_MODES
 from .sharding import steps_per_epoch
 from .topology import emulated_ranks_per_node, host_info, plan_topology
@@ -348,8 +348,12 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         _check_shape_memory(cfg, max(local_ranks, node[0]), node[1])
         splits = describe_dataset(cfg)
         _check_sizes(cfg, splits)
-        layouts = {name: split.expected_layouts() for name, split in splits.items()}
         train = splits["train"]
+        if cfg.workflow.train and not generating:  # files the engine cannot read yet
+            refusal = read_refusal(train.format, train.spec(0))
+            if refusal:
+                raise UserError(refusal)
+        layouts = {name: split.expected_layouts() for name, split in splits.items()}
         files, samples = train.num_files, train.num_samples
         dataset_bytes = sum(table.total("size") for table in layouts.values())
         if cfg.workflow.train:

@@ -51,6 +51,7 @@ DEAD = "DLIO never reads it either"
 # never reads (dlio-benchmark 2.0.0's dlrm.yaml; its utils/config.py LoadConfig)
 RELEASED_UNREAD = ("as in DLIO 2.0.0 (set in its dlrm.yaml, never read by its configuration "
                    "loader)")
+HDF5_ONLY = "dataset.format is not hdf5 (DLIO uses them for hdf5 files only)"
 BATCH_COPY = ("DLIO copies a constant decoded sample of this size into every batch after the "
               "read; the native engine hands over the bytes read and has no such copy yet")
 
@@ -74,7 +75,8 @@ class Rule:
     (NON_DEFAULT: all but the default); `inert`: why a value away from the default has no
     effect in dlio-mpi (completes "because ..."; a reason starting "as in " completes "no
     effect, ...": the key has none in the reference either; a section's reason covers its
-    keys)."""
+    keys); `acts_if`: (dotted key, values) pairs that all hold where the key acts, `inert`
+    being the reason it does not elsewhere (a key of one dataset.format)."""
 
     kind: str
     choices: tuple = ()
@@ -86,6 +88,7 @@ class Rule:
     section: type | None = None
     unimplemented: tuple | str = ()
     inert: str = ""
+    acts_if: tuple = ()
 
     def convert(self, value: Any, path: str, stdev: Any = None, stdev_path: str = "") -> Any:
         """The typed value of `value` at `path`, or ConfigError. `stdev` is the value of a
@@ -214,9 +217,9 @@ def key(default: Any, kind: str, **rule: Any) -> Any:
     return field(default=default, metadata={"rule": Rule(kind, **rule)})
 
 
-def section(cls: type, optional: bool = False, inert: str = "") -> Any:
+def section(cls: type, optional: bool = False, inert: str = "", acts_if: tuple = ()) -> Any:
     """A field holding a nested section (absent and optional -> None)."""
-    rule = Rule("section", optional=optional, section=cls, inert=inert)
+    rule = Rule("section", optional=optional, section=cls, inert=inert, acts_if=acts_if)
     if optional:
         return field(default=None, metadata={"rule": rule})
     return field(default_factory=cls, metadata={"rule": rule})
@@ -364,12 +367,16 @@ class Dataset:
     num_subfolders_eval: int = key(0, "int", minimum=0)
     file_prefix: str = key("img", "str")
     format: str = key("tfrecord", "str", choices=FORMATS)
-    # compressed files change what is measured (CPU-bound decompression, fewer bytes)
+    # hdf5 files are generated compressed (gzip, lzf) as DLIO writes them; other formats'
+    # compression (npz: zip; csv) is not implemented yet
     compression: str = key("none", "str", choices=("none", "gzip", "lzf", "bz2", "zip", "xz"),
-                           unimplemented=("gzip", "lzf", "bz2", "zip", "xz"))
+                           unimplemented=("bz2", "zip", "xz"), inert=HDF5_ONLY,
+                           acts_if=(("dataset.format", ("hdf5",)),))
     compression_level: int = key(4, "int", minimum=0, maximum=9,
-                                 inert="dataset.compression is none (compression is not "
-                                       "implemented yet)")
+                                 inert="only gzip has a level (dataset.format hdf5, "
+                                       "dataset.compression gzip)",
+                                 acts_if=(("dataset.format", ("hdf5",)),
+                                          ("dataset.compression", ("gzip",))))
     enable_chunking: bool = key(False, "bool", inert=DEAD)
     chunk_size: int = key(0, "int", minimum=0, inert=DEAD)
     keep_files: bool = key(True, "bool")
@@ -378,7 +385,7 @@ class Dataset:
         None, "int", optional=True, minimum=1,
         inert="the element size is dataset.record_element_type's, as DLIO derives it")
     record_dims: tuple[int, ...] = key((), "ints", minimum=1)
-    hdf5: Hdf5 = section(Hdf5, inert="dataset.format hdf5 is not implemented yet")
+    hdf5: Hdf5 = section(Hdf5, inert=HDF5_ONLY, acts_if=(("dataset.format", ("hdf5",)),))
     # ours: where the samples sit in npy/npz arrays ('first_axis': one sample is one contiguous
     # extent; 'last_axis': DLIO's generator layout)
     sample_layout: str = key("first_axis", "str", choices=("first_axis", "last_axis"))
@@ -633,17 +640,26 @@ def to_plain(obj: Any) -> dict[str, Any]:
     return out
 
 
-def _set_keys(obj: Any, path: str = "", inherited: str = ""):
+def _set_keys(obj: Any, path: str = "", inherited: str = "", root: Any = None):
     """(dotted key, rule, value, default, inert reason) of every key of `obj` set away from
-    its default; a set optional section is one entry (its keys are not shown)."""
+    its default; a set optional section is one entry (its keys are not shown). `root`: the
+    whole configuration, which Rule.acts_if looks into (default: `obj`)."""
+    root = obj if root is None else root
     for f in fields(obj):
         rule, value, where = f.metadata["rule"], getattr(obj, f.name), _join(path, f.name)
         default = f.default if f.default is not MISSING else f.default_factory()
-        inert = rule.inert or inherited
+        acts = rule.acts_if and all(_value_at(root, key) in values for key, values in rule.acts_if)
+        inert = inherited if acts else rule.inert or inherited
         if rule.kind == "section" and value is not None and not rule.optional:
-            yield from _set_keys(value, where, inert)
+            yield from _set_keys(value, where, inert, root)
         elif value != default:
             yield where, rule, value, default, inert
+
+
+def _value_at(obj: Any, dotted: str) -> Any:
+    for name in dotted.split("."):
+        obj = getattr(obj, name)
+    return obj
 
 
 def _yaml_text(value: Any) -> str:

@@ -8,6 +8,7 @@ computed from the generation parameters or probed from an existing file's header
 from __future__ import annotations
 
 from .base import FileLayout, Format, SampleSpec, StoredArray
+from .hdf5 import Hdf5Format
 from .indexed_binary import IndexedBinaryFormat, MmapIndexedBinaryFormat
 from .npy import NpyFormat
 from .npz import NpzFormat
@@ -16,7 +17,8 @@ from .tfrecord import TFRecordFormat
 
 _REGISTRY: dict[str, Format] = {
     fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat(),
-                              MmapIndexedBinaryFormat(), SyntheticFormat(), TFRecordFormat())
+                              MmapIndexedBinaryFormat(), SyntheticFormat(), TFRecordFormat(),
+                              Hdf5Format())
 }
 
 
@@ -30,5 +32,20 @@ def get_format(name: str) -> Format:
     return _REGISTRY[name]
 
 
-__all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "get_format",
-           "implemented_formats"]
+def format_for(dataset) -> Format:
+    """The format of the `dataset` section, configured by its format's own keys (hdf5:
+    dataset.hdf5.*, dataset.compression); ConfigError for values it cannot take."""
+    fmt = get_format(dataset.format)
+    configure = getattr(fmt, "configure", None)
+    return configure(dataset) if configure is not None else fmt
+
+
+def read_refusal(fmt: Format, spec: SampleSpec) -> str:
+    """Why files of `fmt` like `spec` cannot be read by the native engine yet ('' when they
+    can): a run that trains on them is refused before any I/O."""
+    refusal = getattr(fmt, "read_refusal", None)
+    return refusal(spec) if refusal is not None else ""
+
+
+__all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "format_for", "get_format",
+           "implemented_formats", "read_refusal"]
