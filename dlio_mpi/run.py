@@ -179,7 +179,7 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
                                             fmt.loader_facts(files.path(0))))
     policy = AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
         facts, np.dtype(split.dtype).itemsize, split.samples_per_file))
-    options = ReaderOptions.from_config(rd, comm.Get_rank())
+    options = ReaderOptions.from_config(rd, comm.Get_rank(), dlio_record_length(cfg.dataset))
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
     if train:
         return Phase(name, split, files, reader,
