@@ -95,6 +95,20 @@ void dio_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start);
 int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                      uint32_t *crc, const char *path, dio_error *err);
 
+/* TFRecord's CRC mask: ((crc >> 15) | (crc << 17)) + 0xa282ead8 (mod 2^32). */
+uint32_t dio_crc32c_mask(uint32_t crc);
+
+/* Write `count` TFRecord records of equal framing to fd at offset (dio_tfrecord.c): each is
+ * head (head_len >= 12 bytes: the uint64 length, its masked CRC-32C, the data before the
+ * payload), payload_len bytes of the stream of seed (record r: its bytes from
+ * start + r * payload_len on), tail (the rest of the data), and the masked CRC-32C of the data
+ * (everything after the head's first 12 bytes).  EINVAL when the head's length field does
+ * not match; through one reused buffer of chunk bytes (0 = 8 MiB). */
+int dio_write_tfrecords(int fd, int64_t offset, const void *head, size_t head_len,
+                        const void *tail, size_t tail_len, uint64_t payload_len, int64_t count,
+                        uint64_t seed, uint64_t start, size_t chunk, const char *path,
+                        dio_error *err);
+
 /* ------------------------------------------------------------------ checkpoint shards */
 
 typedef struct dio_shard_stats {
@@ -237,6 +251,9 @@ int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_er
 #define DIO_REQ_OPEN   1u  /* open a fresh descriptor (and fstat it) before this request */
 #define DIO_REQ_CLOSE  2u  /* close the access's descriptor after this request */
 #define DIO_REQ_FSTAT  4u  /* one more fstat before this request */
+#define DIO_REQ_MMAP   8u  /* read by mapping the extent (mmap, MAP_SHARED) and copying it out,
+                            * which touches every page, as an mmap reader consuming the sample
+                            * does; one read op per request; not with O_DIRECT */
 
 /* One epoch of requests: batch b covers requests [batch_start[b], batch_start[b+1]).  The
  * arrays are copied by dio_engine_start_epoch.  batch_start[0] must be 0 and batch_start must

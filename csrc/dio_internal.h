@@ -34,4 +34,25 @@ int dio_fail_odirect(dio_error *err, int code, const char *path, const char *why
  * which would silently measure memory instead of storage). */
 int dio_odirect_fs_check(int fd);
 
+/* A position in the payload stream of a seed (dio_random.c; see dio_fill_random): seek once,
+ * then fill piece after piece, the pieces getting consecutive bytes of the stream. */
+typedef struct dio_rng {
+    uint64_t s[4];
+    unsigned char left[8]; /* bytes of the last output not handed out yet */
+    int nleft;
+} dio_rng;
+
+typedef struct dio_stream {
+    dio_rng r;
+    uint64_t seed, pos; /* pos: the next byte's offset in the stream */
+} dio_stream;
+
+void dio_stream_seek(dio_stream *st, uint64_t seed, uint64_t pos);
+void dio_stream_fill(dio_stream *st, void *buf, size_t n);
+
+/* pwrite all n bytes of buf to fd at offset (EINTR retried); 0 or -errno with *err filled
+ * (path only names the file in the message). */
+int dio_pwrite_all(int fd, const void *buf, size_t n, int64_t offset, const char *path,
+                   dio_error *err);
+
 #endif /* DIO_INTERNAL_H */

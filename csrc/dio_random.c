@@ -15,11 +15,7 @@
 
 #include "dio_internal.h"
 
-typedef struct rng {
-    uint64_t s[4];
-    unsigned char left[8]; /* bytes of the last output not handed out yet */
-    int nleft;
-} rng;
+typedef dio_rng rng;
 
 static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
@@ -89,13 +85,9 @@ static void rng_fill(rng *r, unsigned char *p, size_t n)
     r->s[3] = s3;
 }
 
-/* A position in the payload stream of a seed. */
-typedef struct stream {
-    rng r;
-    uint64_t seed, pos; /* pos: the next byte's offset in the stream */
-} stream;
+typedef dio_stream stream;
 
-static void stream_seek(stream *st, uint64_t seed, uint64_t pos)
+void dio_stream_seek(dio_stream *st, uint64_t seed, uint64_t pos)
 {
     unsigned char skip[256];
     uint64_t into = pos % DIO_PAYLOAD_BLOCK;
@@ -109,8 +101,9 @@ static void stream_seek(stream *st, uint64_t seed, uint64_t pos)
     }
 }
 
-static void stream_fill(stream *st, unsigned char *p, size_t n)
+void dio_stream_fill(dio_stream *st, void *buf, size_t n)
 {
+    unsigned char *p = (unsigned char *)buf;
     while (n > 0) {
         uint64_t room = DIO_PAYLOAD_BLOCK - st->pos % DIO_PAYLOAD_BLOCK;
         size_t k = room < n ? (size_t)room : n;
@@ -126,8 +119,8 @@ static void stream_fill(stream *st, unsigned char *p, size_t n)
 void dio_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start)
 {
     stream st;
-    stream_seek(&st, seed, start);
-    stream_fill(&st, (unsigned char *)buf, n);
+    dio_stream_seek(&st, seed, start);
+    dio_stream_fill(&st, buf, n);
 }
 
 void dio_fill_random(void *buf, size_t n, uint64_t seed)
@@ -160,35 +153,43 @@ int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size
     if (posix_memalign(&buf, 4096, chunk) != 0)
         return dio_fail(err, ENOMEM, path, "write_random %s: cannot allocate %zu bytes", path,
                         chunk);
-    stream_seek(&st, seed, 0);
+    dio_stream_seek(&st, seed, 0);
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
-        size_t put = 0;
-        stream_fill(&st, buf, n);
+        dio_stream_fill(&st, buf, n);
         if (crc)
             sum = dio_crc32(sum, buf, n);
-        while (put < n) {
-            ssize_t w = pwrite(fd, (char *)buf + put, n - put, (off_t)(offset + done + put));
-            if (w < 0) {
-                int e = errno;
-                if (e == EINTR)
-                    continue;
-                free(buf);
-                return dio_fail(err, e, path, "pwrite %s at offset %lld (%zu bytes): %s", path,
-                                (long long)(offset + done + put), n - put, strerror(e));
-            }
-            if (w == 0) {
-                free(buf);
-                return dio_fail(err, EIO, path, "pwrite %s at offset %lld wrote nothing", path,
-                                (long long)(offset + done + put));
-            }
-            put += (size_t)w;
+        int rc = dio_pwrite_all(fd, buf, n, offset + done, path, err);
+        if (rc < 0) {
+            free(buf);
+            return rc;
         }
         done += (int64_t)n;
     }
     free(buf);
     if (crc)
         *crc = sum;
+    return 0;
+}
+
+int dio_pwrite_all(int fd, const void *buf, size_t n, int64_t offset, const char *path,
+                   dio_error *err)
+{
+    size_t put = 0;
+    while (put < n) {
+        ssize_t w = pwrite(fd, (const char *)buf + put, n - put, (off_t)(offset + (int64_t)put));
+        if (w < 0) {
+            int e = errno;
+            if (e == EINTR)
+                continue;
+            return dio_fail(err, e, path, "pwrite %s at offset %lld (%zu bytes): %s", path,
+                            (long long)(offset + (int64_t)put), n - put, strerror(e));
+        }
+        if (w == 0)
+            return dio_fail(err, EIO, path, "pwrite %s at offset %lld wrote nothing", path,
+                            (long long)(offset + (int64_t)put));
+        put += (size_t)w;
+    }
     return 0;
 }
 

@@ -34,6 +34,11 @@ cdef extern from "dio.h" nogil:
     int64_t dio_pacer_wait(dio_pacer *p, int64_t deadline_ns)
     uint32_t dio_crc32(uint32_t crc, const void *buf, size_t n)
     uint32_t dio_crc32c(uint32_t crc, const void *buf, size_t n)
+    uint32_t dio_crc32c_mask(uint32_t crc)
+    int dio_write_tfrecords(int fd, int64_t offset, const void *head, size_t head_len,
+                            const void *tail, size_t tail_len, uint64_t payload_len,
+                            int64_t count, uint64_t seed, uint64_t start, size_t chunk,
+                            const char *path, dio_error *err)
     void dio_fill_random(void *buf, size_t n, uint64_t seed)
     void dio_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start)
     int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
@@ -111,6 +116,7 @@ cdef extern from "dio.h" nogil:
     uint32_t DIO_REQ_OPEN
     uint32_t DIO_REQ_CLOSE
     uint32_t DIO_REQ_FSTAT
+    uint32_t DIO_REQ_MMAP
 
     ctypedef struct dio_batch:
         int64_t index
@@ -275,6 +281,12 @@ def crc32c(data, crc=0):
     return _crc(data, <uint32_t>(crc & 0xFFFFFFFF), True)
 
 
+def masked_crc32c(data, crc=0):
+    """TFRecord's masked CRC-32C of a bytes-like object (crc: an unmasked CRC-32C to continue):
+    ((c >> 15) | (c << 17)) + 0xa282ead8 mod 2^32 of c = crc32c(data, crc)."""
+    return dio_crc32c_mask(_crc(data, <uint32_t>(crc & 0xFFFFFFFF), True))
+
+
 # ---------------------------------------------------------------------------- payloads
 
 PAYLOAD_BLOCK = 8 << 20  # DIO_PAYLOAD_BLOCK: the stream is reseeded every so many bytes
@@ -314,6 +326,28 @@ def write_random(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, p
         rc = dio_write_random(fd, offset, nbytes, s, chunk, &c, cpath, &err)
     _check(rc, &err)
     return c
+
+
+def write_tfrecords(int fd, int64_t offset, const unsigned char[::1] head,
+                    const unsigned char[::1] tail, uint64_t payload_len, int64_t count, seed,
+                    uint64_t start=0, size_t chunk=0, path=""):
+    """pwrite `count` TFRecord records to fd at offset, each head + payload_len bytes of the
+    fill_random(seed) stream (record r: from byte start + r*payload_len on) + tail + the masked
+    CRC-32C of the data (all but head's first 12 bytes, which hold the length and its CRC);
+    in chunks of at most chunk bytes (0 = 8 MiB).  path is only used in error messages."""
+    cdef dio_error err
+    cdef uint64_t s = <uint64_t>(seed & U64_MASK)
+    cdef bytes bpath = _fspath(path)
+    cdef const char *cpath = bpath
+    cdef const unsigned char *h = &head[0] if head.shape[0] else NULL
+    cdef const unsigned char *t = &tail[0] if tail.shape[0] else NULL
+    cdef size_t hlen = head.shape[0], tlen = tail.shape[0]
+    cdef int rc
+    _clear(&err)
+    with nogil:
+        rc = dio_write_tfrecords(fd, offset, h, hlen, t, tlen, payload_len, count, s, start,
+                                 chunk, cpath, &err)
+    _check(rc, &err)
 
 
 cdef dict _shard_stats(dio_shard_stats *st):
@@ -566,6 +600,7 @@ cdef class Batch:
 REQ_OPEN = DIO_REQ_OPEN
 REQ_CLOSE = DIO_REQ_CLOSE
 REQ_FSTAT = DIO_REQ_FSTAT
+REQ_MMAP = DIO_REQ_MMAP
 
 
 cdef class Engine:

@@ -129,7 +129,9 @@ class ComputedLayouts(LayoutTable):
     derived from each file's sample dims. A format's header only changes length with the
     number of digits of the dims (and with ZIP64 past 4 GiB), so one exact `format.layout`
     per class of digit counts gives every file's header; files near or past 4 GiB are computed
-    one by one. `dims` has one row per file, or one row shared by all."""
+    one by one. A format whose sample extents are framed by varint lengths (tfrecord) gives
+    every file's layout itself, from its sample bytes (`layout_columns`). `dims` has one row
+    per file, or one row shared by all."""
 
     def __init__(self, count: int, dims: np.ndarray, dtype: str, samples_per_file: int,
                  sample_layout: str, fmt: Format) -> None:
@@ -139,6 +141,7 @@ class ComputedLayouts(LayoutTable):
         self.itemsize = np.dtype(dtype).itemsize
         self._classes: dict[tuple, tuple[int, int, bool]] = {}
         self._totals: dict[str, int] | None = None
+        self._by_sample_bytes = getattr(fmt, "layout_columns", None)
 
     def _spec(self, dims) -> SampleSpec:
         return SampleSpec(tuple(int(d) for d in dims), self.dtype, self.samples,
@@ -181,6 +184,8 @@ class ComputedLayouts(LayoutTable):
         dims = np.asarray(dims, dtype=np.int64)
         elements = dims.prod(axis=1)
         sample_bytes = elements * self.itemsize
+        if self._by_sample_bytes is not None:
+            return self._by_sample_bytes(sample_bytes, self.samples)
         payload = sample_bytes * self.samples
         table, inverse = self._digit_classes(dims, elements)
         head, tail, strided = table[inverse, 0], table[inverse, 1], table[inverse, 2] != 0
@@ -197,6 +202,8 @@ class ComputedLayouts(LayoutTable):
     def _chunk_sums(self, dims: np.ndarray) -> list[int]:
         """The column sums of some files without building their columns (the same formulas
         as _columns, summed class by class)."""
+        if self._by_sample_bytes is not None:
+            return [int(v) for v in self._columns(dims).sum(axis=0)]
         dims = np.asarray(dims, dtype=np.int64)
         elements = dims.prod(axis=1)
         table, inverse = self._digit_classes(dims, elements)

@@ -254,6 +254,23 @@ def _mpiio_notes(rd) -> list[str]:
     return notes
 
 
+def _check_mapped_reads(cfg) -> None:
+    """A format read by mmap (mmap_indexed_binary) goes through the page cache, with the
+    native engine's mapped reads only."""
+    from .formats import get_format
+
+    if not getattr(get_format(cfg.dataset.format), "reads_by_mmap", False):
+        return
+    if cfg.reader.odirect:
+        raise UserError(f"reader.odirect: true does not combine with dataset.format "
+                        f"{cfg.dataset.format}, which is read through a memory mapping (the "
+                        "page cache); expected false, or dataset.format indexed_binary")
+    if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
+        raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, but "
+                        f"dataset.format {cfg.dataset.format} is read through a memory "
+                        "mapping; expected multi (or dataset.format indexed_binary)")
+
+
 def _check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
     """Drawn sample shapes are kept for every file on every rank: refuse before drawing them
     when the ranks of a node could not hold them."""
@@ -368,6 +385,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         if fmt not in implemented_formats():
             raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
                             f"implemented: {', '.join(implemented_formats())}")
+        _check_mapped_reads(cfg)
         _check_shape_memory(cfg, max(local_ranks, node[0]), node[1])
         splits = describe_dataset(cfg)
         _check_sizes(cfg, splits)
@@ -424,13 +442,14 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
     if not cfg.workflow.checkpoint:
         return None
     from .checkpoint.checkpointer import restore_methods, writer_name
-    from .checkpoint.schedule import checkpoint_only_ids, training_schedule
+    from .checkpoint.schedule import Schedule
     from .checkpoint.sizing import checkpoint_layout
 
     ck = cfg.checkpoint
     sizing = checkpoint_layout(cfg, ranks).summary()
+    schedule = Schedule.of(cfg, steps)
+    saves, loads = schedule.saves, schedule.loads
     if cfg.workflow.train:
-        saves, loads = len(training_schedule(ck, cfg.train.epochs, steps)), 0
         if ck.steps_between_checkpoints >= 0:
             when = (f"after every {ck.steps_between_checkpoints} steps of each epoch (each "
                     "ends a block of steps)" if ck.steps_between_checkpoints else "never "
@@ -439,8 +458,6 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
             when = (f"after epoch {ck.checkpoint_after_epoch}, then every "
                     f"{ck.epochs_between_checkpoints} epoch(s)")
     else:
-        save_ids, load_ids = checkpoint_only_ids(ck)
-        saves, loads = len(save_ids), len(load_ids)
         pause = ck.time_between_checkpoints
         when = (f"checkpoint-only: {saves} save(s), then {loads} load(s), each after "
                 + (f"{pause.mean:g} s" if pause is not None else "1 s (DLIO's default)"))
@@ -674,7 +691,7 @@ def render_plan(r: Mapping) -> str:
                   "pt_save": "each rank its own files through torch.save"}[ck["writer"]]
         restore = (f"; restores defeat the page cache by {' + '.join(ck['restore_methods'])}"
                    if ck["restore_methods"] else "")
-        lines.append(f"checkpoints     {ck['when']}; {ck['saves']} checkpoint(s) "
+        lines.append(f"checkpoints     {ck['when']}; {ck['saves']:,} checkpoint(s) "
                      f"({_size(ck['bytes_written'])}, all kept) in {ck['folder']}: {writer}, "
                      f"O_DIRECT {'on' if ck['odirect'] else 'off'}, fsync "
                      f"{'on' if ck['fsync'] else 'off'}"

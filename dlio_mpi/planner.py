@@ -44,6 +44,8 @@ class AccessPolicy:
     odirect: bool = False
     blksize: int = 4096  # st_blksize of the data: buffered loaders read in units of it
     format_reads: object = None  # fmt.loader_reads(layouts, blksize) or None
+    mmap: bool = False  # the format's reader maps the file: every request is an mmap read
+    reads_nothing: bool = False  # synthetic data: batches without any request
 
     def whole_file(self, lay: Layouts) -> WholeFileReads:
         if self.odirect or self.format_reads is None:
@@ -112,6 +114,10 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
                ) -> ReadPlan:
     """Requests for the first steps*batch_size ids of `shard`."""
     ids = np.ascontiguousarray(shard[: steps * batch_size], dtype=np.int64)
+    if policy.reads_nothing:
+        none, empty = np.zeros(steps + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return ReadPlan(ids, none, empty, empty, empty, np.zeros(0, dtype=np.uint32), empty,
+                        np.zeros(steps, dtype=np.int64))
     files = ids // samples_per_file
     step_of = np.arange(len(ids), dtype=np.int64) // batch_size
     if mode == "file_once":
@@ -134,6 +140,8 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
         expect = length
         flags = np.zeros(len(ids), dtype=np.uint32)
         payload = lay.sample_bytes
+    if policy.mmap:
+        flags = flags | _core.REQ_MMAP
     batch_payload = np.bincount(step_of, weights=payload, minlength=steps).astype(np.int64)
     return ReadPlan(ids, _batches_of(req_step, steps),
                     np.ascontiguousarray(file_idx, dtype=np.int64),

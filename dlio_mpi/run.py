@@ -26,7 +26,7 @@ from .checkpoint.phase import (
     open_checkpointer,
     run_checkpoint_only,
 )
-from .checkpoint.schedule import Due, after_epoch, steps_due, training_schedule
+from .checkpoint.schedule import Due, Schedule, after_epoch, steps_due
 from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
@@ -178,7 +178,9 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     blksize, facts = on_root(comm, lambda: (_blksize(files.path(0)),
                                             fmt.loader_facts(files.path(0))))
     policy = AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
-        facts, np.dtype(split.dtype).itemsize, split.samples_per_file))
+        facts, np.dtype(split.dtype).itemsize, split.samples_per_file),
+        mmap=getattr(fmt, "reads_by_mmap", False),
+        reads_nothing=getattr(fmt, "reads_nothing", False))
     options = ReaderOptions.from_config(rd, comm.Get_rank(), dlio_record_length(cfg.dataset))
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
     if train:
@@ -263,19 +265,19 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
     next_eval = cfg.evaluation.eval_after_epoch
     stop = 0
-    schedule = (training_schedule(cfg.checkpoint, cfg.train.epochs, plan.steps_per_epoch)
-                if checkpoints is not None else [])
+    schedule = Schedule.of(cfg, plan.steps_per_epoch) if checkpoints is not None else None
     for epoch in range(1, cfg.train.epochs + 1):
         for phase in phases:
             if phase.name == "eval":
                 if epoch < next_eval:
                     continue
                 next_eval += cfg.evaluation.epochs_between_evals
-            due = {d.step: d for d in schedule if d.epoch == epoch and phase.name == "train"}
+            due = schedule.in_epoch(epoch) if schedule and phase.name == "train" else []
+            by_step = {d.step: d for d in due}
             summary = run_phase_epoch(
                 comm, cfg, phase, epoch, rng, topo, wall_offset, out,
-                pause_after=steps_due(schedule, epoch, phase.steps) if due else [],
-                pause=lambda step, due=due: checkpoints.save(due[step], out))
+                pause_after=steps_due(due, phase.steps),
+                pause=lambda step, by_step=by_step: checkpoints.save(by_step[step], out))
             if summary is not None:
                 done[phase.name].append(summary)
             # the step loop stops every rank after the same step; a signal that came during
@@ -284,7 +286,7 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
             if stop:
                 break
             if phase.name == "train":  # after the last step (step mode) or the epoch
-                for last in after_epoch(schedule, epoch, phase.steps):
+                for last in after_epoch(due, phase.steps):
                     checkpoints.save(last, out)
         if stop:
             break

@@ -8,6 +8,6 @@ if [ ! -x "$ROOT/.venv/bin/python" ]; then
   "$ROOT/.venv/bin/python" -m pip install -q --upgrade pip
 fi
 extra=""
-[ "${1:-}" = "test" ] && extra="[test,torch]"
+[ "${1:-}" = "test" ] && extra="[test,torch,tensorflow]"
 "$ROOT/.venv/bin/python" -m pip install -q --disable-pip-version-check "$ROOT$extra"
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -176,7 +176,7 @@ CASES = [
     case("preprocess-normal", ("demo", "reader.preprocess_time={mean: 0, stdev: 0.1}"),
          "reader.preprocess_time"),
     case("compression", "demo dataset.compression=gzip", "dataset.compression"),
-    case("format-tfrecord", "demo dataset.format=tfrecord", "dataset.format"),
+    case("format-csv", "demo dataset.format=csv", "dataset.format"),
     case("format-hdf5-generate", ("demo", *SMALL, "dataset.format=hdf5",
                                   "dataset.data_folder={tmp}/data"), "dataset.format",
          command="generate"),

@@ -27,6 +27,7 @@ from ..filesystems import apply_striping, nearest_existing
 from .file_per_rank import FilePerRank, IoStats
 from .folder import CheckpointFolder
 from .results import CheckpointRecord, gather_record
+from .schedule import Schedule
 from .shared_file import SharedFile
 from .sizing import CheckpointLayout, RankShard
 
@@ -135,23 +136,26 @@ class Checkpointer:
         self.saves = 0
 
     # -------------------------------------------------------------- before any I/O
-    def prepare(self, save_ids: list[str], load_ids: list[str]) -> list[str]:
-        """Collective, before any I/O of the run: make way for the checkpoints to save
-        (refusing, naming it, anything in their place that is not an unchanged checkpoint of
-        ours), refuse when they would not fit the free space, and check that those loaded
-        without being saved are ours and complete. Returns the earlier checkpoints removed."""
+    def prepare(self, schedule: Schedule) -> list[str]:
+        """Collective, before any I/O of the run: make way for the checkpoints `schedule`
+        saves (refusing, naming it, anything in their place that is not an unchanged
+        checkpoint of ours), refuse when they would not fit the free space, check that those
+        loaded without being saved are ours and complete, and give the folder storage.lustre's
+        layout. Returns the earlier checkpoints removed."""
 
         def make_way() -> list[str]:
             self.folder = CheckpointFolder(self.root, self.tag)
-            for cid in load_ids:
-                if cid not in save_ids:
+            for cid in schedule.load_ids():
+                if not schedule.saved(cid):
                     self._check_complete(cid)
-            self.folder.check_clear(save_ids)
-            check_checkpoint_space(self.folder, save_ids, self.layout.total_bytes)
+            in_the_way = in_the_way_of(self.root, schedule)
+            self.folder.check_clear(in_the_way)
+            check_checkpoint_space(self.folder, schedule.saves, in_the_way,
+                                   self.layout.total_bytes)
             lustre = self.cfg.storage.lustre  # the folder's default layout, as the data's
             striping = apply_striping(lustre, self.root) if lustre is not None else None
             os.makedirs(self.root, exist_ok=True)  # nothing written before the checks
-            return self.folder.clear(save_ids), striping
+            return self.folder.clear(in_the_way), striping
 
         removed, self.striping = on_root(self.comm, make_way)
         # pt_save keeps its tensors all run, as DLIO allocates them at start: made and filled
@@ -207,11 +211,20 @@ class Checkpointer:
                              stats.syncs, stats.sync_ns, self.clock_offset_ns)
 
 
-def check_checkpoint_space(folder: CheckpointFolder, save_ids: list[str],
+def in_the_way_of(root: str, schedule: Schedule) -> list[str]:
+    """The entries of the checkpoint folder named as a checkpoint the run saves."""
+    try:
+        with os.scandir(root) as entries:
+            return sorted(e.name for e in entries if schedule.saved(e.name))
+    except FileNotFoundError:
+        return []
+
+
+def check_checkpoint_space(folder: CheckpointFolder, saves: int, replaced: list[str],
                            checkpoint_bytes: int) -> None:
     """Refuse up front when the checkpoint folder's file system has less room than the run's
-    checkpoints take (all are kept), less those of ours they replace."""
-    need = len(save_ids) * checkpoint_bytes - folder.listed_bytes(save_ids)
+    `saves` checkpoints take (all are kept), less those of ours they replace."""
+    need = saves * checkpoint_bytes - folder.listed_bytes(replaced)
     where = nearest_existing(folder.root)
     try:
         st = os.statvfs(where)
@@ -219,7 +232,7 @@ def check_checkpoint_space(folder: CheckpointFolder, save_ids: list[str],
         return  # making the folder says why
     free = st.f_bavail * st.f_frsize
     if need > free:
-        raise UserError(f"checkpoint.checkpoint_folder: the run's {len(save_ids)} "
+        raise UserError(f"checkpoint.checkpoint_folder: the run's {saves:,} "
                         f"checkpoint(s) take {need / 2**30:,.2f} GiB ({need:,} bytes), but the "
                         f"file system of {folder.root} has {free / 2**30:,.2f} GiB free (at "
                         f"{where}); free space, choose another folder, or write fewer or "

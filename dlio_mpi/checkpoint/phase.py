@@ -17,7 +17,7 @@ from .. import _core
 from ..config import TimeSpec
 from .checkpointer import Checkpointer, restore_methods, restore_warnings, writer_name
 from .results import GB, CheckpointRecord, summary_fields
-from .schedule import Due, checkpoint_only_ids, training_schedule
+from .schedule import Due, Schedule
 from .sizing import checkpoint_layout
 
 DLIO_UNSET_SLEEP = TimeSpec("constant", (1.0,))  # DLIO's -1 default sleeps abs(-1) s
@@ -29,8 +29,8 @@ def open_checkpointer(comm, cfg, plan, topo, tag: str, say) -> Checkpointer:
     checkpoints of ours in the way removed, anything else refused, room checked)."""
     layout = checkpoint_layout(cfg, comm.Get_size())
     ckpt = Checkpointer(comm, cfg, layout, tag, topo.ranks_per_node, topo.clock_offset_ns)
-    saves, loads = planned_ids(cfg, plan.steps_per_epoch)
-    removed = ckpt.prepare(saves, loads)
+    schedule = Schedule.of(cfg, plan.steps_per_epoch)
+    removed = ckpt.prepare(schedule)
     for key in ("note", "mismatch"):
         if ckpt.striping and ckpt.striping.get(key):
             say(f"checkpoint striping: {ckpt.striping[key]}")
@@ -40,29 +40,22 @@ def open_checkpointer(comm, cfg, plan, topo, tag: str, say) -> Checkpointer:
     ck = cfg.checkpoint
     per_node = layout.total_bytes // max(topo.nodes, 1)
     for warning in restore_warnings(ck, per_node, topo.memory_bytes // max(topo.nodes, 1),
-                                    topo.nodes, bool(loads)):
+                                    topo.nodes, bool(schedule.loads)):
         say(f"warning: {warning}")
     return ckpt
-
-
-def planned_ids(cfg, steps: int) -> tuple[list[str], list[str]]:
-    """The ids of the checkpoints the run saves and loads, in order."""
-    if cfg.workflow.train:
-        return [d.checkpoint_id for d in
-                training_schedule(cfg.checkpoint, cfg.train.epochs, steps)], []
-    return checkpoint_only_ids(cfg.checkpoint)
 
 
 def space_warning(cfg, plan) -> str | None:
     """validate: why `run` would refuse the checkpoints for lack of room, if it would."""
     from ..errors import UserError
-    from .checkpointer import check_checkpoint_space
+    from .checkpointer import check_checkpoint_space, in_the_way_of
     from .folder import CheckpointFolder
 
+    root = cfg.checkpoint.checkpoint_folder
+    schedule = Schedule.of(cfg, plan.steps_per_epoch)
     try:
-        folder = CheckpointFolder(cfg.checkpoint.checkpoint_folder, "validate")
-        check_checkpoint_space(folder, planned_ids(cfg, plan.steps_per_epoch)[0],
-                               plan.checkpoint["total_bytes"])
+        check_checkpoint_space(CheckpointFolder(root, "validate"), schedule.saves,
+                               in_the_way_of(root, schedule), plan.checkpoint["total_bytes"])
     except (UserError, OSError) as exc:
         return f"run would refuse: {exc}"
     return None
@@ -92,7 +85,8 @@ def run_checkpoint_only(comm, cfg, ckpt: Checkpointer, say) -> tuple[list[Checkp
     from mpi4py import MPI
 
     ck = cfg.checkpoint
-    saves, loads = checkpoint_only_ids(ck)
+    schedule = Schedule.of(cfg, 0)
+    saves, loads = schedule.save_ids(), schedule.load_ids()
     spec = ck.time_between_checkpoints or DLIO_UNSET_SLEEP
     rng = np.random.default_rng([cfg.train.seed, comm.Get_rank(), 0xC4])
     sleeps = iter(spec.draw(rng, len(saves) + len(loads)).tolist())

@@ -24,12 +24,42 @@ from .schema import Config, ConfigError, build_section, check_support, short_rep
 log = logging.getLogger(__name__)
 
 # DLIO's historic key names -> canonical names (dotted paths; the top-level rename comes first).
+# Several names may lead to one key: giving two of them is an error, not a precedence rule.
 ALIASES = {
     "data_reader": "reader",
     "dataset.record_length": "dataset.record_length_bytes",
     "dataset.record_length_stdev": "dataset.record_length_bytes_stdev",
     "dataset.record_length_resize": "dataset.record_length_bytes_resize",
     "model.model_size": "model.model_size_bytes",
+    # The released DLIO package (dlio-benchmark 2.0.0, utils/config.py LoadConfig) reads what
+    # sizes a checkpoint under `checkpoint:`; later DLIO, and dlio-mpi, under `model:`. Same
+    # meaning, except where said:
+    # - model_size: bytes of the flat model tensor (int8 in PyTorch; TensorFlow's int32 tensor
+    #   of model_size / 4 elements is as many bytes).
+    # - optimization_groups: per group two int8 tensors of that many bytes, plus one of their sum.
+    "checkpoint.model_size": "model.model_size_bytes",
+    "checkpoint.optimization_groups": "model.optimization_groups",
+    # - num_layers and layer_parameters come as a pair: DLIO 2.0.0 writes the layer_parameters
+    #   tensors (int8) once per layer. Its defaults (1 layer of [17371, 24740228]) differ from
+    #   ours (no layers; model.num_layers alone sizes a transformer by formula), so one of them
+    #   given at its 2.0.0 place without the other takes 2.0.0's default for the other
+    #   (RELEASED_LAYER_DEFAULTS), as 2.0.0 reads it.
+    "checkpoint.num_layers": "model.num_layers",
+    "checkpoint.layer_parameters": "model.layer_parameters",
+    # - tensor_parallelism, pipeline_parallelism: the same ways of splitting, but not the same
+    #   files. DLIO 2.0.0 has every rank with rank % PP == 0 write every layer whole (and
+    #   num_layers + TP layers when TP > 1); dlio-mpi splits the layers over the pipeline
+    #   stages and each layer's tensors over the TP ranks, as later DLIO does.
+    "checkpoint.tensor_parallelism": "model.parallelism.tensor",
+    "checkpoint.pipeline_parallelism": "model.parallelism.pipeline",
+    # Not here: DLIO 2.0.0's checkpoint.type is which ranks write (rank_zero | all_ranks), not
+    # model.type; it keeps its name (schema.Checkpoint.type says what it does in dlio-mpi).
+}
+# What DLIO 2.0.0 takes for the other key of the num_layers / layer_parameters pair
+# (ConfigArguments defaults), keyed by the legacy name given
+RELEASED_LAYER_DEFAULTS = {
+    "checkpoint.num_layers": ("model.layer_parameters", [17371, 24740228]),
+    "checkpoint.layer_parameters": ("model.num_layers", 1),
 }
 MAX_YAML_BYTES = 16 << 20  # a workload is a few KiB; anything this big is not one
 # dataset.record_dims: ComputedLayouts keys a file's header class by the digit count of each
@@ -198,19 +228,79 @@ def canonical_key(dotted: str) -> str:
 
 
 def normalize_aliases(tree: dict[str, Any]) -> dict[str, Any]:
-    """Rename legacy keys in place (an alias given together with its canonical key is an
-    error). Returns `tree`."""
+    """Rewrite legacy spellings in place: a model named by a string (`model: unet3d`, DLIO
+    2.0.0) becomes `model: {name: unet3d}`, and each ALIASES key moves to its canonical place.
+    Two names of one key given together are an error. Returns `tree`."""
+    _model_named_by_string(tree)
+    names: dict[str, list[str]] = {}
     for alias, canonical in ALIASES.items():
-        parent = _mapping_at(tree, alias.split(".")[:-1])
-        old, new = alias.rpartition(".")[2], canonical.rpartition(".")[2]
-        if parent is None or old not in parent:
+        names.setdefault(canonical, []).append(alias)
+    moved = []
+    for canonical, aliases in names.items():
+        given = [alias for alias in aliases if _is_given(tree, alias)]
+        if not given:
             continue
-        if new in parent:
-            raise ConfigError(f"both '{alias}' (legacy name) and '{canonical}' are given; "
-                              f"keep '{canonical}'")
-        log.debug("config: legacy key '%s' read as '%s'", alias, canonical)
-        parent[new] = parent.pop(old)
+        if len(given) > 1 or _is_given(tree, canonical):
+            raise ConfigError(_same_key_message(given, canonical, _is_given(tree, canonical)))
+        log.debug("config: legacy key '%s' read as '%s'", given[0], canonical)
+        parts = given[0].split(".")
+        value = _mapping_at(tree, parts[:-1]).pop(parts[-1])
+        _put(tree, canonical, value, given[0])
+        moved.append(given[0])
+    for alias in moved:
+        _fill_released_layer_default(tree, alias)
     return tree
+
+
+def _model_named_by_string(tree: dict[str, Any]) -> None:
+    # DLIO 2.0.0 reads `model` as the model's name (and nothing else there)
+    if _is_model_name(tree.get("model")):
+        tree["model"] = {"name": tree["model"]}
+
+
+def _fill_released_layer_default(tree: dict[str, Any], alias: str) -> None:
+    """After `alias` (a legacy num_layers / layer_parameters) was read, the other key of the
+    pair takes DLIO 2.0.0's default unless it is given (see ALIASES)."""
+    if alias in RELEASED_LAYER_DEFAULTS:
+        partner, default = RELEASED_LAYER_DEFAULTS[alias]
+        if not _is_given(tree, partner):
+            log.debug("config: '%s' given without '%s': DLIO 2.0.0's %s", alias, partner,
+                      default)
+            _put(tree, partner, list(default) if isinstance(default, list) else default, alias)
+
+
+def _same_key_message(given: list[str], canonical: str, canonical_given: bool) -> str:
+    quoted = [f"'{name}'" for name in given]
+    legacy = f"legacy name{'s' if len(given) > 1 else ''} of '{canonical}'"
+    if canonical_given:
+        both = "both " if len(given) == 1 else ""
+        return (f"{both}{', '.join(quoted)} ({legacy}) and '{canonical}' are given; "
+                f"keep '{canonical}'")
+    names = f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+    both = "both " if len(given) == 2 else ""
+    return f"{both}{names} are given, {legacy}; keep one, preferably '{canonical}'"
+
+
+def _is_given(tree: dict[str, Any], dotted: str) -> bool:
+    parts = dotted.split(".")
+    parent = _mapping_at(tree, parts[:-1])
+    return parent is not None and parts[-1] in parent
+
+
+def _put(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    """Set `dotted` in `tree`, creating its sections (`source`: the key it was given as)."""
+    parts = dotted.split(".")
+    node = tree
+    for depth, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        elif not isinstance(child, dict):
+            where = ".".join(parts[:depth + 1])
+            raise ConfigError(f"{source}: is read as {dotted}, but {where} is "
+                              f"{short_repr(child)}, not a mapping of keys")
+        node = child
+    node[parts[-1]] = value
 
 
 def _mapping_at(tree: dict[str, Any], parts: list[str]) -> dict[str, Any] | None:
@@ -223,6 +313,16 @@ def _mapping_at(tree: dict[str, Any], parts: list[str]) -> dict[str, Any] | None
 # --------------------------------------------------------------------------- overrides
 def parse_override(text: str) -> tuple[str, bool, str]:
     """(canonical dotted key, delete?, raw YAML value) of one `KEY=VALUE` or `~KEY`."""
+    given, delete, raw_value = _split_override(text)
+    dotted = canonical_key(given)
+    if dotted == "model" and not delete and _is_model_name(
+            parse_yaml(raw_value, f"override '{text}'")):
+        dotted = "model.name"  # DLIO 2.0.0's model=NAME: the name, the other model keys kept
+    return dotted, delete, raw_value
+
+
+def _split_override(text: str) -> tuple[str, bool, str]:
+    """(dotted key as given, without the workload. prefix; delete?; raw YAML value)."""
     body = text.strip()
     delete = body.startswith("~")
     body = body.lstrip("+~")
@@ -233,13 +333,18 @@ def parse_override(text: str) -> tuple[str, bool, str]:
     if (not sep and not delete) or not all(dotted.split(".")) or dotted == "workload":
         raise ConfigError(f"override '{text}': expected section.key=value "
                           f"(or ++workload.section.key=value)")
-    return canonical_key(dotted), delete, raw_value
+    return dotted, delete, raw_value
+
+
+def _is_model_name(value: Any) -> bool:
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
 
 
 def apply_override(tree: dict[str, Any], text: str) -> None:
     """Apply one `KEY=VALUE` (or `~KEY`) override to the raw tree. Prefixes `+`, `++` and
     `workload.` are accepted and mean the same: set the key whether or not the YAML has it.
-    VALUE is read as YAML (numbers, booleans, [lists], {mappings})."""
+    VALUE is read as YAML (numbers, booleans, [lists], {mappings}). A legacy name sets its
+    canonical key (ALIASES)."""
     dotted, delete, raw_value = parse_override(text)
     parts = dotted.split(".")
     node = tree
@@ -258,6 +363,7 @@ def apply_override(tree: dict[str, Any], text: str) -> None:
         node.pop(parts[-1], None)
     else:
         node[parts[-1]] = parse_yaml(raw_value, f"override '{text}'")
+        _fill_released_layer_default(tree, _split_override(text)[0])
 
 
 def _is_number(value: Any) -> bool:

@@ -47,6 +47,10 @@ UNUSED_MEMORY = ("dlio-mpi holds no checkpoint tensors in memory (the C core str
                  "shard from one reused buffer), so there is nothing to merge")
 PROFILING = "profilers are not implemented yet"
 DEAD = "DLIO never reads it either"
+# A whole phrase (support_notes): keys the released DLIO package sets in a workload file and
+# never reads (dlio-benchmark 2.0.0's dlrm.yaml; its utils/config.py LoadConfig)
+RELEASED_UNREAD = ("as in DLIO 2.0.0 (set in its dlrm.yaml, never read by its configuration "
+                   "loader)")
 BATCH_COPY = ("DLIO copies a constant decoded sample of this size into every batch after the "
               "read; the native engine hands over the bytes read and has no such copy yet")
 
@@ -68,7 +72,9 @@ class Rule:
     timespec | section. `unset` is a YAML value that means None (DLIO's -1 sentinels).
     Integers always fit in int64. `unimplemented`: values refused as not implemented yet
     (NON_DEFAULT: all but the default); `inert`: why a value away from the default has no
-    effect in dlio-mpi (completes "because ..."; a section's reason covers its keys)."""
+    effect in dlio-mpi (completes "because ..."; a reason starting "as in " completes "no
+    effect, ...": the key has none in the reference either; a section's reason covers its
+    keys)."""
 
     kind: str
     choices: tuple = ()
@@ -259,8 +265,11 @@ class Workflow:
     profiling: bool = key(False, "bool", inert=PROFILING)
     query: str | None = key(None, "str", optional=True,
                             inert="only DLIO's dlio_benchmark_query tool reads it")
-    debug: bool = key(False, "bool", inert="DLIO never reads it either (its bert_v100.yaml "
-                                           "sets it)")
+    debug: bool = key(False, "bool", inert="it only sets DLIO 2.0.0's log level to DEBUG "
+                                           "(later DLIO never reads it), and dlio-mpi's log "
+                                           "has no levels")
+    # dlrm.yaml's spelling of workflow.evaluation: DLIO 2.0.0 runs its dlrm without evaluation
+    do_eval: bool | None = key(None, "bool", optional=True, inert=RELEASED_UNREAD)
 
 
 @dataclass(frozen=True)
@@ -373,6 +382,9 @@ class Dataset:
     # ours: where the samples sit in npy/npz arrays ('first_axis': one sample is one contiguous
     # extent; 'last_axis': DLIO's generator layout)
     sample_layout: str = key("first_axis", "str", choices=("first_axis", "last_axis"))
+    # evaluation files hold num_samples_per_file samples, as every file does
+    eval_num_samples_per_file: int | None = key(None, "int", optional=True,
+                                                inert=RELEASED_UNREAD)
 
 
 # --------------------------------------------------------------------------- reader
@@ -479,6 +491,7 @@ class Train:
                                         maximum=1e6, unset="auto")
     sync_spin_us: float | None = key(None, "number", optional=True, minimum=0, maximum=1e6,
                                      unset="auto")
+    total_eval_steps: int | None = key(None, "int", optional=True, inert=RELEASED_UNREAD)
 
 
 @dataclass(frozen=True)
@@ -486,6 +499,8 @@ class Evaluation:
     eval_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="eval_time_stdev")
     eval_after_epoch: int = key(1, "int", minimum=0)
     epochs_between_evals: int = key(1, "int", minimum=1)
+    # evaluations come between epochs (epochs_between_evals), never between steps
+    steps_between_evals: int | None = key(None, "int", optional=True, inert=RELEASED_UNREAD)
 
 
 # --------------------------------------------------------------------------- checkpoint
@@ -505,7 +520,12 @@ class Checkpoint:
     checkpoint_after_epoch: int = key(1, "int", minimum=0)
     epochs_between_checkpoints: int = key(1, "int", minimum=1)
     steps_between_checkpoints: int = key(-1, "int")  # >= 0: step mode; < 0: epoch mode
-    type: str = key("rank_zero", "str", choices=("rank_zero", "all_ranks"), inert=DEAD)
+    # which ranks write: DLIO 2.0.0 reads it (all_ranks: every rank writes the whole
+    # checkpoint), later DLIO does not; in dlio-mpi model.parallelism decides
+    type: str = key("rank_zero", "str", choices=("rank_zero", "all_ranks"), inert=(
+        "model.parallelism decides which ranks write (by default rank 0 alone, as DLIO "
+        "2.0.0's rank_zero); DLIO 2.0.0's all_ranks, every rank writing the whole "
+        "checkpoint, is not emulated, and later DLIO never reads it"))
     mode: str = key("default", "str", choices=("default", "subset"))
     # True, as MLPerf Storage requires: a stated deviation from DLIO's default (false, and
     # DLIO never syncs whatever it says)
@@ -665,8 +685,9 @@ def support_notes(cfg: Config) -> list[str]:
         if inert:
             shown = where if rule.kind == "section" else f"{where}={_yaml_text(value)}"
             by_reason.setdefault(inert, []).append(shown)
-    return [f"{', '.join(keys)}: accepted, {'has' if len(keys) == 1 else 'have'} no effect in "
-            f"dlio-mpi because {reason}" for reason, keys in by_reason.items()]
+    return [f"{', '.join(keys)}: accepted, no effect, {reason}" if reason.startswith("as in ")
+            else f"{', '.join(keys)}: accepted, {'has' if len(keys) == 1 else 'have'} no effect "
+                 f"in dlio-mpi because {reason}" for reason, keys in by_reason.items()]
 
 
 def keys_set(cfg: Config, prefixes: tuple[str, ...]) -> list[str]:

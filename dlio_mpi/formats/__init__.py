@@ -8,12 +8,15 @@ computed from the generation parameters or probed from an existing file's header
 from __future__ import annotations
 
 from .base import FileLayout, Format, SampleSpec, StoredArray
-from .indexed_binary import IndexedBinaryFormat
+from .indexed_binary import IndexedBinaryFormat, MmapIndexedBinaryFormat
 from .npy import NpyFormat
 from .npz import NpzFormat
+from .synthetic import SyntheticFormat
+from .tfrecord import TFRecordFormat
 
 _REGISTRY: dict[str, Format] = {
-    fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat())
+    fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat(),
+                              MmapIndexedBinaryFormat(), SyntheticFormat(), TFRecordFormat())
 }
 
 

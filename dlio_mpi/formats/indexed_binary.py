@@ -21,6 +21,7 @@ class IndexedBinaryFormat:
 
     name = "indexed_binary"
     extension = "indexed_binary"
+    reads_by_mmap = False
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         size = spec.samples * spec.sample_bytes
@@ -66,3 +67,16 @@ class IndexedBinaryFormat:
 
     def loader_model(self, facts, itemsize: int, samples: int) -> None:
         return None  # DLIO's reader: one read of each sample (a whole file: one read)
+
+
+class MmapIndexedBinaryFormat(IndexedBinaryFormat):
+    """dataset.format: mmap_indexed_binary: the same files (DLIO writes both with one
+    generator), read as DLIO's mmap reader does: the file mapped, each sample's bytes used
+    through the mapping. The native engine maps each sample's extent and copies it out
+    (_core.REQ_MMAP), so that every page of the sample is faulted in through the page cache,
+    as a loader consuming the sample makes it be (DLIO's reader takes a slice of the mapping
+    and, since it hands on a constant batch, touches none of it)."""
+
+    name = "mmap_indexed_binary"
+    extension = "mmap_indexed_binary"
+    reads_by_mmap = True

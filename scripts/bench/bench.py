@@ -36,12 +36,16 @@
             figures come from each run's summary.json; median of 3 rounds, dlio-mpi and fio
             taking turns; ratios against issue 8's targets. DLIO_MPI_BENCH_CHECKPOINT_BYTES
             sets other bytes per rank (a multiple of 64 MiB) for a quick try.
+  formats:  the native engine on each implemented format (indexed_binary, mmap_indexed_binary,
+            tfrecord, hdf5, npy), the same 128 KiB samples read by extent, 2 ranks, page cache
+            warm, no compute: samples/s beside indexed_binary's (issue 9's target: tfrecord and
+            contiguous hdf5 >= 0.8x).
   startup:  seconds from launching mpiexec to the first training step: 2 ranks; 64 ranks
             (oversubscribed: it must start, finish and say how long it took); 10^6 real files.
 
 Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
   python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [large] [mpiio]
-                                                  [checkpoint] [startup]
+                                                  [checkpoint] [formats] [startup]
 DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large` and
 `checkpoint`. The figures are printed and saved to DIR/results.json (each benchmark's under its
 name, the others' kept). Each benchmark's files are under DIR, named after it (mpiio:
@@ -750,6 +754,66 @@ def bench_checkpoint(work: Path, repeats: int = 3) -> dict:
     return result
 
 
+# ------------------------------------------------------------------------------- formats
+
+
+FORMAT_SAMPLE = 128 * 1024  # bytes of every sample, whatever the format
+FORMATS_COMPARED = ("indexed_binary", "mmap_indexed_binary", "tfrecord", "hdf5", "npy")
+FORMAT_TARGETS = {"tfrecord": 0.8, "hdf5": 0.8}  # issue 9: x indexed_binary's rate
+
+
+def _format_run(work: Path, fmt: str) -> dict:
+    """One format: 32 files x 64 samples of FORMAT_SAMPLE bytes (256 MiB) generated, then 5
+    epochs on 2 ranks reading exact sample extents (read_mode sample), batch 16, 2 reader
+    threads, no compute: samples/s and MiB/s of epochs 2-5 (the page cache warm after the
+    first), median."""
+    data, out = work / f"formats-{fmt}", work / f"formats-{fmt}-out"
+    common = ["demo", *overrides(
+        dataset__data_folder=data, output__folder=out, dataset__format=fmt,
+        dataset__num_files_train=32, dataset__num_samples_per_file=64,
+        dataset__record_length_bytes=FORMAT_SAMPLE, dataset__record_length_bytes_stdev=0,
+        dataset__record_dims=f"[{FORMAT_SAMPLE}]", reader__batch_size=16,
+        reader__read_threads=2, reader__prefetch_size=4, reader__read_mode="sample",
+        train__computation_time=0, train__epochs=5)]
+    try:
+        dlio(["generate", *common, "workflow.generate_data=true"])
+        dlio(["run", *common, "workflow.generate_data=false"])
+        epochs = list(json.loads((out / "per_epoch_stats.json").read_text()).values())[1:]
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.rmtree(out, ignore_errors=True)
+    return {"samples_per_s": statistics.median(e["throughput_samples_per_second"]
+                                               for e in epochs),
+            "MiB_per_s": statistics.median(e["transfer_MiB_per_second"] for e in epochs),
+            "epochs": [{k: e[k] for k in ("throughput_samples_per_second",
+                                          "transfer_MiB_per_second", "read_ops",
+                                          "file_opens")} for e in epochs]}
+
+
+def bench_formats(work: Path) -> dict:
+    """The native engine on each implemented format of FORMATS_COMPARED, the same samples
+    (128 KiB, exact extents, page cache warm, 2 ranks), beside indexed_binary's rate."""
+    from dlio_mpi.formats import implemented_formats
+
+    formats = [f for f in FORMATS_COMPARED if f in implemented_formats()]
+    runs = {fmt: _format_run(work, fmt) for fmt in formats}
+    base = runs["indexed_binary"]["samples_per_s"]
+    print(f"formats: 2 ranks, {FORMAT_SAMPLE >> 10} KiB samples read by extent, page cache "
+          "warm, no compute (samples/s, median of epochs 2-5):", flush=True)
+    for fmt, run in runs.items():
+        ratio = run["samples_per_s"] / base
+        run["over_indexed_binary"] = ratio
+        target = FORMAT_TARGETS.get(fmt)
+        verdict = (f"target >= {target}: {'met' if ratio >= target else 'MISSED'}"
+                   if target else "no target")
+        print(f"  {fmt:20} {run['samples_per_s']:10,.0f} samples/s {run['MiB_per_s']:8,.0f} "
+              f"MiB/s  {ratio:5.2f}x indexed_binary ({verdict})", flush=True)
+    missing = [f for f in FORMAT_TARGETS if f not in formats]
+    if missing:
+        print(f"  not implemented here: {', '.join(missing)}", flush=True)
+    return {"sample_bytes": FORMAT_SAMPLE, "runs": runs, "targets": FORMAT_TARGETS}
+
+
 # ------------------------------------------------------------------------------- startup
 
 
@@ -807,7 +871,7 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
 
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
               "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
-              "startup": bench_startup}
+              "formats": bench_formats, "startup": bench_startup}
 
 
 def main() -> None:

@@ -1,0 +1,43 @@
+"""Synthetic data (DLIO's `synthetic` format): files exist, nothing is read from them. DLIO
+writes each file with its index as text and its reader hands on an in-memory sample without
+opening anything; here each file is created empty (its bytes are never read) and every batch
+is planned with no request at all: a compute-only baseline, whose AU and step times are the
+emulator's and the MPI barrier's alone."""
+
+from __future__ import annotations
+
+from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+
+
+class SyntheticFormat:
+    """dataset.format: synthetic"""
+
+    name = "synthetic"
+    extension = "synthetic"
+    reads_by_mmap = False
+    reads_nothing = True
+
+    def layout(self, spec: SampleSpec) -> FileLayout:
+        return FileLayout(0, 0, 0, 0, spec.sample_bytes)
+
+    def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
+        return staged.write(path, lambda fd: None)
+
+    def payload_extent(self, spec: SampleSpec) -> None:
+        return None  # nothing to write collectively
+
+    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
+        return None
+
+    def probe(self, path: str) -> StoredArray:
+        raise ValueError("is a synthetic data file: nothing is read from it, so any file of "
+                         "that name will do; generate the dataset with dlio-mpi to use it")
+
+    def side_files(self, path: str) -> list[str]:
+        return []
+
+    def loader_facts(self, path: str) -> None:
+        return None
+
+    def loader_model(self, facts, itemsize: int, samples: int) -> None:
+        return None
