@@ -217,6 +217,8 @@ def test_the_loader_module_imports_no_mpi():
      "reader.engine: framework with reader.data_loader tensorflow is not implemented yet"),
     (["framework=tensorflow", "reader.data_loader=tensorflow", "reader.file_access=shared"],
      "reader.file_access must be multi (or posix), got shared"),
+    (["dataset.format=tfrecord"], "reader.engine: framework with reader.data_loader pytorch "
+                                  "reads npy, npz, indexed_binary, got dataset.format tfrecord"),
     (["reader.odirect=true"], "reader.odirect: true does not combine with reader.engine "
                               "framework"),
     (["reader.read_mode=sample"], "reader.read_mode: sample does not apply with reader.engine "
