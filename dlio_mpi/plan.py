@@ -17,6 +17,7 @@ from .errors import UserError
 from .filesystems import setstripe_args
 from .formats import implemented_formats, read_refusal
 from .planner import READ_MODES
+from .readers import ALIASES, FRAMEWORK_LOADERS, engine_refusal, torch_prefetch_factor
 from .sharding import steps_per_epoch
 from .topology import emulated_ranks_per_node, host_info, plan_topology
 
@@ -85,10 +86,13 @@ def resolve_read_mode(cfg, data_loader: str | None = None) -> str:
 
 
 def loader_note(cfg) -> str:
-    """What reader.data_loader changes in a native run, as a plan note."""
+    """What reader.data_loader changes in the run, as a plan note: the access pattern the
+    native engine emulates, or the real loader reader.engine framework runs."""
     loader, fmt = cfg.reader.data_loader, cfg.dataset.format
+    if cfg.reader.engine == "framework":
+        return _framework_note(cfg)
     real = {"pytorch": "torch DataLoader", "tensorflow": "tf.data pipeline"}[loader]
-    tail = f"the real {real} is not run (framework loaders are not implemented yet)"
+    tail = f"the real {real} is not run (reader.engine: framework runs it)"
     if cfg.reader.read_mode != "auto":
         return (f"reader.data_loader={loader}: reader.read_mode={cfg.reader.read_mode} decides "
                 f"the reads, not DLIO's {loader} reader; {tail}")
@@ -100,6 +104,43 @@ def loader_note(cfg) -> str:
               else f"MPI-IO (reader.file_access={cfg.reader.file_access})")
     return (f"reader.data_loader={loader}: {engine} reads {fmt} with the access "
             f"pattern of DLIO's {loader} reader ({_PATTERNS[mine]}; {alike}); {tail}")
+
+
+def _framework_note(cfg) -> str:
+    """The real loader reader.engine framework runs (a combination engine_refusal accepts)."""
+    rd = cfg.reader
+    loader = FRAMEWORK_LOADERS[rd.data_loader]
+    workers = rd.read_threads
+    how = (f"{workers} worker process(es) started by {rd.multiprocessing_context} (persistent), "
+           f"prefetch_factor {torch_prefetch_factor(rd.prefetch_size, workers)}"
+           if workers else "no worker process (reader.read_threads=0: read in the rank)")
+    memory = (", each file once per worker and epoch (reader.read_type memory)"
+              if rd.read_type == "memory" and cfg.dataset.format != "indexed_binary" else "")
+    return (f"reader.engine=framework: each rank runs a real {loader['loader']} ({how}, "
+            f"pin_memory {'true' if rd.pin_memory else 'false'} (torch pins only where it "
+            f"finds an accelerator), batches of "
+            f"{rd.batch_size}) over the samples the native engine would read, in the same "
+            f"order; its Dataset reads {cfg.dataset.format} as DLIO's {rd.data_loader} reader "
+            f"does: {loader['reads'][cfg.dataset.format]}{memory}")
+
+
+# native engine settings without effect when the framework loader reads, and the reverse
+NATIVE_ONLY = ("reader.access", "reader.fd_cache_size", "reader.keep_data",
+               "reader.io_watchdog_seconds", "reader.io_watchdog_abort")
+FRAMEWORK_ONLY = ("reader.pin_memory", "reader.multiprocessing_context")
+
+
+def _engine_notes(cfg) -> list[str]:
+    """Reader keys set for the other engine than the one that runs."""
+    if cfg.reader.engine == "framework":
+        keys = keys_set(cfg, NATIVE_ONLY)
+        why = ("reader.engine framework: they set how the native engine opens, keeps and "
+               "watches files; the loader's Dataset reads as DLIO's reader does")
+    else:
+        keys = keys_set(cfg, FRAMEWORK_ONLY)
+        why = ("reader.engine native, which reads with the C engine's threads into its own "
+               "buffers; they set the torch DataLoader that reader.engine framework runs")
+    return [f"{', '.join(keys)}: no effect with {why}"] if keys else []
 
 
 def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_read: int) -> int:
@@ -156,7 +197,7 @@ def _notes(cfg) -> tuple[str, ...]:
     reads = cfg.workflow.train and cfg.dataset.format in implemented_formats()
     notes = ([loader_note(cfg)] if reads else []) + support_notes(cfg)
     if reads:
-        notes += _mpiio_notes(cfg.reader)
+        notes += _mpiio_notes(cfg.reader) + _engine_notes(cfg)
     return tuple(notes + _checkpoint_notes(cfg))
 
 
@@ -357,6 +398,9 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         files, samples = train.num_files, train.num_samples
         dataset_bytes = sum(table.total("size") for table in layouts.values())
         if cfg.workflow.train:
+            refused = engine_refusal(cfg)  # reader.engine with what it cannot read
+            if refused:
+                raise UserError(refused)
             steps = _train_steps(cfg, train, ranks)
             _check_measurable(steps, cfg, "training")
             epoch_bytes = _epoch_bytes(train, layouts["train"], mode,
@@ -537,6 +581,7 @@ def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = 
         "read_mode": plan.read_mode,
         "odirect": bool(cfg.reader.odirect),
         "file_access": cfg.reader.file_access,  # the reader backend
+        "engine": cfg.reader.engine,  # native, or the real loader (framework)
         "ranks": plan.ranks,
         "ranks_per_node": plan.ranks_per_node,
         "nodes": plan.nodes,
@@ -574,8 +619,23 @@ def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = 
         "warnings": list(warnings),
     }
     # Further top-level entries go here, one line each.
+    record["reader"] = reader_text(cfg) if uses_data and cfg.workflow.train else None
     record["checkpoint"] = dict(plan.checkpoint) if plan.checkpoint is not None else None
     return record
+
+
+def reader_text(cfg) -> str:
+    """What reads the training data: the engine, the backend and the access."""
+    rd = cfg.reader
+    access = ALIASES.get(rd.file_access, rd.file_access)
+    if rd.engine == "framework":
+        loader = FRAMEWORK_LOADERS.get(rd.data_loader, {}).get("loader", rd.data_loader)
+        return (f"engine framework: a real {loader} per rank (reader.data_loader "
+                f"{rd.data_loader}), reader.file_access {rd.file_access}")
+    backend = {"multi": "the native C engine (threads, prefetch ring, pread)",
+               "shared": "MPI-IO independent reads", "collective": "MPI-IO collective reads"}
+    return (f"engine native: {backend[access]}, reader.file_access {rd.file_access}, with the "
+            f"access pattern of DLIO's {rd.data_loader} reader")
 
 
 def describe_plan(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
@@ -614,6 +674,8 @@ def render_plan(r: Mapping) -> str:
             f"dataset size    {_size(r['dataset_bytes'])} vs {_size(r['memory_bytes'])} of "
             f"memory on the {r['nodes']} node(s)",
         ]
+        if r.get("reader"):
+            lines.append(f"reader          {r['reader']}")
         if r["page_cache_note"]:
             lines.append(f"note            {r['page_cache_note']}")
         if r["generation"]:

@@ -181,7 +181,7 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
         facts, np.dtype(split.dtype).itemsize, split.samples_per_file),
         mmap=getattr(fmt, "reads_by_mmap", False),
         reads_nothing=getattr(fmt, "reads_nothing", False))
-    options = ReaderOptions.from_config(rd, comm.Get_rank())
+    options = ReaderOptions.from_config(rd, comm.Get_rank(), dlio_record_length(cfg.dataset))
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
     if train:
         return Phase(name, split, files, reader,

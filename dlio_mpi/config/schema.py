@@ -397,10 +397,17 @@ class Dataset:
 # --------------------------------------------------------------------------- reader
 @dataclass(frozen=True)
 class Reader:
-    # pytorch and tensorflow: the native engine reads with that DLIO reader's access pattern
-    # (plan.loader_note); the others run Python or DALI code dlio-mpi does not have
+    # pytorch and tensorflow: with reader.engine native, the native engine reads with that
+    # DLIO reader's access pattern (plan.loader_note); with engine framework the real loader
+    # runs (pytorch: readers/torch_loader.py). The others run Python or DALI code dlio-mpi
+    # does not have
     data_loader: str = key("tensorflow", "str", choices=DATA_LOADERS,
                            unimplemented=("dali", "native_dali", "custom", "synthetic"))
+    # ours: what reads. native: the C engine or MPI-IO (reader.file_access) with the access
+    # pattern of DLIO's reader; framework: the real loader reader.data_loader names, in this
+    # process and its workers (the combinations readers.FRAMEWORK_LOADERS lists; the others
+    # are refused before any I/O)
+    engine: str = key("native", "str", choices=("native", "framework"))
     # when set, DLIO runs this user class whatever data_loader says
     data_loader_classname: str | None = key(None, "str", optional=True,
                                             unimplemented=NON_DEFAULT)
@@ -417,13 +424,10 @@ class Reader:
         inert="it sets the threads of the batch map in DLIO's tf.data TFRecord pipeline, a "
               "stage the native engine does not have yet")
     prefetch_size: int = key(2, "int", minimum=0, maximum=2**20)  # dio_engine_open's limit
-    pin_memory: bool = key(True, "bool",
-                           inert="the native engine does not copy batches to pinned memory "
-                                 "as the torch DataLoader does")
-    multiprocessing_context: str = key(
-        "fork", "str", choices=("fork", "spawn", "forkserver"),
-        inert="the native engine reads with threads, not the torch DataLoader's worker "
-              "processes")
+    # act with reader.engine framework (the torch DataLoader's); with engine native the plan
+    # notes them (plan._engine_notes)
+    pin_memory: bool = key(True, "bool")
+    multiprocessing_context: str = key("fork", "str", choices=("fork", "spawn", "forkserver"))
     file_shuffle: str = key("off", "str", choices=SHUFFLES)
     sample_shuffle: str = key("off", "str", choices=SHUFFLES)
     shuffle_size: int = key(

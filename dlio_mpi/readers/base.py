@@ -1,5 +1,5 @@
 """The reader-backend seam: what the step loop, the metrics and the summary know of whatever
-reads the batches (the native C engine, MPI-IO, later the framework loaders and caching tiers).
+reads the batches (the native C engine, MPI-IO, the framework loaders, later caching tiers).
 
 A backend is opened once per phase with the split's files and the run's options (hints and
 settings are given here, once), then per epoch: `prepare_epoch(plan)` outside the clock,
@@ -47,14 +47,25 @@ class ReaderOptions:
     watchdog: IoWatchdog
     file_access: str = "multi"  # the backend (readers.BACKENDS)
     mpiio_hints: tuple[tuple[str, str], ...] = ()  # MPI-IO info hints, given at every open
+    engine: str = "native"  # reader.engine: native backends, or the real loader (framework)
+    data_loader: str = "pytorch"  # the framework loader (readers.FRAMEWORK_LOADERS)
+    # the framework loader's own settings
+    pin_memory: bool = True
+    multiprocessing_context: str = "fork"
+    read_type: str = "on_demand"  # DLIO's: a file loaded per sample, or once (memory)
+    # DLIO's record length: the framework loader's items are (d, d) uint8, d = int(sqrt(it)),
+    # the shape of the image DLIO's readers hand over (0: the sample's bytes as they are)
+    record_length: float = 0.0
 
     @staticmethod
-    def from_config(reader_cfg, rank: int) -> ReaderOptions:
+    def from_config(reader_cfg, rank: int, record_length: float = 0.0) -> ReaderOptions:
         rd = reader_cfg
         return ReaderOptions(rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
                              rd.access == "loader", rd.drop_page_cache, rd.keep_data,
                              IoWatchdog(rd.io_watchdog_seconds, rd.io_watchdog_abort, rank),
-                             rd.file_access, rd.mpiio_hints)
+                             rd.file_access, rd.mpiio_hints, rd.engine, rd.data_loader,
+                             rd.pin_memory, rd.multiprocessing_context, rd.read_type,
+                             record_length)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,372 @@
+"""The framework engine for PyTorch (reader.engine: framework, reader.data_loader: pytorch):
+each rank reads its planned samples through a real `torch.utils.data.DataLoader`, with the
+worker processes, prefetching, collation and pinning that DLIO's pytorch data loader sets up.
+
+What runs, per rank and phase (DLIO's data_loader/torch_data_loader.py, its settings):
+- one DataLoader, built at the first epoch: batch_size the phase's, num_workers =
+  reader.read_threads (0: read in this process), prefetch_factor = ceil(prefetch_size /
+  read_threads) (2 when prefetch_size is 0), persistent_workers with workers,
+  multiprocessing_context and pin_memory from the configuration, drop_last;
+- a map-style Dataset over the split's sample ids, whose items are read as DLIO's readers read
+  them, through the format's library: npy `np.load(path)`, npz `np.load(path)['x']` (the
+  whole file per sample; with reader.read_type memory once per worker and epoch), then the
+  sample; indexed_binary: the file's two index files once per worker, then per sample
+  `open`, `seek`, `readinto` of its extent;
+- a sampler yielding this epoch's planned ids in the plan's order, so that the rank reads
+  exactly the samples the native engine would, in the same order. The sampler (not the
+  Dataset) carries the epoch's order because persistent workers keep the Dataset they got
+  at start for the whole run, as in DLIO, whose sampler yields global ids too.
+Each item handed to the collation is the sample's bytes as a (d, d) uint8 array, d =
+int(sqrt(record length)): the shape of the image DLIO's readers return (its `resized_image`),
+so the collation stacks as much as DLIO's does, filled with the bytes read.
+
+Measured in the process that reads (a worker, or this one), per batch and handed back with it:
+the bytes its thread's read calls returned (/proc/thread-self/io rchar: from storage or the
+page cache, index files, headers and the modules a worker's first load imports included),
+its read calls (syscr), the files it opened (each np.load or open() opens one file and closes
+it before the item is returned; with read_type memory when the epoch changes) and each
+sample's load time (lat_ns: one entry per sample, not per planned request). File stats are
+not observed: each open counts the fstat calls the loader model (formats/npload.py, checked
+against strace) gives the plan's loads (npz: 2 a load), one where the plan has no whole-file
+loads (CPython's open makes one).
+
+Worker processes must never initialise MPI: this module imports no MPI (nor does anything it
+imports), since a spawned or forkserver worker unpickling the Dataset imports it, and a
+process that calls MPI_Init under the launcher's environment aborts. Workers start at the
+first epoch's first batch, inside that epoch, as in DLIO (the step's wait includes them)."""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+
+from .. import _core
+from ..catalog import SplitFiles
+from ..dataset import FileNaming
+from ..planner import ReadPlan
+from . import FRAMEWORK_LOADERS, torch_prefetch_factor
+from .base import BatchStats, ReaderOptions, python_steps
+
+if TYPE_CHECKING:
+    from ..pacing import StepSync
+
+READS = FRAMEWORK_LOADERS["pytorch"]["reads"]
+STATS_HEAD = 3  # stats tensor: bytes, read calls, file opens, then each sample's load ns
+
+_IO_FDS: dict[tuple[int, int], int] = {}  # (pid, thread id) -> fd of its /proc io file
+
+
+def thread_io() -> tuple[int, int, int] | None:
+    """(rchar, syscr, bytes of this very read) of the calling thread, from
+    /proc/thread-self/io; None where the kernel does not say. The read itself counts in the
+    next call's figures (one read call of the returned length)."""
+    key = (os.getpid(), threading.get_native_id())
+    fd = _IO_FDS.get(key)
+    if fd is None:
+        try:
+            fd = os.open("/proc/thread-self/io", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        _IO_FDS[key] = fd
+    if fd < 0:
+        return None
+    text = os.pread(fd, 1024, 0)
+    values = dict(line.split(b":") for line in text.splitlines() if b":" in line)
+    return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
+
+
+def item_side(record_length: float) -> int:
+    """d of the (d, d) uint8 items: int(sqrt(record length)), DLIO's max_dimension."""
+    return max(int(math.sqrt(record_length)), 1)
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """One batch's items as the Dataset fetched them, with what fetching them took."""
+
+    items: list
+    stats: torch.Tensor  # int64: bytes, read calls, opens, then each item's load ns
+
+
+def collate(fetched: Fetched) -> tuple[torch.Tensor, torch.Tensor]:
+    """The DataLoader's collate_fn: torch's default collation of the items (a stacked
+    tensor), and the batch's stats tensor."""
+    return default_collate(fetched.items), fetched.stats
+
+
+class SampleDataset(Dataset):
+    """The split's samples by global id, read as DLIO's pytorch reader reads them (see the
+    module). Indices are (epoch, sample id): with reader.read_type memory a worker keeps the
+    files it loaded until the epoch changes. Picklable: spawned workers get a copy."""
+
+    def __init__(self, naming: FileNaming, listed: tuple[str, ...] | None, fmt: str,
+                 samples_per_file: int, sample_layout: str, side: int, memory: bool) -> None:
+        self.naming, self.listed, self.fmt = naming, listed, fmt
+        self.samples_per_file, self.last_axis = samples_per_file, sample_layout == "last_axis"
+        self.side, self.memory = side, memory
+        self.opens = 0
+        self._epoch = -1
+        self._kept: dict[str, object] = {}  # read_type memory: loaded arrays / open files
+        self._index: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # indexed_binary
+
+    @staticmethod
+    def of(files: SplitFiles, options: ReaderOptions) -> SampleDataset:
+        side = item_side(options.record_length) if options.record_length else 0
+        return SampleDataset(files.split.naming, files.listed, files.split.format.name,
+                             files.split.samples_per_file, files.sample_layout, side,
+                             options.read_type == "memory")
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_kept"], state["_index"] = {}, {}
+        return state
+
+    def __len__(self) -> int:
+        return self.naming.count * self.samples_per_file
+
+    def path(self, file: int) -> str:
+        if self.listed is not None:
+            return os.path.join(self.naming.root, self.listed[file])
+        return self.naming.path(file)
+
+    def __getitem__(self, index: tuple[int, int]) -> np.ndarray:
+        epoch, sample_id = index
+        if epoch != self._epoch:
+            self._forget()
+            self._epoch = epoch
+        file, within = divmod(sample_id, self.samples_per_file)
+        path = self.path(file)
+        if self.fmt == "indexed_binary":
+            sample = self._read_extent(path, within)
+        else:
+            array = self._kept.get(path) if self.memory else None
+            if array is None:
+                array = self._load(path)
+                if self.memory:
+                    self._kept[path] = array
+            sample = array[..., within] if self.last_axis else array[within]
+        return self._item(sample)
+
+    def __getitems__(self, indices: list) -> Fetched:
+        """The batch's items (the DataLoader's batched fetch), timed and measured."""
+        before, opens = thread_io(), self.opens
+        items, lat = [], []
+        for index in indices:
+            start = time.monotonic_ns()
+            items.append(self[index])
+            lat.append(time.monotonic_ns() - start)
+        after = thread_io()
+        if before is None or after is None:
+            nbytes = reads = -1
+        else:
+            nbytes = after[0] - before[0] - before[2]
+            reads = after[1] - before[1] - 1
+        return Fetched(items, torch.tensor([nbytes, reads, self.opens - opens, *lat],
+                                           dtype=torch.int64))
+
+    def _load(self, path: str) -> np.ndarray:
+        self.opens += 1
+        if self.fmt == "npz":
+            return np.load(path, allow_pickle=True)["x"]
+        return np.load(path)
+
+    def _read_extent(self, path: str, within: int) -> np.ndarray:
+        if path not in self._index:
+            self._index[path] = (self._read_index(path + ".off.idx"),
+                                 self._read_index(path + ".sz.idx"))
+        offsets, sizes = self._index[path]
+        sample = np.empty(int(sizes[within]), dtype=np.uint8)
+        fp = self._kept.get(path) if self.memory else None
+        if fp is None:
+            self.opens += 1
+            fp = open(path, "rb")  # noqa: SIM115 - kept open with read_type memory
+        try:
+            fp.seek(int(offsets[within]))
+            fp.readinto(sample)
+        finally:
+            if self.memory:
+                self._kept[path] = fp
+            else:
+                fp.close()
+        return sample
+
+    def _read_index(self, path: str) -> np.ndarray:
+        self.opens += 1
+        with open(path, "rb") as fp:
+            values = np.empty(self.samples_per_file, dtype=np.int64)
+            fp.readinto(values)
+        return values
+
+    def _forget(self) -> None:
+        for kept in self._kept.values():
+            if hasattr(kept, "close"):
+                kept.close()
+        self._kept = {}
+
+    def _item(self, sample: np.ndarray) -> np.ndarray:
+        """The sample's bytes as a (side, side) uint8 array (the bytes as they are when the
+        side is not set)."""
+        flat = np.ascontiguousarray(sample).reshape(-1).view(np.uint8)
+        if not self.side:
+            return flat
+        want = self.side * self.side
+        if len(flat) < want:
+            flat = np.concatenate((flat, np.zeros(want - len(flat), dtype=np.uint8)))
+        return flat[:want].reshape(self.side, self.side)
+
+
+class PlannedSampler(Sampler):
+    """Yields (epoch, id) for this epoch's planned sample ids, in the plan's order."""
+
+    def __init__(self) -> None:
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.epoch = 0
+
+    def start(self, epoch: int, ids: np.ndarray) -> None:
+        self.epoch, self.ids = epoch, ids
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        epoch = self.epoch
+        return ((epoch, sample) for sample in self.ids.tolist())
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def drop_cached(paths: Iterable[str]) -> None:
+    """posix_fadvise(DONTNEED) each file, opened as the native engine opens data files."""
+    for path in paths:
+        with _core.open_regular(path) as fp:
+            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+class TorchLoaderReader:
+    """A ReaderBackend reading one split's planned batches through a torch DataLoader (see
+    the module)."""
+
+    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+        self.files, self.options = files, options
+        self.workers = options.read_threads
+        self.prefetch_factor = torch_prefetch_factor(options.prefetch_size, self.workers)
+        self.dataset = SampleDataset.of(files, options)
+        self.sampler = PlannedSampler()
+        self.loader: DataLoader | None = None
+        self._iter = None
+        self.batch = None  # the batch the step holds, as a training step would
+        self._epochs = self._position = 0
+        self._plan: ReadPlan | None = None
+        self._bytes = self._reads = self._opens = self._stats = 0
+        self._stats_per_open = 1.0
+        self.lat_ns = np.zeros(0, dtype=np.int64)  # per sample of the current epoch
+
+    def _make_loader(self, batch: int) -> DataLoader:
+        extra = {}
+        if self.workers:
+            extra = dict(multiprocessing_context=self.options.multiprocessing_context,
+                         prefetch_factor=self.prefetch_factor, persistent_workers=True)
+        return DataLoader(self.dataset, batch_size=batch, sampler=self.sampler,
+                          num_workers=self.workers, pin_memory=self.options.pin_memory,
+                          drop_last=True, collate_fn=collate, **extra)
+
+    def prepare_epoch(self, plan: ReadPlan) -> None:
+        """Before the clock: the DataLoader at the first epoch (its workers start when the
+        epoch's iteration does, in start_epoch), and dropping the plan's files from the page
+        cache if asked."""
+        if self.loader is None and plan.steps:
+            self.loader = self._make_loader(len(plan.sample_ids) // plan.steps)
+        if self.options.drop_page_cache:
+            drop_cached(self.files.path(int(f)) for f in plan.files())
+
+    def start_epoch(self, plan: ReadPlan) -> None:
+        """The epoch's order to the sampler, and the DataLoader's iteration started (its
+        workers get their first batches' indices at once)."""
+        self._epochs += 1
+        self._plan, self._position = plan, 0
+        self.lat_ns = np.zeros(len(plan.sample_ids), dtype=np.int64)
+        self.sampler.start(self._epochs, plan.sample_ids)
+        opens = int(np.count_nonzero(plan.flags & _core.REQ_OPEN))
+        fstats = int(np.count_nonzero(plan.flags & _core.REQ_FSTAT))
+        self._stats_per_open = (opens + fstats) / opens if opens else 1.0
+        with warnings.catch_warnings():  # said in describe(): pinned or not
+            warnings.filterwarnings("ignore", message=".*pin_memory.*")
+            self._iter = iter(self.loader)
+
+    def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
+                  start_ns: int) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns)
+
+    def next_batch(self) -> BatchStats | None:
+        """Wait for the DataLoader's next batch; None at the end of the epoch."""
+        self.batch = None
+        try:
+            batch, stats = next(self._iter)
+        except StopIteration:
+            return None
+        except Exception as exc:  # a worker's error comes with its traceback: its last line
+            lines = str(exc).strip().splitlines() or [type(exc).__name__]
+            raise RuntimeError(f"the torch DataLoader failed: {lines[-1]}") from exc
+        ready = _core.now_ns()
+        self.batch = batch
+        head = stats[:STATS_HEAD].tolist()
+        lat = stats[STATS_HEAD:].numpy()
+        nbytes, reads, opens = head
+        if nbytes < 0:  # no /proc io: the plan's bytes for the batch
+            step = self._position // max(len(lat), 1)
+            b = self._plan.batch_start
+            nbytes = int(self._plan.expect[b[step]:b[step + 1]].sum())
+            reads = int(b[step + 1] - b[step])
+        self.lat_ns[self._position:self._position + len(lat)] = lat
+        self._position += len(lat)
+        self._bytes += nbytes
+        self._reads += reads
+        self._opens += opens
+        self._stats += round(opens * self._stats_per_open)
+        return BatchStats(ready, nbytes, reads)
+
+    def abandon_epoch(self) -> None:
+        """Stop before the epoch's last batch: the next iteration resets the workers."""
+        self._iter, self.batch = None, None
+
+    def end_epoch(self) -> None:
+        self._iter, self.batch = None, None
+
+    def counters(self) -> dict:
+        return {"opens": self._opens, "closes": self._opens, "stats": self._stats,
+                "bytes": self._bytes, "reads": self._reads}
+
+    def describe(self) -> dict:
+        pinned = bool(self.options.pin_memory and torch.accelerator.is_available())
+        return {"backend": "framework", "loader": "torch.utils.data.DataLoader",
+                "data_loader": "pytorch", "file_access": "multi",
+                "format": self.dataset.fmt, "reads": READS[self.dataset.fmt]
+                + (" (files kept per worker and epoch: reader.read_type memory)"
+                   if self.dataset.memory else ""),
+                "workers": self.workers, "prefetch_factor": self.prefetch_factor,
+                "persistent_workers": self.workers > 0,
+                "pin_memory": self.options.pin_memory, "pinned": pinned,
+                "multiprocessing_context": (self.options.multiprocessing_context
+                                            if self.workers else None),
+                "item_shape": [self.dataset.side] * 2 if self.dataset.side else None,
+                "bytes_read_measured": self._bytes,
+                "counted": "bytes and read calls: /proc/thread-self/io of the reading thread; "
+                           "opens and closes: the files the Dataset opened; stats: the "
+                           "loader model's fstat calls per open, not observed",
+                "torch": torch.__version__}
+
+    def close(self) -> None:
+        """Stop the workers."""
+        self._iter = self.batch = None
+        loader, self.loader = self.loader, None
+        running = getattr(loader, "_iterator", None)
+        if running is not None and hasattr(running, "_shutdown_workers"):
+            running._shutdown_workers()
