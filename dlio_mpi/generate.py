@@ -120,7 +120,7 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
         for folder in folders:
             os.makedirs(folder, exist_ok=True)
         if ours:
-            _remove_temporaries([root, *folders, *_side_folders(splits, folders)],
+            _remove_temporaries([root, *folders, *side_folders(splits, folders)],
                                 manifest.get("temporaries", []))
         return ours, False, new_tag(), striping
 
@@ -280,7 +280,7 @@ def _clear_side_files(paths: list[str], ours: bool) -> None:
     remove_quietly(present)
 
 
-def _side_folders(splits: dict[str, DatasetSplit], folders: list[str]) -> list[str]:
+def side_folders(splits: dict[str, DatasetSplit], folders: list[str]) -> list[str]:
     """Existing folders of side files away from the data files (tfrecord's
     <root>/index/<split>: one per split, the folder of its first file's side files)."""
     found = {os.path.dirname(p) for s in splits.values() if s.num_files

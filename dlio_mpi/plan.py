@@ -26,8 +26,8 @@ MAX_SAMPLES = 2**62     # sample ids are int64 everywhere
 MAX_PATH_BYTES = 4095   # the C engine formats file names into 4096-byte buffers (PATH_MAX_LEN)
 SHAPE_BYTES_PER_FILE = 8  # drawn sample shapes: two int32 per file, on every rank
 # What DLIO's pytorch and tensorflow readers do per read mode, for the plan's loader note
-_PATTERNS = {"file": "np.load of the whole file for every sample",
-             "file_once": "np.load of each file once for all its samples",
+_PATTERNS = {"file": "the whole file loaded for every sample",
+             "file_once": "each file loaded once, whole, for all its samples",
              "sample": "a read of each sample's extent"}
 
 

@@ -31,7 +31,13 @@ from .config import TimeSpec
 from .dataset import DatasetSplit, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
 from .filesystems import check_striping, describe_filesystems
-from .generate import GenerationResult, check_dataset_space, check_free_space, generate
+from .generate import (
+    GenerationResult,
+    check_dataset_space,
+    check_free_space,
+    generate,
+    side_folders,
+)
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
 from .output import OutputFolder, access_log_name
@@ -427,6 +433,7 @@ def remove_dataset(comm, plan: RunPlan) -> int:
         if not kept:
             remove_quietly([manifest_path(root)])
         folders = {f for s in plan.splits.values() for f in s.naming.folders()}
+        folders |= set(side_folders(plan.splits, sorted(folders)))  # tfrecord's index/<split>
         for folder in sorted(folders | {os.path.dirname(f) for f in folders} | {root},
                              key=len, reverse=True):
             try:

@@ -645,7 +645,7 @@ def test_data_loader_acts_on_multi_sample_files_and_says_what_it_emulates():
     assert torch.read_mode == "file"
     assert torch.notes[0] == (
         "reader.data_loader=pytorch: the native C engine reads npz with the access pattern of "
-        "DLIO's pytorch reader (np.load of the whole file for every sample; as its tensorflow "
+        "DLIO's pytorch reader (the whole file loaded for every sample; as its tensorflow "
         "reader does); the real torch DataLoader is not run (reader.engine: framework runs "
         "it)")
     tf = ["framework=tensorflow", "reader.data_loader=tensorflow"]
@@ -655,8 +655,8 @@ def test_data_loader_acts_on_multi_sample_files_and_says_what_it_emulates():
     assert multi.read_mode == "file_once"
     assert multi.notes[0].startswith("reader.data_loader=tensorflow: the native C engine reads "
                                      "npz with the access pattern of DLIO's tensorflow reader "
-                                     "(np.load of each file once for all its samples; its "
-                                     "pytorch reader: np.load of the whole file for every")
+                                     "(each file loaded once, whole, for all its samples; its "
+                                     "pytorch reader: the whole file loaded for every")
     assert "real tf.data pipeline is not run" in multi.notes[0]
     shared = plan("reader.file_access=mpio")
     assert shared.notes[0].startswith("reader.data_loader=pytorch: MPI-IO "
