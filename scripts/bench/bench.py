@@ -40,12 +40,16 @@
             tfrecord, hdf5, npy), the same 128 KiB samples read by extent, 2 ranks, page cache
             warm, no compute: samples/s beside indexed_binary's (issue 9's target: tfrecord and
             contiguous hdf5 >= 0.8x).
+  loaders:  110 KB npz samples (1 per file, 2048 files), batch 32, 2 ranks, no compute, page
+            cache warm: the native engine, the framework engine (a real torch DataLoader, 2
+            workers per rank) and the DLIO benchmark 2.0.0 (pytorch loader, 2 read threads) on
+            the same files: samples/s, and what fidelity mode costs (native / framework).
   startup:  seconds from launching mpiexec to the first training step: 2 ranks; 64 ranks
             (oversubscribed: it must start, finish and say how long it took); 10^6 real files.
 
 Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
   python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [large] [mpiio]
-                                                  [checkpoint] [formats] [startup]
+                                     [checkpoint] [formats] [loaders] [startup]
 DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large` and
 `checkpoint`. The figures are printed and saved to DIR/results.json (each benchmark's under its
 name, the others' kept). Each benchmark's files are under DIR, named after it (mpiio:
@@ -814,6 +818,74 @@ def bench_formats(work: Path) -> dict:
     return {"sample_bytes": FORMAT_SAMPLE, "runs": runs, "targets": FORMAT_TARGETS}
 
 
+# ------------------------------------------------------------------------------- loaders
+
+
+LOADER_FILES, LOADER_BATCH, LOADER_WORKERS = 2048, 32, 2
+LOADER_RECORD = 114660  # bytes: resnet50-like npz samples, 1 per file
+
+
+def _loader_run(work: Path, data: Path, engine: str) -> dict:
+    """One `dlio-mpi run` on the loaders' files: engine native (the C engine with the access
+    pattern of DLIO's pytorch reader) or framework (a real torch DataLoader of
+    LOADER_WORKERS workers per rank); 4 epochs, no compute; samples/s of epochs 2-4."""
+    out = work / f"loaders-{engine}-out"
+    dlio(["run", "demo", *overrides(
+        dataset__data_folder=data, output__folder=out, dataset__format="npz",
+        dataset__num_files_train=LOADER_FILES, dataset__record_length_bytes=LOADER_RECORD,
+        dataset__record_length_bytes_stdev=0, reader__batch_size=LOADER_BATCH,
+        reader__read_threads=LOADER_WORKERS, reader__data_loader="pytorch",
+        framework="pytorch", reader__engine=engine, train__computation_time=0,
+        train__epochs=4, workflow__generate_data="false")], timeout=1800)
+    thr = summary(out)["metric"]["train_throughput_samples_per_second"]
+    shutil.rmtree(out, ignore_errors=True)
+    return {"samples_per_s": statistics.median(thr[1:]), "per_epoch": thr}
+
+
+def bench_loaders(work: Path, with_dlio: bool = True) -> dict:
+    """110 KB npz samples (1 per file, 2048 files), batch 32, 2 ranks, no compute, page cache
+    warm: the native engine, the framework engine (a real torch DataLoader, 2 workers per rank)
+    and the DLIO benchmark 2.0.0 (its pytorch loader, 2 read threads) on the same files;
+    samples/s and what fidelity mode costs."""
+    data = work / "loaders-data"
+    dlio(["generate", "demo", *overrides(
+        dataset__data_folder=data, dataset__format="npz", dataset__num_files_train=LOADER_FILES,
+        dataset__record_length_bytes=LOADER_RECORD, dataset__record_length_bytes_stdev=0)],
+        timeout=1800)
+    warm(data)
+    runs: dict[str, list[dict]] = {"native": [], "framework": []}
+    for _ in range(3):  # interleaved rounds
+        for engine in runs:
+            runs[engine].append(_loader_run(work, data, engine))
+    result = {engine: {"samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
+                       "rounds": rs} for engine, rs in runs.items()}
+    if with_dlio:
+        sys.path.insert(0, str(HERE))
+        from dlio_reference import ensure_dlio_venv, run_dlio
+
+        wl = {"model": "loaders_ref", "framework": "pytorch",
+              "workflow": {"generate_data": False, "train": True},
+              "dataset": {"data_folder": str(data), "format": "npz",
+                          "num_files_train": LOADER_FILES, "num_samples_per_file": 1,
+                          "record_length": LOADER_RECORD},
+              "reader": {"data_loader": "pytorch", "read_threads": LOADER_WORKERS,
+                         "batch_size": LOADER_BATCH},
+              "train": {"epochs": 4, "computation_time": 0}}
+        thr = run_dlio(ensure_dlio_venv(REPO), wl, 2, work / "loaders-dlio",
+                       timeout=1800)["metric"]["train_throughput_samples_per_second"]
+        result["dlio_2.0.0"] = {"samples_per_s": statistics.median(thr[1:]), "per_epoch": thr}
+    shutil.rmtree(data, ignore_errors=True)
+    native = result["native"]["samples_per_s"]
+    print(f"loaders: 2 ranks, {LOADER_FILES} npz files of {LOADER_RECORD:,} B, batch "
+          f"{LOADER_BATCH}, {LOADER_WORKERS} workers/threads, no compute, warm (samples/s, "
+          "median of epochs 2-4):", flush=True)
+    for name, r in result.items():
+        print(f"  {name:12} {r['samples_per_s']:10,.0f}  ({r['samples_per_s'] / native:.3f}x "
+              "native)", flush=True)
+    result["fidelity_cost"] = native / result["framework"]["samples_per_s"]
+    return result
+
+
 # ------------------------------------------------------------------------------- startup
 
 
@@ -871,7 +943,7 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
 
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
               "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
-              "formats": bench_formats, "startup": bench_startup}
+              "formats": bench_formats, "loaders": bench_loaders, "startup": bench_startup}
 
 
 def main() -> None:
