@@ -384,3 +384,15 @@ def test_a_killed_generation_leaves_no_index_temporaries(tmp_path):
     assert len(names) == 3000
     assert all((index / n).read_text() == dali_index(tmp_path / "data" / "train" / n[:-4])
                for n in names[::97])
+
+
+def test_keep_files_false_removes_the_index_folders_too(tmp_path):
+    data = tmp_path / "data"
+    res = run_cli(["run", "resnet50_h100", f"++workload.dataset.data_folder={data}",
+                   "workflow.generate_data=true", "dataset.num_files_train=4",
+                   "dataset.num_samples_per_file=8", "dataset.record_length_bytes=4096",
+                   "reader.batch_size=4", "train.epochs=1", "train.computation_time=0.001",
+                   "dataset.keep_files=false", f"output.folder={tmp_path / 'out'}"])
+    assert res.returncode == 0, res.stderr
+    assert "removed the dataset" in res.stdout
+    assert not data.exists()  # data files, index files and their folders all gone
