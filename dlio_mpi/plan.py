@@ -256,10 +256,17 @@ def _mpiio_notes(rd) -> list[str]:
 
 def _check_mapped_reads(cfg) -> None:
     """A format read by mmap (mmap_indexed_binary) goes through the page cache, with the
-    native engine's mapped reads only."""
+    native engine's mapped reads only; synthetic data, read by nothing, with the native
+    engine only."""
     from .formats import get_format
 
-    if not getattr(get_format(cfg.dataset.format), "reads_by_mmap", False):
+    fmt = get_format(cfg.dataset.format)
+    if getattr(fmt, "reads_nothing", False):
+        if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
+            raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, "
+                            "but dataset.format synthetic reads nothing; expected multi")
+        return
+    if not getattr(fmt, "reads_by_mmap", False):
         return
     if cfg.reader.odirect:
         raise UserError(f"reader.odirect: true does not combine with dataset.format "

@@ -38,3 +38,19 @@ def test_a_synthetic_run_reads_nothing_and_counts_its_steps(shared_tmp):
     assert len(metric["train_throughput_samples_per_second"]) == 2
     assert summary["dlio_mpi"]["steps_per_epoch"] == steps
     assert metric["train_compute_seconds_per_rank"]["min"] >= 2 * steps * 0.002
+
+
+def test_synthetic_data_with_an_mpiio_backend_is_refused_before_any_io(shared_tmp):
+    from mpi4py import MPI
+
+    from dlio_mpi.config import load_config
+    from dlio_mpi.errors import JobError
+    from dlio_mpi.run import run
+
+    cfg = load_config("demo", workload_overrides(
+        shared_tmp, dataset__format="synthetic", reader__file_access="collective",
+        workflow__generate_data="true"))
+    with pytest.raises(JobError, match="reader.file_access: collective reads with MPI-IO, but "
+                                       "dataset.format synthetic reads nothing; expected multi"):
+        run(MPI.COMM_WORLD, cfg)
+    assert not (shared_tmp / "data").exists()
