@@ -270,6 +270,9 @@ typedef struct dio_epoch_plan {
                                   * asking for a buffer's worth near EOF): then exactly expect
                                   * bytes must arrive (the file ends there) */
     const uint32_t *flags;       /* DIO_REQ_*; NULL = none */
+    const int64_t  *delay_ns;    /* after the read, the reader thread sleeps this long (a
+                                  * loader's per-sample preprocessing: the batch is ready only
+                                  * after it; read latencies leave it out); NULL = none */
 } dio_epoch_plan;
 
 /* Per-request outputs, each NULL or nreq entries, owned by the caller, which must keep them

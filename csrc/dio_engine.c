@@ -78,6 +78,7 @@ typedef struct req {
     int64_t  len;
     uint32_t flags;   /* DIO_REQ_* */
     int      to_eof;  /* expect < len: exactly need bytes arrive, the file ends there */
+    int64_t  delay_ns; /* slept after the read (preprocessing), 0 = none */
 } req;
 
 typedef struct batch_state {
@@ -546,6 +547,9 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
             t1 = dio_now_ns();
             watch_end(&w->watch);
         }
+        int64_t done_ns = t1; /* when the request's sample is ready */
+        if (rc == 0 && q->delay_ns > 0) /* the sample's preprocessing, on this thread */
+            done_ns = dio_sleep_until_ns(dio_now_ns() + q->delay_ns, 0);
         r->bytes += got;
         r->ops += ops;
         if (q->flags & DIO_REQ_CLOSE || (rc < 0 && w->access_fd >= 0)) {
@@ -558,8 +562,8 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
             lat[i] = t1 - t0;
         if (nread)
             nread[i] = got;
-        if (t1 > r->end_ns)
-            r->end_ns = t1;
+        if (done_ns > r->end_ns)
+            r->end_ns = done_ns;
         r->ndone++;
     }
     return 0;
@@ -1065,6 +1069,7 @@ int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *p, const dio_epo
             q->off = off;
             q->len = len;
             q->flags = p->flags ? p->flags[i] : 0;
+            q->delay_ns = p->delay_ns && p->delay_ns[i] > 0 ? p->delay_ns[i] : 0;
             q->to_eof = expect < len;
             if (len == 0) {
                 q->rd_off = off;

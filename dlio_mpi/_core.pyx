@@ -97,6 +97,7 @@ cdef extern from "dio.h" nogil:
         const int64_t *length
         const int64_t *expect
         const uint32_t *flags
+        const int64_t *delay_ns
 
     ctypedef struct dio_epoch_outputs:
         int64_t *req_buf_off
@@ -546,7 +547,7 @@ cdef class _BatchView:
 cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
                         const int64_t[::1] file_idx, const int64_t[::1] offset,
                         const int64_t[::1] length, const uint32_t[::1] flags,
-                        const int64_t[::1] expect) except -1:
+                        const int64_t[::1] expect, const int64_t[::1] delay_ns=None) except -1:
     """Point `plan` at the arrays after checking their lengths; returns the request count."""
     if batch_start.shape[0] < 1:
         raise ValueError("batch_start needs nbatches + 1 entries (at least one)")
@@ -554,12 +555,12 @@ cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
     for name, arr in (("file_idx", file_idx), ("offset", offset), ("length", length)):
         if arr.shape[0] != nreq:
             raise ValueError(f"{name} has {arr.shape[0]} entries, batch_start says {nreq}")
-    for name, arr in (("flags", flags), ("expect", expect)):
+    for name, arr in (("flags", flags), ("expect", expect), ("delay_ns", delay_ns)):
         if arr is not None and arr.shape[0] != nreq:
             raise ValueError(f"{name} has {arr.shape[0]} entries, expected {nreq}")
     plan.nbatches = batch_start.shape[0] - 1
     plan.batch_start = &batch_start[0]
-    plan.file_idx = plan.offset = plan.length = plan.expect = NULL
+    plan.file_idx = plan.offset = plan.length = plan.expect = plan.delay_ns = NULL
     plan.flags = NULL
     if nreq > 0:
         plan.file_idx = &file_idx[0]
@@ -569,6 +570,8 @@ cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
             plan.flags = &flags[0]
         if expect is not None:
             plan.expect = &expect[0]
+        if delay_ns is not None:
+            plan.delay_ns = &delay_ns[0]
     return nreq
 
 
@@ -715,11 +718,14 @@ cdef class Engine:
                     const int64_t[::1] file_idx not None, const int64_t[::1] offset not None,
                     const int64_t[::1] length not None, int64_t[::1] req_buf_off=None,
                     int64_t[::1] lat_ns=None, int64_t[::1] nread=None,
-                    const uint32_t[::1] flags=None, const int64_t[::1] expect=None):
+                    const uint32_t[::1] flags=None, const int64_t[::1] expect=None,
+                    const int64_t[::1] delay_ns=None):
         """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
         (file_idx, offset, length) (contiguous int64 arrays; copied), with optional uint32
-        `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT) and int64 `expect` (bytes that must arrive,
-        less than length only where a read reaches the end of the file, which must end there).
+        `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT, REQ_MMAP), int64 `expect` (bytes that must
+        arrive, less than length only where a read reaches the end of the file, which must end
+        there) and int64 `delay_ns` (slept by the reader thread after the request's read: a
+        loader's per-sample preprocessing; the batch is ready after it).
         Optional int64 outputs of one entry per request, kept referenced by the engine for the
         epoch: req_buf_off (filled now: where request i's bytes start in its batch's data),
         lat_ns and nread (filled as requests complete: pread latency, bytes transferred, with
@@ -731,7 +737,7 @@ cdef class Engine:
         cdef dio_error err
         cdef int rc
         cdef int64_t nreq = _fill_plan(&plan, batch_start, file_idx, offset, length, flags,
-                                       expect)
+                                       expect, delay_ns)
         for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread)):
             if arr is not None and arr.shape[0] != nreq:
                 raise ValueError(f"{name} has {arr.shape[0]} entries, expected {nreq}")

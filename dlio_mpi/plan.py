@@ -254,13 +254,19 @@ def _mpiio_notes(rd) -> list[str]:
     return notes
 
 
-def _check_mapped_reads(cfg) -> None:
-    """A format read by mmap (mmap_indexed_binary) goes through the page cache, with the
-    native engine's mapped reads only; synthetic data, read by nothing, with the native
-    engine only."""
+def _check_reader_fits(cfg) -> None:
+    """What only the native engine does: reader.preprocess_time (slept by its reader
+    threads), a format read by mmap (mmap_indexed_binary: through the page cache, with its
+    mapped reads), synthetic data (read by nothing)."""
     from .formats import get_format
 
     fmt = get_format(cfg.dataset.format)
+    if cfg.reader.preprocess_time.mean > 0 and (
+            cfg.reader.engine != "native" or cfg.reader.file_access not in ("multi", "posix")):
+        raise UserError("reader.preprocess_time: slept per sample by the native engine's "
+                        "reader threads; with reader.engine framework or an MPI-IO "
+                        "reader.file_access it is not implemented yet; expected 0, or "
+                        "reader.engine native with reader.file_access multi")
     if getattr(fmt, "reads_nothing", False):
         if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
             raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, "
@@ -392,7 +398,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         if fmt not in implemented_formats():
             raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
                             f"implemented: {', '.join(implemented_formats())}")
-        _check_mapped_reads(cfg)
+        _check_reader_fits(cfg)
         _check_shape_memory(cfg, max(local_ranks, node[0]), node[1])
         splits = describe_dataset(cfg)
         _check_sizes(cfg, splits)

@@ -65,6 +65,9 @@ class ReadPlan:
     flags: np.ndarray          # uint32 _core.REQ_* per request
     expect: np.ndarray         # bytes each request must bring (< length where it hits EOF)
     batch_payload: np.ndarray  # sample payload bytes each batch delivers (steps,)
+    # ns the reader sleeps after each request (the preprocessing of the samples it completes:
+    # reader.preprocess_time), or None
+    delay_ns: np.ndarray | None = None
 
     @property
     def steps(self) -> int:
@@ -110,9 +113,11 @@ def _whole_file_accesses(files: np.ndarray, lay: Layouts, policy: AccessPolicy):
 
 
 def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file: int,
-               layouts: LayoutTable, mode: str, policy: AccessPolicy = AccessPolicy()
-               ) -> ReadPlan:
-    """Requests for the first steps*batch_size ids of `shard`."""
+               layouts: LayoutTable, mode: str, policy: AccessPolicy = AccessPolicy(),
+               sample_delay_ns: np.ndarray | None = None) -> ReadPlan:
+    """Requests for the first steps*batch_size ids of `shard`. `sample_delay_ns`: each
+    sample's preprocessing time, slept after the request that completes it (a load serving
+    several samples, with read_mode file_once: after that load, all of theirs)."""
     ids = np.ascontiguousarray(shard[: steps * batch_size], dtype=np.int64)
     if policy.reads_nothing:
         none, empty = np.zeros(steps + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -120,9 +125,14 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
                         np.zeros(steps, dtype=np.int64))
     files = ids // samples_per_file
     step_of = np.arange(len(ids), dtype=np.int64) // batch_size
+    load_of = np.arange(len(ids), dtype=np.int64)  # the load (or read) serving each sample
     if mode == "file_once":
-        _, first = np.unique(files, return_index=True)
-        first.sort()
+        _, first, inverse = np.unique(files, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        position = np.empty_like(order)
+        position[order] = np.arange(len(order))
+        load_of = position[inverse.reshape(-1)]
+        first = first[order]
         files, step_of = files[first], step_of[first]
     elif mode not in ("sample", "file"):
         raise ValueError(f"unknown read mode {mode!r}; expected one of {READ_MODES}")
@@ -142,10 +152,20 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
         payload = lay.sample_bytes
     if policy.mmap:
         flags = flags | _core.REQ_MMAP
+    delay = None
+    if sample_delay_ns is not None:
+        per_load = np.bincount(load_of, weights=sample_delay_ns[:len(ids)],
+                               minlength=len(files)).astype(np.int64)
+        delay = np.zeros(len(file_idx), dtype=np.int64)
+        if whole and len(owner):  # after the last request of each load
+            last = np.flatnonzero(np.r_[owner[1:] != owner[:-1], True])
+            delay[last] = per_load[owner[last]]
+        elif not whole:
+            delay[:] = per_load
     batch_payload = np.bincount(step_of, weights=payload, minlength=steps).astype(np.int64)
     return ReadPlan(ids, _batches_of(req_step, steps),
                     np.ascontiguousarray(file_idx, dtype=np.int64),
                     np.ascontiguousarray(offset, dtype=np.int64),
                     np.ascontiguousarray(length, dtype=np.int64),
                     np.ascontiguousarray(flags, dtype=np.uint32),
-                    np.ascontiguousarray(expect, dtype=np.int64), batch_payload)
+                    np.ascontiguousarray(expect, dtype=np.int64), batch_payload, delay)

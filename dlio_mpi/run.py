@@ -209,8 +209,11 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
     shuffle = epoch_shuffle(phase.shuffle, epoch, draw_entropy(comm, phase.shuffle))
     shard = rank_shard(split.num_files, split.samples_per_file, shuffle, rank,
                        phase.steps * phase.batch)
+    preprocess = cfg.reader.preprocess_time  # per sample, in the reader, before the batch
+    delays = (np.round(preprocess.draw(rng, phase.steps * phase.batch) * 1e9).astype(np.int64)
+              if preprocess.mean > 0 else None)
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
-                       phase.files.layouts, resolve_read_mode(cfg), phase.policy)
+                       phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
                       pause=pause)

@@ -451,9 +451,9 @@ class Reader:
                               inert="only DLIO's native DALI readers use it, and "
                                     "reader.data_loader native_dali is not implemented yet")
     odirect: bool = key(False, "bool")
-    # a per-sample sleep inside the loader changes what is measured
-    preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev",
-                                    unimplemented=NON_DEFAULT)
+    # slept per sample by the reader thread after the sample's read, before its batch is
+    # ready (a loader's preprocessing, overlapping compute); native engine only
+    preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev")
     transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1, inert=BATCH_COPY)
     transformed_record_element_type: str = key("uint8", "dtype", inert=BATCH_COPY)
     # ours: how samples are read. 'sample': exact extents; 'file': the whole file per sample

@@ -48,7 +48,8 @@ class NativeReader:
         """Hand the engine an epoch of requests; its threads start prefetching at once."""
         self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
         self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
-                                 None, self.lat_ns, None, plan.flags, plan.expect)
+                                 None, self.lat_ns, None, plan.flags, plan.expect,
+                                 plan.delay_ns)
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
                   start_ns: int) -> np.ndarray:
