@@ -847,6 +847,10 @@ def bench_loaders(work: Path, with_dlio: bool = True) -> dict:
     warm: the native engine, the framework engine (a real torch DataLoader, 2 workers per rank)
     and the DLIO benchmark 2.0.0 (its pytorch loader, 2 read threads) on the same files;
     samples/s and what fidelity mode costs."""
+    from importlib.util import find_spec
+
+    if find_spec("torch") is None:  # the framework engine's extra, pinned: the CPU wheel
+        sh([sys.executable, "-m", "pip", "install", "-q", f"{REPO}[torch]"])
     data = work / "loaders-data"
     dlio(["generate", "demo", *overrides(
         dataset__data_folder=data, dataset__format="npz", dataset__num_files_train=LOADER_FILES,
