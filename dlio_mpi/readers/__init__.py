@@ -2,7 +2,7 @@
 and summary use only the ReaderBackend protocol (base.py). reader.engine picks the family:
 native backends by `reader.file_access`, framework backends (the real loader) by
 `reader.data_loader`. Backends are imported when opened, so that one's dependencies (torch)
-cost the others nothing."""
+cost the others nothing (tensorflow is imported only by readers/tf_loader.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,16 @@ FRAMEWORK_LOADERS = {
                           "npz": "np.load(path)['x'] of the whole file for every sample",
                           "indexed_binary": "open, seek and readinto of each sample's extent "
                                             "(the index files read once per worker)"}},
+    "tensorflow": {"backend": ("dlio_mpi.readers.tf_loader", "TfDataReader"),
+                   "loader": "tf.data pipeline", "module": "tensorflow",
+                   "formats": ("tfrecord",),
+                   # DLIO reads these through a tf.data generator per read thread
+                   "not_yet": ("npy", "npz"),
+                   "file_access": ("multi",),
+                   # what its TFRecordDataset does (DLIO's tensorflow reader)
+                   "reads": {"tfrecord": "each planned file streamed whole by "
+                                         "tf.data.TFRecordDataset, its records parsed in "
+                                         "batches with tf.io.parse_example"}},
 }
 
 
@@ -63,6 +73,11 @@ def engine_refusal(cfg) -> str | None:
                 f"{', '.join(FRAMEWORK_LOADERS)}, or reader.engine native (its access pattern "
                 "without the real loader)")
     fmt = cfg.dataset.format
+    if fmt in loader.get("not_yet", ()):
+        return (f"reader.engine: framework with reader.data_loader {rd.data_loader} and "
+                f"dataset.format {fmt} is not implemented yet; it reads "
+                f"{', '.join(loader['formats'])}; expected one of those, or reader.engine "
+                "native (the access pattern of DLIO's reader without the real loader)")
     if fmt not in loader["formats"]:
         return (f"reader.engine: framework with reader.data_loader {rd.data_loader} reads "
                 f"{', '.join(loader['formats'])}, got dataset.format {fmt}; expected one of "
