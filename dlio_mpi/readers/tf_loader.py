@@ -40,7 +40,9 @@ to their end). Opens and closes: one per streamed file (not observed: TensorFlow
 opens each file once per TFRecordDataset). Stats: none counted. lat_ns: per sample, its
 batch's wait divided by the batch's samples.
 
-This module imports no MPI; TensorFlow initialises nothing MPI-related."""
+This module imports no MPI; TensorFlow initialises nothing MPI-related. TF_CPP_MIN_LOG_LEVEL
+is set to 2 unless already set (TensorFlow's INFO and WARNING lines off, errors kept);
+TensorFlow 2.21 still prints its oneDNN line at import, before it reads the level."""
 
 from __future__ import annotations
 
