@@ -130,6 +130,13 @@ def _tf_data_note(cfg) -> str:
     """The tf.data pipeline reader.engine framework runs with reader.data_loader tensorflow
     (readers/tf_loader.py)."""
     rd = cfg.reader
+    if cfg.dataset.format != "tfrecord":
+        threads = max(rd.read_threads, 1)
+        return (f"reader.engine=framework: each rank runs a real tf.data pipeline ({threads} "
+                f"generator(s) interleaved, as DLIO's reader threads, prefetch "
+                f"{rd.prefetch_size}, batches of {rd.batch_size}) over the samples the native "
+                f"engine would read, in the same order; "
+                f"{FRAMEWORK_LOADERS['tensorflow']['reads'][cfg.dataset.format]}")
     reads = rd.read_threads if rd.read_threads > 0 else None
     order = ("in the same order" if reads in (None, 1) and rd.sample_shuffle == "off"
              else f"the same samples each epoch, in the order the TFRecordDataset streams "

@@ -145,6 +145,76 @@ def test_each_epoch_consumes_the_planned_samples_with_their_bytes(tf_data, threa
         reader.close()
 
 
+SIDE = 16  # npy/npz samples of SIDE x SIDE uint8
+
+
+def _value(sample_id: int) -> int:
+    return sample_id % 251 + 1
+
+
+def _npy_dataset(tmp: Path, fmt: str, per_file: int, **values):
+    """The demo workload's train split in `fmt`, samples on the last axis as DLIO writes
+    them, each sample's bytes all equal to _value(its id); its config and SplitFiles."""
+    import os
+
+    from dlio_mpi.dataset import describe_dataset
+
+    cfg = load_config("demo", workload_overrides(
+        tmp, dataset__format=fmt, dataset__num_samples_per_file=per_file,
+        dataset__record_length_bytes=SIDE * SIDE, framework="tensorflow",
+        reader__data_loader="tensorflow", reader__engine="framework", **values))
+    split = describe_dataset(cfg)["train"]
+    for f in range(split.num_files):
+        path = split.path(f)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        samples = np.stack([np.full((SIDE, SIDE), _value(f * per_file + i), dtype=np.uint8)
+                            for i in range(per_file)], axis=-1)
+        if fmt == "npz":
+            np.savez(path, x=samples, y=np.zeros(per_file, dtype=np.uint8))
+        else:
+            np.save(path, samples)
+    return cfg, _files(cfg)
+
+
+@pytest.mark.parametrize("fmt,per_file,threads,memory", [
+    ("npz", 1, 2, False), ("npz", 3, 3, False), ("npy", 2, 0, False), ("npy", 4, 2, True),
+])
+def test_npy_npz_batches_hold_the_planned_samples_in_the_plans_order(tmp_path, fmt, per_file,
+                                                                     threads, memory):
+    cfg, files = _npy_dataset(tmp_path, fmt, per_file, reader__read_threads=threads,
+                              reader__read_type="memory" if memory else "on_demand")
+    total = files.split.num_samples
+    ids = np.random.default_rng(per_file).permutation(total)[: total // 2 // 2 * 2]
+    from dlio_mpi.plan import resolve_read_mode
+    from dlio_mpi.planner import AccessPolicy, plan_reads
+
+    fmt_obj = files.split.format
+    policy = AccessPolicy("loader", False, 4096, fmt_obj.loader_model(
+        fmt_obj.loader_facts(files.path(0)), 1, per_file))
+    mode = resolve_read_mode(cfg)
+    assert mode == ("file" if per_file == 1 and not memory else "file_once")
+    plan = plan_reads(ids, len(ids) // 2, 2, per_file, files.layouts, mode, policy)
+    reader = _reader(cfg, files)
+    try:
+        for epoch in range(2):
+            batches, stats = _epoch(reader, plan)
+            assert len(batches) == plan.steps
+            for step, (sample_ids, images) in enumerate(batches):
+                want = plan.sample_ids[2 * step:2 * step + 2]
+                assert sample_ids.tolist() == want.tolist()  # the plan's, step by step
+                assert images.shape == (2, SIDE, SIDE)
+                assert [int(i[0, 0]) for i in images] == [_value(i) for i in want.tolist()]
+                assert all((i == i[0, 0]).all() for i in images)
+            loads = len(np.unique(ids // per_file)) if mode == "file_once" else len(ids)
+            assert reader.counters()["opens"] == (epoch + 1) * loads
+            assert sum(s.bytes_read for s in stats) > 0
+        described = reader.describe()
+        assert described["loader"] == "tf.data" and described["threads"] == max(threads, 1)
+        assert described["order"] == "the plan's"
+    finally:
+        reader.close()
+
+
 def test_stream_ids_follow_the_deterministic_interleave():
     from dlio_mpi.readers.tf_loader import stream_ids
 
@@ -171,7 +241,28 @@ def test_transfer_size_is_the_buffer_size_and_a_lost_file_fails_in_one_line(tf_d
         while reader.next_batch() is not None:
             pass
     assert str(info.value).startswith("the tf.data pipeline failed: ")
-    assert "\n" not in str(info.value)
+    assert files.path(1) in str(info.value) and "\n" not in str(info.value)
+    reader.close()
+
+
+def test_a_lost_npz_file_fails_the_epoch_in_one_line_naming_it(tmp_path):
+    cfg, files = _npy_dataset(tmp_path, "npz", 2, reader__read_threads=2)
+    from dlio_mpi.planner import AccessPolicy, plan_reads
+
+    fmt = files.split.format
+    policy = AccessPolicy("loader", False, 4096, fmt.loader_model(
+        fmt.loader_facts(files.path(0)), 1, 2))
+    plan = plan_reads(np.arange(8, dtype=np.int64), 4, 2, 2, files.layouts, "file_once",
+                      policy)
+    reader = _reader(cfg, files)
+    reader.prepare_epoch(plan)
+    Path(files.path(2)).unlink()
+    reader.start_epoch(plan)
+    with pytest.raises(RuntimeError) as info:
+        while reader.next_batch() is not None:
+            pass
+    assert str(info.value) == (f"the tf.data pipeline failed: FileNotFoundError: [Errno 2] "
+                               f"No such file or directory: '{files.path(2)}'")
     reader.close()
 
 
@@ -199,14 +290,12 @@ TF = ["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=t
 @pytest.mark.parametrize("overrides,message", [
     ([*TF, "reader.file_access=collective"],
      "reader.file_access must be multi (or posix), got collective"),
-    ([*TF[:2], "dataset.format=npz"],
-     "reader.engine: framework with reader.data_loader tensorflow and dataset.format npz is "
-     "not implemented yet; it reads tfrecord"),
-    ([*TF[:2], "dataset.format=npy"],
-     "reader.data_loader tensorflow and dataset.format npy is not implemented yet"),
     ([*TF[:2], "dataset.format=hdf5"],
-     "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, got "
-     "dataset.format hdf5"),
+     "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
+     "got dataset.format hdf5"),
+    ([*TF[:2], "dataset.format=indexed_binary"],
+     "reader.data_loader tensorflow reads tfrecord, npy, npz, got dataset.format "
+     "indexed_binary"),
     ([*TF, "reader.read_mode=sample"],
      "reader.read_mode: sample does not apply with reader.engine framework"),
 ])
@@ -223,8 +312,8 @@ def test_unsupported_combinations_are_refused_by_the_plan(overrides, message):
 @pytest.mark.parametrize("overrides,message", [
     (["reader.file_access=collective"], "reader.file_access must be multi (or posix), "
                                         "got collective"),
-    (["dataset.format=npz"], "reader.data_loader tensorflow and dataset.format npz is not "
-                             "implemented yet"),
+    (["dataset.format=hdf5"], "reader.data_loader tensorflow reads tfrecord, npy, npz, got "
+                              "dataset.format hdf5"),
 ])
 def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, overrides, message):
     args = _overrides(tmp_path, workflow__generate_data="true")
@@ -249,6 +338,12 @@ def test_the_plan_says_the_tf_data_pipeline_runs(tmp_path):
     assert any(n.startswith("reader.pin_memory=false: no effect with reader.engine "
                             "framework with reader.data_loader tensorflow") for n in plan.notes)
     assert not [n for n in plan.notes if "transfer_size" in n or "computation_threads=" in n]
+    npz = derive_plan(load_config("demo", ["reader.engine=framework", "framework=tensorflow",
+                                           "reader.data_loader=tensorflow",
+                                           "reader.read_threads=3"]), 2)
+    assert npz.notes[0].startswith("reader.engine=framework: each rank runs a real tf.data "
+                                   "pipeline (3 generator(s) interleaved")
+    assert "in the same order" in npz.notes[0]
     record = plan_record(plan, cfg)
     assert record["reader"].startswith("engine framework: a real tf.data pipeline per rank")
     assert f"reader          {record['reader']}" in describe_plan(plan, cfg)
@@ -319,3 +414,37 @@ def test_framework_reads_the_files_and_samples_the_native_engine_reads(shared_tm
     readers = framework["dlio_mpi"]["readers"]
     assert readers["train"]["backend"] == "framework" and readers["train"]["loader"] == "tf.data"
     assert native["dlio_mpi"]["readers"]["train"] == {"backend": "native", "file_access": "multi"}
+
+
+@pytest.mark.mpi(min_size=2)
+def test_npz_through_tf_data_reads_what_the_native_engine_reads(shared_tmp):
+    from mpi4py import MPI
+
+    from dlio_mpi.run import run
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    common = dict(dataset__format="npz", dataset__num_files_train=6 * size,
+                  dataset__num_samples_per_file=2, reader__batch_size=2,
+                  reader__read_threads=2, reader__sample_shuffle="seed",
+                  reader__file_shuffle="seed", train__epochs=2, output__access_log="true",
+                  framework="tensorflow", reader__data_loader="tensorflow",
+                  train__computation_time=0.0)
+    results = {}
+    for name, engine, generate in (("native", "native", "true"),
+                                   ("framework", "framework", "false")):
+        cfg = load_config("demo", workload_overrides(
+            shared_tmp / "npz", output__folder=shared_tmp / "npz" / name,
+            workflow__generate_data=generate, reader__engine=engine, **common))
+        results[name] = run(comm, cfg)
+    for epoch in ("epoch1", "epoch2"):
+        logs = [np.load(shared_tmp / "npz" / name / "access_log" / f"{epoch}_rank{rank}.npy")
+                for name in ("native", "framework")]
+        assert len(logs[0]) > 0 and np.array_equal(*logs), epoch
+    m, n = results["framework"]["metric"], results["native"]["metric"]
+    assert m["train_bytes_read"] == n["train_bytes_read"] > 0
+    assert m["train_file_opens"] == n["train_file_opens"]
+    extra = m["train_bytes_transferred"] - n["train_bytes_transferred"]
+    assert -size * 2 * 64 * 1024 <= extra <= size * 2 * 256 * 1024, (
+        m["train_bytes_transferred"], n["train_bytes_transferred"])
+    assert results["framework"]["dlio_mpi"]["readers"]["train"]["loader"] == "tf.data"

@@ -33,16 +33,19 @@ FRAMEWORK_LOADERS = {
                           "npz": "np.load(path)['x'] of the whole file for every sample",
                           "indexed_binary": "open, seek and readinto of each sample's extent "
                                             "(the index files read once per worker)"}},
-    "tensorflow": {"backend": ("dlio_mpi.readers.tf_loader", "TfDataReader"),
+    "tensorflow": {"backend": ("dlio_mpi.readers.tf_loader", "open_tf_data"),
                    "loader": "tf.data pipeline", "module": "tensorflow",
-                   "formats": ("tfrecord",),
-                   # DLIO reads these through a tf.data generator per read thread
-                   "not_yet": ("npy", "npz"),
+                   "formats": ("tfrecord", "npy", "npz"),
                    "file_access": ("multi",),
                    # what its TFRecordDataset does (DLIO's tensorflow reader)
                    "reads": {"tfrecord": "each planned file streamed whole by "
                                          "tf.data.TFRecordDataset, its records parsed in "
-                                         "batches with tf.io.parse_example"}},
+                                         "batches with tf.io.parse_example",
+                            "npy": "np.load(path) of the whole file in a tf.data generator per "
+                                   "reader thread, once for the file's samples of the epoch",
+                            "npz": "np.load(path)['x'] of the whole file in a tf.data "
+                                   "generator per reader thread, once for the file's samples "
+                                   "of the epoch"}},
 }
 
 
@@ -73,11 +76,6 @@ def engine_refusal(cfg) -> str | None:
                 f"{', '.join(FRAMEWORK_LOADERS)}, or reader.engine native (its access pattern "
                 "without the real loader)")
     fmt = cfg.dataset.format
-    if fmt in loader.get("not_yet", ()):
-        return (f"reader.engine: framework with reader.data_loader {rd.data_loader} and "
-                f"dataset.format {fmt} is not implemented yet; it reads "
-                f"{', '.join(loader['formats'])}; expected one of those, or reader.engine "
-                "native (the access pattern of DLIO's reader without the real loader)")
     if fmt not in loader["formats"]:
         return (f"reader.engine: framework with reader.data_loader {rd.data_loader} reads "
                 f"{', '.join(loader['formats'])}, got dataset.format {fmt}; expected one of "

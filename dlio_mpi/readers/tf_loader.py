@@ -47,6 +47,8 @@ TensorFlow 2.21 still prints its oneDNN line at import, before it reads the leve
 from __future__ import annotations
 
 import os
+import re
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -197,7 +199,8 @@ class TfDataReader:
         except StopIteration:
             return None
         except tf.errors.OpError as exc:
-            message = (exc.message or type(exc).__name__).strip().splitlines()[0]
+            message = re.sub(r"\{\{[^}]*\}\}\s*", "", exc.message or "").strip()
+            message = (message.splitlines() or [type(exc).__name__])[0]
             raise RuntimeError(f"the tf.data pipeline failed: {message}") from exc
 
     def next_batch(self) -> BatchStats | None:
@@ -264,3 +267,146 @@ class TfDataReader:
 
     def close(self) -> None:
         self._iter = self.batch = self._dataset = None
+
+
+class NpyFiles:
+    """The rank's whole-file loads of one epoch (npy `np.load(path)`, npz
+    `np.load(path)['x']`), shared by the generators' threads: each file loaded once while any
+    of its planned samples is left (read_mode file_once, DLIO's reader keeping a file open for
+    its samples), or once per sample (read_mode file: on_demand with one sample per file)."""
+
+    def __init__(self, files: SplitFiles, fmt: str, keep: bool) -> None:
+        self.files, self.fmt, self.keep = files, fmt, keep
+        self.last_axis = files.sample_layout == "last_axis"
+        self.samples_per_file = files.split.samples_per_file
+        self.loads = 0
+        self._lock = threading.Lock()
+        self._kept: dict[int, object] = {}  # file -> array, or an Event while it loads
+        self._left: dict[int, int] = {}
+
+    def start(self, sample_ids: np.ndarray) -> None:
+        files, counts = np.unique(sample_ids // self.samples_per_file, return_counts=True)
+        self._kept, self._left = {}, dict(zip(files.tolist(), counts.tolist(), strict=True))
+
+    def _load(self, file: int) -> np.ndarray:
+        path = self.files.path(file)
+        with self._lock:
+            self.loads += 1
+        if self.fmt == "npz":
+            return np.load(path, allow_pickle=True)["x"]
+        return np.load(path)
+
+    def sample(self, sample_id: int) -> np.ndarray:
+        file, within = divmod(sample_id, self.samples_per_file)
+        if not self.keep:
+            array = self._load(file)
+        else:
+            with self._lock:
+                entry = self._kept.get(file)
+                mine = entry is None
+                if mine:
+                    entry = self._kept[file] = _Load()
+            if mine:
+                try:
+                    entry.array = self._load(file)
+                finally:
+                    entry.done.set()
+            else:
+                entry.done.wait()
+            if entry.array is None:
+                raise RuntimeError(f"{self.files.path(file)} could not be loaded")
+            array = entry.array
+            with self._lock:
+                self._left[file] -= 1
+                if self._left[file] == 0:
+                    self._kept.pop(file, None)
+        return array[..., within] if self.last_axis else array[within]
+
+
+class _Load:
+    """A file's load, shared by the threads that want it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.array: np.ndarray | None = None
+
+
+def as_item(sample: np.ndarray, side: int) -> np.ndarray:
+    """The sample's bytes as a (side, side) uint8 array (zero-padded or cut)."""
+    flat = np.ascontiguousarray(sample).reshape(-1).view(np.uint8)
+    want = side * side
+    if len(flat) < want:
+        flat = np.concatenate((flat, np.zeros(want - len(flat), dtype=np.uint8)))
+    return flat[:want].reshape(side, side)
+
+
+class TfGeneratorReader(TfDataReader):
+    """npy and npz through tf.data as DLIO's tf data loader reads them: read_threads
+    generators (tf.data.Dataset.from_generator, each a reader thread yielding whole batches)
+    interleaved by `from_tensor_slices(range(threads)).interleave(cycle_length=threads,
+    num_parallel_calls=threads)` (deterministic), the dataset's private thread pool and
+    intra-op parallelism set to threads, then `prefetch(prefetch_size)` when it is > 0.
+    Thread t yields the plan's steps t, t + threads, ...: the interleave hands the batches
+    over in the plan's order, each holding the plan's samples. A sample is its file's whole
+    np.load, the file kept for the epoch's other samples in it (read_mode file_once: more
+    than one sample per file, or reader.read_type memory) and shared by the threads, as the
+    native engine's plan loads it once."""
+
+    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+        super().__init__(files, options, comm)
+        self.threads = max(options.read_threads, 1)  # DLIO: 0 becomes 1
+        self.side = self.side or 1
+        keep = options.read_type == "memory" or self.samples_per_file > 1
+        self.loaded = NpyFiles(files, self.fmt, keep)
+        self._steps: list[np.ndarray] = []
+
+    def _generate(self, thread: int):
+        side = self.side
+        for step in range(int(thread), len(self._steps), self.threads):
+            ids = self._steps[step]
+            images = np.stack([as_item(self.loaded.sample(i), side) for i in ids.tolist()])
+            yield ids, images
+
+    def _pipeline(self, plan: ReadPlan) -> tf.data.Dataset:
+        batch = len(plan.sample_ids) // plan.steps
+        self._steps = list(plan.sample_ids.reshape(plan.steps, batch))
+        self.loaded.start(plan.sample_ids)
+        signature = (tf.TensorSpec((batch,), tf.int64),
+                     tf.TensorSpec((batch, self.side, self.side), tf.uint8))
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = self.threads
+        options.threading.max_intra_op_parallelism = self.threads
+        ds = tf.data.Dataset.from_tensor_slices(np.arange(self.threads)).with_options(options)
+        ds = ds.interleave(
+            lambda t: tf.data.Dataset.from_generator(self._generate, args=(t,),
+                                                     output_signature=signature),
+            cycle_length=self.threads, num_parallel_calls=self.threads, deterministic=True)
+        if self.options.prefetch_size > 0:
+            ds = ds.prefetch(self.options.prefetch_size)
+        return ds
+
+    def counters(self) -> dict:
+        out = super().counters()
+        out["opens"] = out["closes"] = self.loaded.loads
+        return out
+
+    def describe(self) -> dict:
+        return {"backend": "framework", "loader": "tf.data", "data_loader": "tensorflow",
+                "file_access": "multi", "format": self.fmt, "reads": READS[self.fmt],
+                "pipeline": "from_tensor_slices(range(threads)) -> interleave(from_generator "
+                            "per reader thread, deterministic) -> prefetch",
+                "threads": self.threads, "prefetch": self.options.prefetch_size,
+                "item_shape": [self.side] * 2, "order": "the plan's",
+                "files_kept_for_their_samples": self.loaded.keep,
+                "bytes_read_measured": self._bytes,
+                "counted": "bytes and read calls: /proc/self/io of the rank's process; opens "
+                           "and closes: the generators' np.load calls; stats: none",
+                "tensorflow": tf.__version__}
+
+
+def open_tf_data(files: SplitFiles, options: ReaderOptions, comm=None) -> TfDataReader:
+    """The tf.data backend for the split's format: TFRecordDataset for tfrecord, DLIO's
+    generators for npy and npz."""
+    if files.split.format.name == "tfrecord":
+        return TfDataReader(files, options, comm)
+    return TfGeneratorReader(files, options, comm)
