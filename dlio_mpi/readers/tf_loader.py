@@ -1,6 +1,7 @@
 """The framework engine for TensorFlow (reader.engine: framework, reader.data_loader:
-tensorflow): each rank reads its planned samples of TFRecord files through a real tf.data
-pipeline, built as DLIO's TFRecord reader (reader/tf_reader.py) builds it:
+tensorflow): each rank reads its planned samples through a real tf.data pipeline. npy and npz
+go through DLIO's generators (TfGeneratorReader, below); TFRecord files through the pipeline
+DLIO's TFRecord reader (reader/tf_reader.py) builds:
 
     tf.data.TFRecordDataset(files, buffer_size=reader.transfer_size,
                             num_parallel_reads=reader.read_threads)
