@@ -110,6 +110,8 @@ def _framework_note(cfg) -> str:
     """The real loader reader.engine framework runs (a combination engine_refusal accepts)."""
     rd = cfg.reader
     loader = FRAMEWORK_LOADERS[rd.data_loader]
+    if rd.data_loader == "tensorflow":
+        return _tf_data_note(cfg)
     workers = rd.read_threads
     how = (f"{workers} worker process(es) started by {rd.multiprocessing_context} (persistent), "
            f"prefetch_factor {torch_prefetch_factor(rd.prefetch_size, workers)}"
@@ -124,6 +126,31 @@ def _framework_note(cfg) -> str:
             f"does: {loader['reads'][cfg.dataset.format]}{memory}")
 
 
+def _tf_data_note(cfg) -> str:
+    """The tf.data pipeline reader.engine framework runs with reader.data_loader tensorflow
+    (readers/tf_loader.py)."""
+    rd = cfg.reader
+    if cfg.dataset.format != "tfrecord":
+        threads = max(rd.read_threads, 1)
+        return (f"reader.engine=framework: each rank runs a real tf.data pipeline ({threads} "
+                f"generator(s) interleaved, as DLIO's reader threads, prefetch "
+                f"{rd.prefetch_size}, batches of {rd.batch_size}) over the samples the native "
+                f"engine would read, in the same order; "
+                f"{FRAMEWORK_LOADERS['tensorflow']['reads'][cfg.dataset.format]}")
+    reads = rd.read_threads if rd.read_threads > 0 else None
+    order = ("in the same order" if reads in (None, 1) and rd.sample_shuffle == "off"
+             else f"the same samples each epoch, in the order the TFRecordDataset streams "
+                  f"them ({reads} files interleaved, not the plan's order)"
+             if reads not in (None, 1) else
+             "the same samples each epoch, in file order (not the plan's shuffled order)")
+    return (f"reader.engine=framework: each rank runs a real tf.data pipeline "
+            f"(TFRecordDataset buffer_size {rd.transfer_size}, num_parallel_reads {reads}; "
+            f"batches of {rd.batch_size} parsed by a map with num_parallel_calls "
+            f"{rd.computation_threads}; prefetch {rd.prefetch_size}) over the files and "
+            f"samples the native engine would read, {order}; "
+            f"{FRAMEWORK_LOADERS['tensorflow']['reads'][cfg.dataset.format]}")
+
+
 # native engine settings without effect when the framework loader reads, and the reverse
 NATIVE_ONLY = ("reader.access", "reader.fd_cache_size", "reader.keep_data",
                "reader.io_watchdog_seconds", "reader.io_watchdog_abort")
@@ -132,7 +159,12 @@ FRAMEWORK_ONLY = ("reader.pin_memory", "reader.multiprocessing_context")
 
 def _engine_notes(cfg) -> list[str]:
     """Reader keys set for the other engine than the one that runs."""
-    if cfg.reader.engine == "framework":
+    if cfg.reader.engine == "framework" and cfg.reader.data_loader == "tensorflow":
+        keys = keys_set(cfg, NATIVE_ONLY + FRAMEWORK_ONLY + ("reader.shuffle_size",))
+        why = ("reader.engine framework with reader.data_loader tensorflow: the tf.data "
+               "pipeline reads the plan's samples with its own threads and buffers (no "
+               "worker processes, no shuffle buffer)")
+    elif cfg.reader.engine == "framework":
         keys = keys_set(cfg, NATIVE_ONLY)
         why = ("reader.engine framework: they set how the native engine opens, keeps and "
                "watches files; the loader's Dataset reads as DLIO's reader does")

@@ -213,8 +213,9 @@ def test_the_loader_module_imports_no_mpi():
      "reader.engine: framework reads through the loader's own file calls in each rank's "
      "worker processes, so reader.file_access must be multi (or posix), got collective"),
     (["reader.file_access=mpio"], "reader.file_access must be multi (or posix), got mpio"),
-    (["framework=tensorflow", "reader.data_loader=tensorflow"],
-     "reader.engine: framework with reader.data_loader tensorflow is not implemented yet"),
+    (["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=indexed_binary"],
+     "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
+     "got dataset.format indexed_binary"),
     (["framework=tensorflow", "reader.data_loader=tensorflow", "reader.file_access=shared"],
      "reader.file_access must be multi (or posix), got shared"),
     (["dataset.format=tfrecord"], "reader.engine: framework with reader.data_loader pytorch "
@@ -237,8 +238,9 @@ def test_unsupported_combinations_are_refused_by_the_plan(overrides, message):
 @pytest.mark.parametrize("overrides,message", [
     (["reader.file_access=collective"], "reader.file_access must be multi (or posix), "
                                         "got collective"),
-    (["framework=tensorflow", "reader.data_loader=tensorflow"],
-     "reader.engine: framework with reader.data_loader tensorflow is not implemented yet"),
+    (["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=indexed_binary"],
+     "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
+     "got dataset.format indexed_binary"),
 ])
 def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, overrides, message):
     args = workload_overrides(tmp_path, workflow__generate_data="true",

@@ -42,6 +42,8 @@ MAX_BYTES = 2**62  # the C engine refuses file offsets past INT64_MAX / 2 (csrc/
 MAX_FILES = 10**9  # per split
 NON_DEFAULT = "non-default"  # Rule.unimplemented: every value but the default is refused
 
+# Where the tf.data pipeline runs (Rule.acts_if of the keys that set it)
+TF_DATA = (("reader.engine", ("framework",)), ("reader.data_loader", ("tensorflow",)))
 # Reasons shared by whole sections (see Rule.inert)
 UNUSED_MEMORY = ("dlio-mpi holds no checkpoint tensors in memory (the C core streams each "
                  "shard from one reused buffer), so there is nothing to merge")
@@ -422,7 +424,9 @@ class Reader:
     computation_threads: int = key(
         1, "int", minimum=1,
         inert="it sets the threads of the batch map in DLIO's tf.data TFRecord pipeline, a "
-              "stage the native engine does not have yet")
+              "stage the native engine does not have (reader.engine framework with "
+              "reader.data_loader tensorflow runs it)",
+        acts_if=TF_DATA)
     prefetch_size: int = key(2, "int", minimum=0, maximum=2**20)  # dio_engine_open's limit
     # act with reader.engine framework (the torch DataLoader's); with engine native the plan
     # notes them (plan._engine_notes)
@@ -445,8 +449,10 @@ class Reader:
     mpiio_hints: tuple = key((), "hints")
     transfer_size: int | None = key(
         None, "int", optional=True, minimum=1,
-        inert="it is the buffer_size of DLIO's tf.data TFRecordDataset (tfrecord is not "
-              "implemented yet); the native engine reads whole extents")
+        inert="it is the buffer_size of DLIO's tf.data TFRecordDataset, which reader.engine "
+              "framework with reader.data_loader tensorflow runs; the native engine reads "
+              "whole extents",
+        acts_if=TF_DATA)
     dont_use_mmap: bool = key(False, "bool",
                               inert="only DLIO's native DALI readers use it, and "
                                     "reader.data_loader native_dali is not implemented yet")

@@ -2,7 +2,7 @@
 and summary use only the ReaderBackend protocol (base.py). reader.engine picks the family:
 native backends by `reader.file_access`, framework backends (the real loader) by
 `reader.data_loader`. Backends are imported when opened, so that one's dependencies (torch)
-cost the others nothing."""
+cost the others nothing (tensorflow is imported only by readers/tf_loader.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,19 @@ FRAMEWORK_LOADERS = {
                           "npz": "np.load(path)['x'] of the whole file for every sample",
                           "indexed_binary": "open, seek and readinto of each sample's extent "
                                             "(the index files read once per worker)"}},
+    "tensorflow": {"backend": ("dlio_mpi.readers.tf_loader", "open_tf_data"),
+                   "loader": "tf.data pipeline", "module": "tensorflow",
+                   "formats": ("tfrecord", "npy", "npz"),
+                   "file_access": ("multi",),
+                   # what its TFRecordDataset does (DLIO's tensorflow reader)
+                   "reads": {"tfrecord": "each planned file streamed whole by "
+                                         "tf.data.TFRecordDataset, its records parsed in "
+                                         "batches with tf.io.parse_example",
+                            "npy": "np.load(path) of the whole file in a tf.data generator per "
+                                   "reader thread, once for the file's samples of the epoch",
+                            "npz": "np.load(path)['x'] of the whole file in a tf.data "
+                                   "generator per reader thread, once for the file's samples "
+                                   "of the epoch"}},
 }
 
 

@@ -56,6 +56,10 @@ class ReaderOptions:
     # DLIO's record length: the framework loader's items are (d, d) uint8, d = int(sqrt(it)),
     # the shape of the image DLIO's readers hand over (0: the sample's bytes as they are)
     record_length: float = 0.0
+    # the tf.data loader's: TFRecordDataset's buffer_size (None: TensorFlow's default) and
+    # the threads of its batch map (DLIO's reader.transfer_size, reader.computation_threads)
+    transfer_size: int | None = None
+    computation_threads: int = 1
 
     @staticmethod
     def from_config(reader_cfg, rank: int, record_length: float = 0.0) -> ReaderOptions:
@@ -65,7 +69,7 @@ class ReaderOptions:
                              IoWatchdog(rd.io_watchdog_seconds, rd.io_watchdog_abort, rank),
                              rd.file_access, rd.mpiio_hints, rd.engine, rd.data_loader,
                              rd.pin_memory, rd.multiprocessing_context, rd.read_type,
-                             record_length)
+                             record_length, rd.transfer_size, rd.computation_threads)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,413 @@
+"""The framework engine for TensorFlow (reader.engine: framework, reader.data_loader:
+tensorflow): each rank reads its planned samples through a real tf.data pipeline. npy and npz
+go through DLIO's generators (TfGeneratorReader, below); TFRecord files through the pipeline
+DLIO's TFRecord reader (reader/tf_reader.py) builds:
+
+    tf.data.TFRecordDataset(files, buffer_size=reader.transfer_size,
+                            num_parallel_reads=reader.read_threads)
+      .batch(batch size, drop_remainder=True)
+      .map(parse the batch's Examples, num_parallel_calls=reader.computation_threads)
+      .prefetch(reader.prefetch_size)
+
+with DLIO's values: buffer_size None when reader.transfer_size is unset (DLIO's default: the
+TFRecordDataset's own, 256 KiB), num_parallel_reads = read_threads (0: None, the files one
+after the other; DLIO would hand TensorFlow a cycle of 0), the map's parallel calls
+computation_threads (DLIO's default 1), prefetch prefetch_size batches. The map parses each
+Example with DLIO's feature spec ('image' a string, 'size' an int64) and hands the images as
+(batch, d, d) uint8, d = int(sqrt(record length)) (DLIO wraps the parse in a tf.py_function
+and hands a constant image of that shape instead; here the parse stays in the graph and its
+bytes are the batch). TensorFlow's thread pools are left as DLIO leaves them (its defaults:
+one inter-op and one intra-op thread per core); no GPU is claimed.
+
+What the rank reads is the native engine's plan (read_mode file_once for TFRecord with this
+loader): the distinct files of the epoch's ReadPlan, in first-use order, are streamed whole,
+and between the TFRecordDataset and the batch an `enumerate` and a `filter` keep the records
+of the plan's sample ids (a file's records that other ranks own are read and dropped, as the
+native engine's whole-file loads read them). DLIO shards files per rank instead and does not
+follow the sampler; the plan's shard keeps the two engines comparable.
+
+Order: TFRecordDataset with num_parallel_reads n interleaves the files deterministically (a
+cycle of n files, one record of each in turn; equal record counts, so consecutive groups of n
+files), so record k of the stream is a known sample id (`stream_ids`). The rank consumes
+exactly the plan's sample ids each epoch; in the plan's order when the plan walks its files
+record by record and n <= 1 (no sample shuffle, read_threads 0 or 1), otherwise in the
+stream's order: the same ids per epoch, not per step. reader.sample_shuffle's tf.data shuffle
+buffer (reader.shuffle_size) is not run: the plan chose the samples.
+
+Measured per batch: bytes and read calls from /proc/self/io (rchar, syscr) of the whole
+process, since TensorFlow reads on its own threads (this process's other threads read little;
+the last batch includes reading the rest of the epoch's last files, which the pipeline streams
+to their end). Opens and closes: one per streamed file (not observed: TensorFlow's file system
+opens each file once per TFRecordDataset). Stats: none counted. lat_ns: per sample, its
+batch's wait divided by the batch's samples.
+
+This module imports no MPI; TensorFlow initialises nothing MPI-related. TF_CPP_MIN_LOG_LEVEL
+is set to 2 unless already set (TensorFlow's INFO and WARNING lines off, errors kept);
+TensorFlow 2.21 still prints its oneDNN line at import, before it reads the level."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # INFO and WARNING off; errors still show
+import tensorflow as tf  # noqa: E402
+
+from .. import _core  # noqa: E402
+from ..catalog import SplitFiles  # noqa: E402
+from ..planner import ReadPlan  # noqa: E402
+from . import FRAMEWORK_LOADERS  # noqa: E402
+from .base import BatchStats, ReaderOptions, python_steps  # noqa: E402
+
+if TYPE_CHECKING:
+    from ..pacing import StepSync
+
+READS = FRAMEWORK_LOADERS["tensorflow"]["reads"]
+FEATURES = {"image": tf.io.FixedLenFeature([], tf.string),   # DLIO's feature spec
+            "size": tf.io.FixedLenFeature([], tf.int64)}
+
+try:  # one rank per accelerator is the emulation; TensorFlow takes no GPU here
+    tf.config.set_visible_devices([], "GPU")
+except (RuntimeError, ValueError):  # already initialised, or no GPU support
+    pass
+
+
+def process_io() -> tuple[int, int, int] | None:
+    """(rchar, syscr, bytes of this very read) of the whole process from /proc/self/io;
+    None where the kernel does not say."""
+    try:
+        with open("/proc/self/io", "rb") as fp:
+            text = fp.read()
+    except OSError:
+        return None
+    values = dict(line.split(b":") for line in text.splitlines() if b":" in line)
+    return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
+
+
+def parallel_reads(read_threads: int) -> int | None:
+    """TFRecordDataset's num_parallel_reads for reader.read_threads (0: None, sequential)."""
+    return read_threads if read_threads > 0 else None
+
+
+def stream_ids(first_ids: np.ndarray, records: int, cycle: int | None) -> np.ndarray:
+    """The sample id of each record TFRecordDataset streams from files whose first sample
+    ids are `first_ids` (in the order given), `records` records each, read `cycle` at a time
+    interleaved one record each in turn (None or 1: one file after the other)."""
+    first = np.asarray(first_ids, dtype=np.int64)
+    within = np.arange(records, dtype=np.int64)
+    if not cycle or cycle <= 1:
+        return (first[:, None] + within[None, :]).reshape(-1)
+    parts = [(first[g:g + cycle][None, :] + within[:, None]).reshape(-1)
+             for g in range(0, len(first), cycle)]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def drop_cached(paths: list[str]) -> None:
+    """posix_fadvise(DONTNEED) each file, opened as the native engine opens data files."""
+    for path in paths:
+        with _core.open_regular(path) as fp:
+            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+class TfDataReader:
+    """A ReaderBackend reading one split's planned batches through a tf.data pipeline (see
+    the module)."""
+
+    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+        self.files, self.options = files, options
+        self.fmt = files.split.format.name
+        if self.fmt not in READS:
+            raise ValueError(f"the tf.data loader reads {', '.join(READS)}, not {self.fmt}")
+        self.samples_per_file = files.split.samples_per_file
+        self.num_parallel_reads = parallel_reads(options.read_threads)
+        self.buffer_size = options.transfer_size
+        self.map_calls = options.computation_threads
+        side = int(np.sqrt(options.record_length)) if options.record_length else 0
+        self.side = max(side, 1) if options.record_length else 0
+        self._dataset: tf.data.Dataset | None = None
+        self._iter = None
+        self.batch = None
+        self.ids = np.zeros(0, dtype=np.int64)  # the sample ids of the batch held
+        self.consumed: list[np.ndarray] = []     # the epoch's batches' sample ids
+        self._plan: ReadPlan | None = None
+        self._step = self._position = 0
+        self._io = None
+        self._bytes = self._reads = self._opens = 0
+        self.lat_ns = np.zeros(0, dtype=np.int64)
+        self._asked_ns = 0
+
+    def paths_of(self, plan: ReadPlan) -> tuple[list[str], np.ndarray]:
+        """The plan's distinct files in first-use order: paths and file indexes."""
+        files = plan.sample_ids // self.samples_per_file
+        _, first = np.unique(files, return_index=True)
+        order = files[np.sort(first)]
+        return [self.files.path(int(f)) for f in order], order
+
+    def _pipeline(self, plan: ReadPlan) -> tf.data.Dataset:
+        paths, order = self.paths_of(plan)
+        batch = len(plan.sample_ids) // plan.steps
+        ids = stream_ids(order * self.samples_per_file, self.samples_per_file,
+                         self.num_parallel_reads)
+        keep = np.isin(ids, plan.sample_ids)
+        ids_t, keep_t = tf.constant(ids), tf.constant(keep)
+        side = self.side
+
+        def parse(sample_ids: tf.Tensor, serialized: tf.Tensor):
+            parsed = tf.io.parse_example(serialized=serialized, features=FEATURES)
+            if not side:
+                return sample_ids, parsed["image"]
+            images = tf.io.decode_raw(parsed["image"], tf.uint8, fixed_length=side * side)
+            return sample_ids, tf.reshape(images, (-1, side, side))
+
+        ds = tf.data.TFRecordDataset(paths, buffer_size=self.buffer_size,
+                                     num_parallel_reads=self.num_parallel_reads)
+        ds = ds.enumerate()
+        ds = ds.filter(lambda k, record: tf.gather(keep_t, k))
+        ds = ds.map(lambda k, record: (tf.gather(ids_t, k), record))
+        ds = ds.batch(batch, drop_remainder=True)
+        ds = ds.map(parse, num_parallel_calls=self.map_calls)
+        return ds.prefetch(self.options.prefetch_size)
+
+    def prepare_epoch(self, plan: ReadPlan) -> None:
+        """Before the clock: the epoch's pipeline, and the plan's files dropped from the page
+        cache if asked."""
+        self._dataset = self._pipeline(plan) if plan.steps else None
+        if self.options.drop_page_cache:
+            drop_cached(self.paths_of(plan)[0])
+
+    def start_epoch(self, plan: ReadPlan) -> None:
+        """The pipeline's iteration started (its readers begin at once)."""
+        self._plan, self._step, self._position = plan, 0, 0
+        self.lat_ns = np.zeros(len(plan.sample_ids), dtype=np.int64)
+        self.consumed = []
+        self._io = process_io()
+        if self._dataset is None:
+            self._dataset = self._pipeline(plan) if plan.steps else None
+        self._iter = iter(self._dataset) if self._dataset is not None else iter(())
+        self._opens += len(self.paths_of(plan)[0]) if plan.steps else 0
+
+    def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
+                  start_ns: int) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns)
+
+    def _next(self):
+        try:
+            return next(self._iter)
+        except StopIteration:
+            return None
+        except tf.errors.OpError as exc:
+            message = re.sub(r"\{\{[^}]*\}\}\s*", "", exc.message or "").strip()
+            message = (message.splitlines() or [type(exc).__name__])[0]
+            raise RuntimeError(f"the tf.data pipeline failed: {message}") from exc
+
+    def next_batch(self) -> BatchStats | None:
+        """Wait for the pipeline's next batch; None at the end of the epoch. The epoch's last
+        planned batch also streams the rest of its files (the pipeline's end)."""
+        self.batch = None
+        asked = _core.now_ns()
+        got = self._next()
+        if got is None:
+            return None
+        ids, images = got
+        if self._plan is not None and self._step == self._plan.steps - 1:
+            extra = self._next()
+            if extra is not None:
+                raise RuntimeError("the tf.data pipeline has more batches than the plan")
+        ready = _core.now_ns()
+        self.ids, self.batch = ids.numpy(), images
+        self.consumed.append(self.ids)
+        n = len(self.ids)
+        self.lat_ns[self._position:self._position + n] = (ready - asked) // max(n, 1)
+        self._position += n
+        self._step += 1
+        nbytes, reads = self._measure()
+        self._bytes += nbytes
+        self._reads += reads
+        return BatchStats(ready, nbytes, reads)
+
+    def _measure(self) -> tuple[int, int]:
+        now = process_io()
+        before, self._io = self._io, now
+        if before is None or now is None:  # no /proc io: the plan's bytes for the batch
+            b, step = self._plan.batch_start, self._step - 1
+            return (int(self._plan.expect[b[step]:b[step + 1]].sum()),
+                    int(b[step + 1] - b[step]))
+        return now[0] - before[0] - before[2], now[1] - before[1] - 1
+
+    def abandon_epoch(self) -> None:
+        """Stop before the epoch's last batch: the pipeline is dropped."""
+        self._iter = self.batch = self._dataset = None
+
+    def end_epoch(self) -> None:
+        self._iter = self.batch = self._dataset = None
+
+    def counters(self) -> dict:
+        return {"opens": self._opens, "closes": self._opens, "stats": 0,
+                "bytes": self._bytes, "reads": self._reads}
+
+    def describe(self) -> dict:
+        return {"backend": "framework", "loader": "tf.data", "data_loader": "tensorflow",
+                "file_access": "multi", "format": self.fmt, "reads": READS[self.fmt],
+                "pipeline": "TFRecordDataset -> enumerate/filter (the plan's samples) -> "
+                            "batch(drop_remainder) -> map(parse_example) -> prefetch",
+                "buffer_size": self.buffer_size, "num_parallel_reads": self.num_parallel_reads,
+                "num_parallel_calls": self.map_calls,
+                "prefetch": self.options.prefetch_size,
+                "item_shape": [self.side] * 2 if self.side else None,
+                "order": ("the plan's" if not self.num_parallel_reads
+                          or self.num_parallel_reads == 1 else
+                          f"the files interleaved {self.num_parallel_reads} at a time"),
+                "bytes_read_measured": self._bytes,
+                "counted": "bytes and read calls: /proc/self/io of the rank's process; opens "
+                           "and closes: one per streamed file, not observed; stats: none",
+                "tensorflow": tf.__version__}
+
+    def close(self) -> None:
+        self._iter = self.batch = self._dataset = None
+
+
+class NpyFiles:
+    """The rank's whole-file loads of one epoch (npy `np.load(path)`, npz
+    `np.load(path)['x']`), shared by the generators' threads: each file loaded once while any
+    of its planned samples is left (read_mode file_once, DLIO's reader keeping a file open for
+    its samples), or once per sample (read_mode file: on_demand with one sample per file)."""
+
+    def __init__(self, files: SplitFiles, fmt: str, keep: bool) -> None:
+        self.files, self.fmt, self.keep = files, fmt, keep
+        self.last_axis = files.sample_layout == "last_axis"
+        self.samples_per_file = files.split.samples_per_file
+        self.loads = 0
+        self._lock = threading.Lock()
+        self._kept: dict[int, object] = {}  # file -> array, or an Event while it loads
+        self._left: dict[int, int] = {}
+
+    def start(self, sample_ids: np.ndarray) -> None:
+        files, counts = np.unique(sample_ids // self.samples_per_file, return_counts=True)
+        self._kept, self._left = {}, dict(zip(files.tolist(), counts.tolist(), strict=True))
+
+    def _load(self, file: int) -> np.ndarray:
+        path = self.files.path(file)
+        with self._lock:
+            self.loads += 1
+        if self.fmt == "npz":
+            return np.load(path, allow_pickle=True)["x"]
+        return np.load(path)
+
+    def sample(self, sample_id: int) -> np.ndarray:
+        file, within = divmod(sample_id, self.samples_per_file)
+        if not self.keep:
+            array = self._load(file)
+        else:
+            with self._lock:
+                entry = self._kept.get(file)
+                mine = entry is None
+                if mine:
+                    entry = self._kept[file] = _Load()
+            if mine:
+                try:
+                    entry.array = self._load(file)
+                finally:
+                    entry.done.set()
+            else:
+                entry.done.wait()
+            if entry.array is None:
+                raise RuntimeError(f"{self.files.path(file)} could not be loaded")
+            array = entry.array
+            with self._lock:
+                self._left[file] -= 1
+                if self._left[file] == 0:
+                    self._kept.pop(file, None)
+        return array[..., within] if self.last_axis else array[within]
+
+
+class _Load:
+    """A file's load, shared by the threads that want it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.array: np.ndarray | None = None
+
+
+def as_item(sample: np.ndarray, side: int) -> np.ndarray:
+    """The sample's bytes as a (side, side) uint8 array (zero-padded or cut)."""
+    flat = np.ascontiguousarray(sample).reshape(-1).view(np.uint8)
+    want = side * side
+    if len(flat) < want:
+        flat = np.concatenate((flat, np.zeros(want - len(flat), dtype=np.uint8)))
+    return flat[:want].reshape(side, side)
+
+
+class TfGeneratorReader(TfDataReader):
+    """npy and npz through tf.data as DLIO's tf data loader reads them: read_threads
+    generators (tf.data.Dataset.from_generator, each a reader thread yielding whole batches)
+    interleaved by `from_tensor_slices(range(threads)).interleave(cycle_length=threads,
+    num_parallel_calls=threads)` (deterministic), the dataset's private thread pool and
+    intra-op parallelism set to threads, then `prefetch(prefetch_size)` when it is > 0.
+    Thread t yields the plan's steps t, t + threads, ...: the interleave hands the batches
+    over in the plan's order, each holding the plan's samples. A sample is its file's whole
+    np.load, the file kept for the epoch's other samples in it (read_mode file_once: more
+    than one sample per file, or reader.read_type memory) and shared by the threads, as the
+    native engine's plan loads it once."""
+
+    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+        super().__init__(files, options, comm)
+        self.threads = max(options.read_threads, 1)  # DLIO: 0 becomes 1
+        self.side = self.side or 1
+        keep = options.read_type == "memory" or self.samples_per_file > 1
+        self.loaded = NpyFiles(files, self.fmt, keep)
+        self._steps: list[np.ndarray] = []
+
+    def _generate(self, thread: int):
+        side = self.side
+        for step in range(int(thread), len(self._steps), self.threads):
+            ids = self._steps[step]
+            images = np.stack([as_item(self.loaded.sample(i), side) for i in ids.tolist()])
+            yield ids, images
+
+    def _pipeline(self, plan: ReadPlan) -> tf.data.Dataset:
+        batch = len(plan.sample_ids) // plan.steps
+        self._steps = list(plan.sample_ids.reshape(plan.steps, batch))
+        self.loaded.start(plan.sample_ids)
+        signature = (tf.TensorSpec((batch,), tf.int64),
+                     tf.TensorSpec((batch, self.side, self.side), tf.uint8))
+        options = tf.data.Options()
+        options.threading.private_threadpool_size = self.threads
+        options.threading.max_intra_op_parallelism = self.threads
+        ds = tf.data.Dataset.from_tensor_slices(np.arange(self.threads)).with_options(options)
+        ds = ds.interleave(
+            lambda t: tf.data.Dataset.from_generator(self._generate, args=(t,),
+                                                     output_signature=signature),
+            cycle_length=self.threads, num_parallel_calls=self.threads, deterministic=True)
+        if self.options.prefetch_size > 0:
+            ds = ds.prefetch(self.options.prefetch_size)
+        return ds
+
+    def counters(self) -> dict:
+        out = super().counters()
+        out["opens"] = out["closes"] = self.loaded.loads
+        return out
+
+    def describe(self) -> dict:
+        return {"backend": "framework", "loader": "tf.data", "data_loader": "tensorflow",
+                "file_access": "multi", "format": self.fmt, "reads": READS[self.fmt],
+                "pipeline": "from_tensor_slices(range(threads)) -> interleave(from_generator "
+                            "per reader thread, deterministic) -> prefetch",
+                "threads": self.threads, "prefetch": self.options.prefetch_size,
+                "item_shape": [self.side] * 2, "order": "the plan's",
+                "files_kept_for_their_samples": self.loaded.keep,
+                "bytes_read_measured": self._bytes,
+                "counted": "bytes and read calls: /proc/self/io of the rank's process; opens "
+                           "and closes: the generators' np.load calls; stats: none",
+                "tensorflow": tf.__version__}
+
+
+def open_tf_data(files: SplitFiles, options: ReaderOptions, comm=None) -> TfDataReader:
+    """The tf.data backend for the split's format: TFRecordDataset for tfrecord, DLIO's
+    generators for npy and npz."""
+    if files.split.format.name == "tfrecord":
+        return TfDataReader(files, options, comm)
+    return TfGeneratorReader(files, options, comm)
