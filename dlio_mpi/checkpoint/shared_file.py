@@ -25,7 +25,7 @@ from .. import _core
 from ..errors import check_all, on_root
 from ..mpiio_rounds import mpiio_call, open_shared, read_rounds, write_rounds
 from ..ownership import remove_quietly, rename_noreplace, temporary_name
-from ..readers.mpiio import drop_cached_pages
+from ..readers.base import drop_cached_pages
 from .file_per_rank import IoStats, shard_seed
 from .sizing import EXTENSION, RankShard
 

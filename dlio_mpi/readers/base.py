@@ -13,6 +13,8 @@ native engine runs the same loop in C (no Python between a compute deadline and 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -80,6 +82,16 @@ class BatchStats:
     ready_ns: int
     bytes_read: int
     read_ops: int
+
+
+def drop_cached_pages(paths: Iterable[str]) -> None:
+    """posix_fadvise(DONTNEED) each file, opened as the native engine opens data files (a
+    FIFO or folder in place is refused, never blocks), so that the page cache cannot serve
+    its next reads. Here, beside the protocol and away from any MPI import: the framework
+    loaders' worker processes import their backend's module."""
+    for path in paths:
+        with _core.open_regular(path) as fp:
+            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 # Columns of the step records run_steps returns (CLOCK_MONOTONIC ns, then bytes and reads).

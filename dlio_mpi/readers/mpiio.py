@@ -51,7 +51,7 @@ from ..catalog import SplitFiles
 from ..errors import UserError
 from ..mpi_library import file_hints, honoured_hints, is_open_mpi, mpi_library, mpiio_implementation
 from ..planner import ReadPlan
-from .base import BatchStats, IoWatchdog, ReaderOptions, python_steps
+from .base import BatchStats, IoWatchdog, ReaderOptions, drop_cached_pages, python_steps
 
 COLLECTIVE_FILE_LIMIT = 1024  # files opened on the communicator by `collective`
 NO_WATCHDOG = IoWatchdog(0)
@@ -122,13 +122,6 @@ def batch_buffer(nbytes: int) -> np.ndarray:
     buffer = whole[skip:skip + size]
     buffer[::mmap.PAGESIZE] = 0  # fault in
     return buffer[:nbytes]
-
-
-def drop_cached_pages(paths) -> None:
-    """posix_fadvise(DONTNEED) each file, opened as the engine opens data files."""
-    for path in paths:
-        with _core.open_regular(path) as fp:
-            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 def stall_hook() -> tuple[float, str] | None:

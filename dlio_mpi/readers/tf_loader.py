@@ -61,7 +61,7 @@ from .. import _core  # noqa: E402
 from ..catalog import SplitFiles  # noqa: E402
 from ..planner import ReadPlan  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
-from .base import BatchStats, ReaderOptions, python_steps  # noqa: E402
+from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps  # noqa: E402
 
 if TYPE_CHECKING:
     from ..pacing import StepSync
@@ -104,13 +104,6 @@ def stream_ids(first_ids: np.ndarray, records: int, cycle: int | None) -> np.nda
     parts = [(first[g:g + cycle][None, :] + within[:, None]).reshape(-1)
              for g in range(0, len(first), cycle)]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-
-
-def drop_cached(paths: list[str]) -> None:
-    """posix_fadvise(DONTNEED) each file, opened as the native engine opens data files."""
-    for path in paths:
-        with _core.open_regular(path) as fp:
-            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 class TfDataReader:
@@ -177,7 +170,7 @@ class TfDataReader:
         cache if asked."""
         self._dataset = self._pipeline(plan) if plan.steps else None
         if self.options.drop_page_cache:
-            drop_cached(self.paths_of(plan)[0])
+            drop_cached_pages(self.paths_of(plan)[0])
 
     def start_epoch(self, plan: ReadPlan) -> None:
         """The pipeline's iteration started (its readers begin at once)."""

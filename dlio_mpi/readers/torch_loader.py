@@ -42,7 +42,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -55,7 +55,7 @@ from ..catalog import SplitFiles
 from ..dataset import FileNaming
 from ..planner import ReadPlan
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
-from .base import BatchStats, ReaderOptions, python_steps
+from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps
 
 if TYPE_CHECKING:
     from ..pacing import StepSync
@@ -243,13 +243,6 @@ class PlannedSampler(Sampler):
         return len(self.ids)
 
 
-def drop_cached(paths: Iterable[str]) -> None:
-    """posix_fadvise(DONTNEED) each file, opened as the native engine opens data files."""
-    for path in paths:
-        with _core.open_regular(path) as fp:
-            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-
-
 class TorchLoaderReader:
     """A ReaderBackend reading one split's planned batches through a torch DataLoader (see
     the module)."""
@@ -285,7 +278,7 @@ class TorchLoaderReader:
         if self.loader is None and plan.steps:
             self.loader = self._make_loader(len(plan.sample_ids) // plan.steps)
         if self.options.drop_page_cache:
-            drop_cached(self.files.path(int(f)) for f in plan.files())
+            drop_cached_pages(self.files.path(int(f)) for f in plan.files())
 
     def start_epoch(self, plan: ReadPlan) -> None:
         """The epoch's order to the sampler, and the DataLoader's iteration started (its
