@@ -111,3 +111,31 @@ def run_in_session(cmd: list[str], env: dict[str, str] | None = None, cwd: Path 
         out, err = job.communicate()
         pytest.fail(f"{' '.join(map(str, cmd))} hung for {timeout} s\n{out}\n{err}")
     return subprocess.CompletedProcess(cmd, job.returncode, out, err)
+
+
+def write_yaml(tmp_path: Path, data, name: str = "w.yaml") -> str:
+    """`data` written as a YAML workload file in tmp_path; its path."""
+    import yaml
+
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def error_of(source: str, overrides=()) -> str:
+    """The one-line ConfigError loading `source` with `overrides` raises."""
+    from dlio_mpi.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as info:
+        load_config(source, overrides)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def access_logs(out, epochs, ranks: int) -> list:
+    """The sample ids each rank read (output.access_log), epoch by epoch then rank by rank."""
+    import numpy as np
+
+    return [np.load(os.path.join(out, "access_log", f"epoch{e}_rank{r}.npy"))
+            for e in epochs for r in range(ranks)]

@@ -13,12 +13,12 @@ import yaml
 from dlio_mpi.config import (
     ALIASES,
     Config,
-    ConfigError,
     TimeSpec,
     list_workloads,
     load_config,
 )
 from dlio_mpi.config.timespec import parse_timespec
+from helpers import error_of, write_yaml
 
 SHIPPED = {
     "bert_v100", "cosmoflow_a100", "cosmoflow_h100", "cosmoflow_v100", "default", "demo", "dlrm",
@@ -26,20 +26,6 @@ SHIPPED = {
     "megatron_deepspeed_LLNL", "resnet50_a100", "resnet50_h100", "resnet50_tf", "resnet50_v100",
     "unet3d_a100", "unet3d_h100", "unet3d_v100",
 }
-
-
-def write_yaml(tmp_path: Path, data, name: str = "w.yaml") -> str:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return str(path)
-
-
-def error_of(source: str, overrides=()) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(source, overrides)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 # --------------------------------------------------------------------------- shipped workloads

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dlio_mpi.config import ALIASES, ConfigError, load_config, support_notes
+from dlio_mpi.config import ALIASES, load_config, support_notes
 from dlio_mpi.formats import implemented_formats
-from helpers import run_cli
+from helpers import error_of, run_cli, write_yaml
 
 RELEASED = Path(__file__).parent / "data" / "dlio_2_0_0"
 NAMES = [
@@ -35,20 +35,6 @@ def released(name: str) -> str:
 
 def raw(name: str) -> dict:
     return yaml.safe_load((RELEASED / f"{name}.yaml").read_text())
-
-
-def write_yaml(tmp_path: Path, data: dict, name: str = "w.yaml") -> str:
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return str(path)
-
-
-def error_of(source: str, overrides=()) -> str:
-    with pytest.raises(ConfigError) as info:
-        load_config(source, overrides)
-    message = str(info.value)
-    assert "\n" not in message
-    return message
 
 
 def value_at(cfg, dotted: str):

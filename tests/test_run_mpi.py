@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import workload_overrides
+from helpers import access_logs, workload_overrides
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
@@ -30,11 +30,6 @@ def _run(tmp, **values):
     return cfg, run(_comm(), cfg)
 
 
-def _access(out, epoch, ranks):
-    return [np.load(os.path.join(out, "access_log", f"epoch{epoch}_rank{r}.npy"))
-            for r in range(ranks)]
-
-
 SHUFFLED = dict(dataset__num_files_train=10, dataset__num_samples_per_file=3,
                 dataset__format="npy", reader__read_mode="sample",
                 reader__sample_shuffle="seed", reader__file_shuffle="seed",
@@ -48,7 +43,7 @@ def test_every_kept_sample_is_read_exactly_once_per_epoch(shared_tmp):
     steps = 30 // size // 2
     orders = []
     for epoch in (1, 2, 3):
-        shards = _access(cfg.output.folder, epoch, size)
+        shards = access_logs(cfg.output.folder, [epoch], size)
         assert all(len(s) == steps * 2 for s in shards), [len(s) for s in shards]
         union = np.concatenate(shards)
         assert len(set(union.tolist())) == len(union) == steps * 2 * size, \
@@ -68,13 +63,13 @@ def test_every_kept_sample_is_read_exactly_once_per_epoch(shared_tmp):
 def test_same_seed_gives_same_order_and_rerun_skips_generated_files(shared_tmp):
     comm = _comm()
     cfg, _ = _run(shared_tmp / "a", **SHUFFLED)
-    first = [_access(cfg.output.folder, e, comm.Get_size()) for e in (1, 2)]
+    first = [access_logs(cfg.output.folder, [e], comm.Get_size()) for e in (1, 2)]
     data = cfg.dataset.data_folder
     mtimes = {p: os.stat(os.path.join(data, "train", p)).st_mtime_ns
               for p in os.listdir(os.path.join(data, "train"))}
     comm.Barrier()
     cfg2, _ = _run(shared_tmp / "a", **SHUFFLED)
-    again = [_access(cfg2.output.folder, e, comm.Get_size()) for e in (1, 2)]
+    again = [access_logs(cfg2.output.folder, [e], comm.Get_size()) for e in (1, 2)]
     for a, b in zip(first, again):
         assert all(np.array_equal(x, y) for x, y in zip(a, b))
     assert mtimes == {p: os.stat(os.path.join(data, "train", p)).st_mtime_ns
@@ -240,7 +235,7 @@ def test_the_step_loop_falls_back_to_mpi4py_without_the_mpi_symbols(shared_tmp, 
     stats = json.loads((Path(cfg.output.folder) / "per_epoch_stats.json").read_text())
     for r in stats["1"]["per_rank"]:
         assert r["steps"] == 6 and r["compute_seconds"] >= 6 * 0.005
-    shards = _access(cfg.output.folder, 1, comm.Get_size())
+    shards = access_logs(cfg.output.folder, [1], comm.Get_size())
     union = np.concatenate(shards)
     assert len(set(union.tolist())) == len(union) == 6 * comm.Get_size()
 

@@ -21,7 +21,7 @@ import pytest
 
 from dlio_mpi.config import load_config
 from dlio_mpi.errors import UserError
-from helpers import run_cli, workload_overrides
+from helpers import access_logs, run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -372,8 +372,7 @@ def test_a_two_rank_run_reads_the_planned_steps_and_bytes(tmp_path):
     # unshuffled samples is 2 whole files
     assert metric["train_file_opens"] == 2 * 2 * 2
     assert metric["train_bytes_transferred"] >= metric["train_bytes_requested"] > 0
-    read = [np.load(tmp_path / "out" / "access_log" / f"epoch{e}_rank{r}.npy")
-            for e in (1, 2) for r in (0, 1)]
+    read = access_logs(tmp_path / "out", (1, 2), 2)
     assert all(len(ids) == 16 for ids in read)
     assert sorted(np.concatenate(read[:2]).tolist()) == list(range(32))
 

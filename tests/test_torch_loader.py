@@ -20,7 +20,7 @@ import pytest
 
 from dlio_mpi.config import load_config
 from dlio_mpi.errors import UserError
-from helpers import run_cli, workload_overrides
+from helpers import access_logs, run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -297,8 +297,7 @@ def test_each_multiprocessing_context_completes_a_two_rank_run(tmp_path, context
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     described = summary["dlio_mpi"]["readers"]["train"]
     assert described["multiprocessing_context"] == context and described["workers"] == 2
-    read = [np.load(tmp_path / "out" / "access_log" / f"epoch{e}_rank{r}.npy")
-            for e in (1, 2) for r in (0, 1)]
+    read = access_logs(tmp_path / "out", (1, 2), 2)
     assert all(len(ids) == 8 for ids in read)
     assert sorted(np.concatenate(read[:2]).tolist()) == list(range(16))
 
