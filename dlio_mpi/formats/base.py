@@ -139,6 +139,18 @@ class Format(Protocol):
         ...
 
 
+def library_load(fmt: str, path: str) -> np.ndarray:
+    """The whole file's array, loaded as DLIO's reader of format `fmt` loads it, through the
+    format's real library (the framework loaders' whole-file reads; ValueError for a format
+    whose reader does not load whole files). Samples are on its first or last axis, as the
+    catalog found them (SplitFiles.sample_layout)."""
+    if fmt == "npz":
+        return np.load(path, allow_pickle=True)["x"]
+    if fmt == "npy":
+        return np.load(path)
+    raise ValueError(f"no whole-file load for format {fmt}")
+
+
 class StagedWrites:
     """Files written under temporary names and completed together: commit() flushes them to
     storage with one syncfs (one journal commit for many small files, where an fsync each

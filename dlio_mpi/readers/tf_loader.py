@@ -59,6 +59,7 @@ import tensorflow as tf  # noqa: E402
 
 from .. import _core  # noqa: E402
 from ..catalog import SplitFiles  # noqa: E402
+from ..formats.base import library_load  # noqa: E402
 from ..planner import ReadPlan  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
 from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps  # noqa: E402
@@ -286,9 +287,7 @@ class NpyFiles:
         path = self.files.path(file)
         with self._lock:
             self.loads += 1
-        if self.fmt == "npz":
-            return np.load(path, allow_pickle=True)["x"]
-        return np.load(path)
+        return library_load(self.fmt, path)
 
     def sample(self, sample_id: int) -> np.ndarray:
         file, within = divmod(sample_id, self.samples_per_file)

@@ -53,6 +53,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from .. import _core
 from ..catalog import SplitFiles
 from ..dataset import FileNaming
+from ..formats.base import library_load
 from ..planner import ReadPlan
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
 from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps
@@ -176,9 +177,7 @@ class SampleDataset(Dataset):
 
     def _load(self, path: str) -> np.ndarray:
         self.opens += 1
-        if self.fmt == "npz":
-            return np.load(path, allow_pickle=True)["x"]
-        return np.load(path)
+        return library_load(self.fmt, path)
 
     def _read_extent(self, path: str, within: int) -> np.ndarray:
         if path not in self._index:
