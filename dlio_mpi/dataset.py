@@ -348,6 +348,20 @@ def describe_dataset(cfg) -> dict[str, DatasetSplit]:
     return splits
 
 
+def decoded_item(cfg) -> tuple[tuple[int, ...], str]:
+    """(shape, dtype) of the sample DLIO's readers hand to the loader after a read (its
+    `resized_image`): reader.transformed_record_dims of reader.transformed_record_element_type
+    when set, else a (d, d) uint8 image, d = int(sqrt(dataset.record_length_bytes_resize)) when
+    that is set, else int(sqrt(record length)) (DLIO's max_dimension)."""
+    rd = cfg.reader
+    if rd.transformed_record_dims:
+        return tuple(int(d) for d in rd.transformed_record_dims), \
+            np.dtype(rd.transformed_record_element_type).str
+    resize = cfg.dataset.record_length_bytes_resize
+    side = max(int(math.sqrt(resize if resize > 0 else dlio_record_length(cfg.dataset))), 1)
+    return (side, side), np.dtype(np.uint8).str
+
+
 def dlio_record_length(dataset) -> float:
     """DLIO's record length in bytes, the factor of its MB/s figures: record_dims' product
     times the element size when dims are given, else dataset.record_length_bytes."""

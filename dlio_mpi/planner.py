@@ -68,6 +68,8 @@ class ReadPlan:
     # ns the reader sleeps after each request (the preprocessing of the samples it completes:
     # reader.preprocess_time), or None
     delay_ns: np.ndarray | None = None
+    # the same per sample, in sample_ids' order (the framework loaders sleep it per item)
+    sample_delay_ns: np.ndarray | None = None
 
     @property
     def steps(self) -> int:
@@ -122,7 +124,7 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
     if policy.reads_nothing:
         none, empty = np.zeros(steps + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
         return ReadPlan(ids, none, empty, empty, empty, np.zeros(0, dtype=np.uint32), empty,
-                        np.zeros(steps, dtype=np.int64))
+                        np.zeros(steps, dtype=np.int64))  # synthetic: refused with delays
     files = ids // samples_per_file
     step_of = np.arange(len(ids), dtype=np.int64) // batch_size
     load_of = np.arange(len(ids), dtype=np.int64)  # the load (or read) serving each sample
@@ -168,4 +170,6 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
                     np.ascontiguousarray(offset, dtype=np.int64),
                     np.ascontiguousarray(length, dtype=np.int64),
                     np.ascontiguousarray(flags, dtype=np.uint32),
-                    np.ascontiguousarray(expect, dtype=np.int64), batch_payload, delay)
+                    np.ascontiguousarray(expect, dtype=np.int64), batch_payload, delay,
+                    None if sample_delay_ns is None else
+                    np.ascontiguousarray(sample_delay_ns[:len(ids)], dtype=np.int64))

@@ -28,7 +28,7 @@ from .checkpoint.phase import (
 )
 from .checkpoint.schedule import Due, Schedule, after_epoch, steps_due
 from .config import TimeSpec
-from .dataset import DatasetSplit, dlio_record_length
+from .dataset import DatasetSplit, decoded_item, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
 from .filesystems import check_striping, describe_filesystems
 from .generate import (
@@ -187,7 +187,7 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
         facts, np.dtype(split.dtype).itemsize, split.samples_per_file),
         mmap=getattr(fmt, "reads_by_mmap", False),
         reads_nothing=getattr(fmt, "reads_nothing", False))
-    options = ReaderOptions.from_config(rd, comm.Get_rank(), dlio_record_length(cfg.dataset))
+    options = ReaderOptions.from_config(rd, comm.Get_rank(), decoded_item(cfg), cfg.train.seed)
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
     if train:
         return Phase(name, split, files, reader,

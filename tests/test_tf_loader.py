@@ -28,6 +28,7 @@ pytestmark = pytest.mark.timeout(300)
 RECORD = 4096  # 64 x 64
 SCALED = dict(dataset__num_files_train=4, dataset__num_samples_per_file=8,
               dataset__record_length_bytes=RECORD, dataset__record_length_bytes_stdev=0,
+              dataset__record_length_bytes_resize=0,  # items of the record's 64 x 64
               reader__batch_size=4, train__epochs=2, train__computation_time=0.001,
               reader__engine="framework")
 
@@ -75,10 +76,10 @@ def _plan(cfg, files, ids: np.ndarray, batch: int):
 
 
 def _reader(cfg, files):
-    from dlio_mpi.dataset import dlio_record_length
+    from dlio_mpi.dataset import decoded_item
     from dlio_mpi.readers import ReaderOptions, open_reader
 
-    options = ReaderOptions.from_config(cfg.reader, 0, dlio_record_length(cfg.dataset))
+    options = ReaderOptions.from_config(cfg.reader, 0, decoded_item(cfg), cfg.train.seed)
     return open_reader(options.file_access, files, options)
 
 
@@ -141,6 +142,63 @@ def test_each_epoch_consumes_the_planned_samples_with_their_bytes(tf_data, threa
         assert described["loader"] == "tf.data" and described["backend"] == "framework"
         assert described["num_parallel_reads"] == (threads or None)
         assert described["num_parallel_calls"] == 2 and described["buffer_size"] is None
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("mode", ["seed", "random"])
+def test_sample_shuffle_runs_tf_data_shuffle_buffer_over_the_planned_records(tf_data, mode):
+    """DLIO's TFRecord pipeline shuffles records in a buffer of reader.shuffle_size: the
+    epoch holds the plan's samples, in an order the buffer decides; seeded by train.seed and
+    the epoch (the same for two readers, new each epoch), or unseeded."""
+    cfg = _cfg(tf_data, reader__read_threads=1, reader__sample_shuffle=mode,
+               reader__shuffle_size=16)
+    files = _files(cfg)
+    ids = np.arange(32, dtype=np.int64)
+    plan = _plan(cfg, files, ids, 4)
+    orders = []
+    for _ in range(2):
+        reader = _reader(cfg, files)
+        try:
+            epochs = [np.concatenate([b[0] for b in _epoch(reader, plan)[0]]).tolist()
+                      for _ in range(2)]
+            assert reader.describe()["shuffle_size"] == 16
+            assert "shuffle buffer of 16" in reader.describe()["order"]
+        finally:
+            reader.close()
+        for got in epochs:
+            assert sorted(got) == ids.tolist() and got != ids.tolist()
+        assert epochs[0] != epochs[1]
+        orders.append(epochs)
+    if mode == "seed":
+        assert orders[0] == orders[1]
+
+
+def test_preprocess_time_is_slept_in_the_tfrecord_batch_map(tf_data):
+    import dataclasses
+    import time
+
+    cfg = _cfg(tf_data, reader__read_threads=1, reader__computation_threads=1)
+    files = _files(cfg)
+    ids = np.arange(16, dtype=np.int64)
+    delays = np.full(16, 10_000_000, dtype=np.int64)  # 40 ms a batch of 4
+    plan = dataclasses.replace(_plan(cfg, files, ids, 4), sample_delay_ns=delays)
+    reader = _reader(cfg, files)
+    try:
+        start = time.monotonic()
+        batches, _ = _epoch(reader, plan)
+        assert time.monotonic() - start >= 0.16
+        assert np.concatenate([b[0] for b in batches]).tolist() == ids.tolist()
+    finally:
+        reader.close()
+
+
+def test_no_shuffle_buffer_without_sample_shuffle(tf_data):
+    cfg = _cfg(tf_data, reader__read_threads=1, reader__sample_shuffle="off",
+               reader__shuffle_size=16)
+    reader = _reader(cfg, _files(cfg))
+    try:
+        assert reader.describe()["shuffle_size"] is None
     finally:
         reader.close()
 

@@ -86,10 +86,10 @@ def _plan(cfg, files, ids: np.ndarray, batch: int):
 
 
 def _reader(cfg, files):
-    from dlio_mpi.dataset import dlio_record_length
+    from dlio_mpi.dataset import decoded_item
     from dlio_mpi.readers import ReaderOptions, open_reader
 
-    options = ReaderOptions.from_config(cfg.reader, 0, dlio_record_length(cfg.dataset))
+    options = ReaderOptions.from_config(cfg.reader, 0, decoded_item(cfg), cfg.train.seed)
     return open_reader(options.file_access, files, options)
 
 
@@ -114,6 +114,61 @@ def _ids_of(contents: list[np.ndarray]) -> list[int]:
             assert (item == item[0, 0]).all()
             out.append(int(item[0, 0]))
     return out
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_preprocess_time_is_slept_per_sample_by_the_reader(tmp_path, workers):
+    """Each sample's draw of reader.preprocess_time is slept after its read, where the item
+    is made (this process, or a worker): an epoch takes at least the batches' sums (per
+    worker, since workers read batches in parallel); latencies leave it out."""
+    import dataclasses
+    import time
+
+    cfg = _config(tmp_path, dataset__format="npy", dataset__num_files_train=6,
+                  reader__read_threads=workers, reader__batch_size=3, **FRAMEWORK)
+    _write_dataset(cfg)
+    files = _files(cfg)
+    reader = _reader(cfg, files)
+    try:
+        ids = np.arange(6, dtype=np.int64)
+        delays = np.full(6, 40_000_000, dtype=np.int64)  # 40 ms a sample, 120 ms a batch
+        plan = dataclasses.replace(_plan(cfg, files, ids, 3), sample_delay_ns=delays)
+        _epoch(reader, plan)  # the workers started
+        start = time.monotonic()
+        contents, _ = _epoch(reader, plan)
+        elapsed = time.monotonic() - start
+        assert _ids_of(contents) == [_value(i) for i in range(6)]
+        assert elapsed >= (0.24 if workers == 0 else 0.12)
+        assert (reader.lat_ns < 40_000_000).all()
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("values,shape,dtype", [
+    ({}, (SIDE, SIDE), np.uint8),  # DLIO's max_dimension: int(sqrt(record length))
+    ({"dataset__record_length_bytes_resize": 64}, (8, 8), np.uint8),
+    ({"reader__transformed_record_dims": [2, 4],
+      "reader__transformed_record_element_type": "float32"}, (2, 4), np.float32),
+])
+def test_items_take_the_decoded_shape_dlio_hands_over(tmp_path, values, shape, dtype):
+    cfg = _config(tmp_path, dataset__format="npy", dataset__num_files_train=6,
+                  reader__read_threads=0, reader__batch_size=3, **FRAMEWORK, **values)
+    _write_dataset(cfg)
+    files = _files(cfg)
+    reader = _reader(cfg, files)
+    try:
+        ids = np.arange(6, dtype=np.int64)
+        contents, _ = _epoch(reader, _plan(cfg, files, ids, 3))
+        assert [batch.shape for batch in contents] == [(3, *shape)] * 2
+        for batch, first in zip(contents, (0, 3), strict=True):
+            assert batch.dtype == dtype
+            for k, item in enumerate(batch):  # the item is the sample's leading bytes
+                raw = np.ascontiguousarray(item).view(np.uint8)
+                assert (raw == _value(first + k)).all()
+        assert reader.describe()["item_shape"] == list(shape)
+        assert reader.describe()["item_dtype"] == np.dtype(dtype).str
+    finally:
+        reader.close()
 
 
 @pytest.mark.parametrize("fmt,per_file,workers,context", [

@@ -54,8 +54,11 @@ DEAD = "DLIO never reads it either"
 RELEASED_UNREAD = ("as in DLIO 2.0.0 (set in its dlrm.yaml, never read by its configuration "
                    "loader)")
 HDF5_ONLY = "dataset.format is not hdf5 (DLIO uses them for hdf5 files only)"
-BATCH_COPY = ("DLIO copies a constant decoded sample of this size into every batch after the "
-              "read; the native engine hands over the bytes read and has no such copy yet")
+# Where the framework loaders hand over decoded items (Rule.acts_if of the keys shaping them)
+FRAMEWORK = (("reader.engine", ("framework",)),)
+BATCH_COPY = ("it shapes the decoded sample DLIO's readers hand to the framework loader "
+              "(reader.engine framework stacks items of that shape); the native engine hands "
+              "over the bytes read and makes no decoded copy")
 
 _short = reprlib.Repr()
 _short.maxstring, _short.maxother, _short.maxlist, _short.maxdict = 60, 60, 8, 8
@@ -354,7 +357,8 @@ class Dataset:
     record_length_bytes_stdev: float = key(0, "number", minimum=0,  # alias: record_length_stdev
                                            maximum=MAX_BYTES)
     record_length_bytes_resize: float = key(0, "number", minimum=0,  # alias: record_length_resize
-                                            maximum=MAX_BYTES, inert=BATCH_COPY)
+                                            maximum=MAX_BYTES, inert=BATCH_COPY,
+                                            acts_if=FRAMEWORK)
     # Every rank keeps a few bytes per file (drawn shapes, spot checks): 10^9 files is far
     # beyond any data set a file system holds in one folder tree, and beyond memory at scale.
     num_files_train: int = key(8, "int", minimum=0, maximum=MAX_FILES)
@@ -436,8 +440,12 @@ class Reader:
     sample_shuffle: str = key("off", "str", choices=SHUFFLES)
     shuffle_size: int = key(
         1024, "int", minimum=1,
-        inert="it sizes the shuffle buffer of DLIO's tf.data pipeline (and DALI's "
-              "initial_fill); the native engine shuffles whole epochs (reader.sample_shuffle)")
+        inert="it sizes the shuffle buffer of DLIO's tf.data TFRecord pipeline, which runs with "
+              "reader.engine framework, reader.data_loader tensorflow, dataset.format "
+              "tfrecord and reader.sample_shuffle on; the native engine shuffles whole epochs "
+              "(reader.sample_shuffle)",
+        acts_if=(*TF_DATA, ("dataset.format", ("tfrecord",)),
+                 ("reader.sample_shuffle", ("seed", "random"))))
     read_type: str = key("on_demand", "str", choices=("on_demand", "memory"))
     # DLIO validates it and never reads it; here it picks the reader backend (readers/):
     # multi (posix): the native C engine; shared (mpio): MPI-IO independent reads; collective:
@@ -458,10 +466,12 @@ class Reader:
                                     "reader.data_loader native_dali is not implemented yet")
     odirect: bool = key(False, "bool")
     # slept per sample by the reader thread after the sample's read, before its batch is
-    # ready (a loader's preprocessing, overlapping compute); native engine only
+    # ready (a loader's preprocessing, overlapping compute); not with MPI-IO readers yet
     preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev")
-    transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1, inert=BATCH_COPY)
-    transformed_record_element_type: str = key("uint8", "dtype", inert=BATCH_COPY)
+    transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1, inert=BATCH_COPY,
+                                                   acts_if=FRAMEWORK)
+    transformed_record_element_type: str = key("uint8", "dtype", inert=BATCH_COPY,
+                                               acts_if=FRAMEWORK)
     # ours: how samples are read. 'sample': exact extents; 'file': the whole file per sample
     # (DLIO on_demand); 'file_once': each file once per epoch, samples served from memory (DLIO
     # memory); 'auto': read_type decides, except indexed_binary/mmap_indexed_binary/hdf5 -> sample

@@ -13,6 +13,7 @@ native engine runs the same loop in C (no Python between a compute deadline and 
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -55,23 +56,46 @@ class ReaderOptions:
     pin_memory: bool = True
     multiprocessing_context: str = "fork"
     read_type: str = "on_demand"  # DLIO's: a file loaded per sample, or once (memory)
-    # DLIO's record length: the framework loader's items are (d, d) uint8, d = int(sqrt(it)),
-    # the shape of the image DLIO's readers hand over (0: the sample's bytes as they are)
-    record_length: float = 0.0
+    # the framework loaders' items: the shape and dtype of the decoded sample DLIO's readers
+    # hand over (dataset.decoded_item; () : the sample's bytes as they are)
+    item_shape: tuple[int, ...] = ()
     # the tf.data loader's: TFRecordDataset's buffer_size (None: TensorFlow's default) and
     # the threads of its batch map (DLIO's reader.transfer_size, reader.computation_threads)
     transfer_size: int | None = None
     computation_threads: int = 1
+    item_dtype: str = "|u1"
+    # the tf.data TFRecord pipeline's shuffle buffer (reader.shuffle_size; 0: no shuffle, as
+    # with reader.sample_shuffle off) and its seed (None: reader.sample_shuffle random)
+    shuffle_size: int = 0
+    shuffle_seed: int | None = None
 
     @staticmethod
-    def from_config(reader_cfg, rank: int, record_length: float = 0.0) -> ReaderOptions:
+    def from_config(reader_cfg, rank: int, item: tuple[tuple[int, ...], str] = ((), "|u1"),
+                    seed: int = 0) -> ReaderOptions:
+        """The reader section's options for `rank`; `item` the decoded item's (shape, dtype)
+        (dataset.decoded_item), `seed` train.seed."""
         rd = reader_cfg
+        shuffle = rd.shuffle_size if rd.sample_shuffle != "off" else 0
         return ReaderOptions(rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
                              rd.access == "loader", rd.drop_page_cache, rd.keep_data,
                              IoWatchdog(rd.io_watchdog_seconds, rd.io_watchdog_abort, rank),
                              rd.file_access, rd.mpiio_hints, rd.engine, rd.data_loader,
                              rd.pin_memory, rd.multiprocessing_context, rd.read_type,
-                             record_length, rd.transfer_size, rd.computation_threads)
+                             item[0], rd.transfer_size, rd.computation_threads, item[1],
+                             shuffle, seed if rd.sample_shuffle == "seed" else None)
+
+
+def as_item(sample: np.ndarray, shape: tuple[int, ...], dtype: str) -> np.ndarray:
+    """The sample's bytes as the loader's item of `shape` and `dtype` (zero-padded or cut, as
+    DLIO hands a decoded sample of a fixed shape whatever was read); the bytes as they are
+    when `shape` is ()."""
+    flat = np.ascontiguousarray(sample).reshape(-1).view(np.uint8)
+    if not shape:
+        return flat
+    want = math.prod(shape) * np.dtype(dtype).itemsize
+    if len(flat) < want:
+        flat = np.concatenate((flat, np.zeros(want - len(flat), dtype=np.uint8)))
+    return flat[:want].view(dtype).reshape(shape)
 
 
 @dataclass(frozen=True)

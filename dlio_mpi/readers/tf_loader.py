@@ -47,9 +47,12 @@ TensorFlow 2.21 still prints its oneDNN line at import, before it reads the leve
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import threading
+import time
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -62,7 +65,13 @@ from ..catalog import SplitFiles  # noqa: E402
 from ..formats.base import library_load  # noqa: E402
 from ..planner import ReadPlan  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
-from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps  # noqa: E402
+from .base import (  # noqa: E402
+    BatchStats,
+    ReaderOptions,
+    as_item,
+    drop_cached_pages,
+    python_steps,
+)
 
 if TYPE_CHECKING:
     from ..pacing import StepSync
@@ -120,8 +129,9 @@ class TfDataReader:
         self.num_parallel_reads = parallel_reads(options.read_threads)
         self.buffer_size = options.transfer_size
         self.map_calls = options.computation_threads
-        side = int(np.sqrt(options.record_length)) if options.record_length else 0
-        self.side = max(side, 1) if options.record_length else 0
+        self.item_shape, self.item_dtype = options.item_shape, options.item_dtype
+        self.shuffle_size, self.shuffle_seed = options.shuffle_size, options.shuffle_seed
+        self._epochs = 0  # pipelines built: the shuffle seed moves on per epoch
         self._dataset: tf.data.Dataset | None = None
         self._iter = None
         self.batch = None
@@ -148,20 +158,38 @@ class TfDataReader:
                          self.num_parallel_reads)
         keep = np.isin(ids, plan.sample_ids)
         ids_t, keep_t = tf.constant(ids), tf.constant(keep)
-        side = self.side
+        shape, dtype = self.item_shape, tf.as_dtype(np.dtype(self.item_dtype))
+        nbytes = math.prod(shape) * dtype.size
+
+        delays = None if plan.sample_delay_ns is None else dict(
+            zip(plan.sample_ids.tolist(), plan.sample_delay_ns.tolist(), strict=True))
+
+        def preprocess(sample_ids) -> int:
+            """reader.preprocess_time of the batch's samples, slept in the batch map (DLIO's
+            py_function stage, computation_threads of them in parallel)."""
+            time.sleep(sum(delays[i] for i in sample_ids.numpy().tolist()) / 1e9)
+            return 0
 
         def parse(sample_ids: tf.Tensor, serialized: tf.Tensor):
+            if delays is not None:
+                with tf.control_dependencies([tf.py_function(preprocess, [sample_ids],
+                                                             tf.int32)]):
+                    sample_ids = tf.identity(sample_ids)
             parsed = tf.io.parse_example(serialized=serialized, features=FEATURES)
-            if not side:
+            if not shape:
                 return sample_ids, parsed["image"]
-            images = tf.io.decode_raw(parsed["image"], tf.uint8, fixed_length=side * side)
-            return sample_ids, tf.reshape(images, (-1, side, side))
+            images = tf.io.decode_raw(parsed["image"], dtype, fixed_length=nbytes)
+            return sample_ids, tf.reshape(images, (-1, *shape))
 
         ds = tf.data.TFRecordDataset(paths, buffer_size=self.buffer_size,
                                      num_parallel_reads=self.num_parallel_reads)
         ds = ds.enumerate()
         ds = ds.filter(lambda k, record: tf.gather(keep_t, k))
         ds = ds.map(lambda k, record: (tf.gather(ids_t, k), record))
+        if self.shuffle_size:  # DLIO's reader.sample_shuffle: a shuffle buffer of records
+            seed = None if self.shuffle_seed is None else self.shuffle_seed + self._epochs
+            ds = ds.shuffle(self.shuffle_size, seed=seed)
+        self._epochs += 1
         ds = ds.batch(batch, drop_remainder=True)
         ds = ds.map(parse, num_parallel_calls=self.map_calls)
         return ds.prefetch(self.options.prefetch_size)
@@ -232,6 +260,17 @@ class TfDataReader:
                     int(b[step + 1] - b[step]))
         return now[0] - before[0] - before[2], now[1] - before[1] - 1
 
+    def _order(self) -> str:
+        if self.shuffle_size:
+            return (f"a tf.data shuffle buffer of {self.shuffle_size} records over the "
+                    + ("plan's" if (self.num_parallel_reads or 1) == 1 else
+                       f"files interleaved {self.num_parallel_reads} at a time")
+                    + (" (seeded: train.seed + epoch)" if self.shuffle_seed is not None
+                       else " (unseeded)"))
+        if (self.num_parallel_reads or 1) == 1:
+            return "the plan's"
+        return f"the files interleaved {self.num_parallel_reads} at a time"
+
     def abandon_epoch(self) -> None:
         """Stop before the epoch's last batch: the pipeline is dropped."""
         self._iter = self.batch = self._dataset = None
@@ -251,10 +290,9 @@ class TfDataReader:
                 "buffer_size": self.buffer_size, "num_parallel_reads": self.num_parallel_reads,
                 "num_parallel_calls": self.map_calls,
                 "prefetch": self.options.prefetch_size,
-                "item_shape": [self.side] * 2 if self.side else None,
-                "order": ("the plan's" if not self.num_parallel_reads
-                          or self.num_parallel_reads == 1 else
-                          f"the files interleaved {self.num_parallel_reads} at a time"),
+                "item_shape": list(self.item_shape) or None, "item_dtype": self.item_dtype,
+                "shuffle_size": self.shuffle_size or None,
+                "order": self._order(),
                 "bytes_read_measured": self._bytes,
                 "counted": "bytes and read calls: /proc/self/io of the rank's process; opens "
                            "and closes: one per streamed file, not observed; stats: none",
@@ -324,15 +362,6 @@ class _Load:
         self.array: np.ndarray | None = None
 
 
-def as_item(sample: np.ndarray, side: int) -> np.ndarray:
-    """The sample's bytes as a (side, side) uint8 array (zero-padded or cut)."""
-    flat = np.ascontiguousarray(sample).reshape(-1).view(np.uint8)
-    want = side * side
-    if len(flat) < want:
-        flat = np.concatenate((flat, np.zeros(want - len(flat), dtype=np.uint8)))
-    return flat[:want].reshape(side, side)
-
-
 class TfGeneratorReader(TfDataReader):
     """npy and npz through tf.data as DLIO's tf data loader reads them: read_threads
     generators (tf.data.Dataset.from_generator, each a reader thread yielding whole batches)
@@ -348,24 +377,33 @@ class TfGeneratorReader(TfDataReader):
     def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
         super().__init__(files, options, comm)
         self.threads = max(options.read_threads, 1)  # DLIO: 0 becomes 1
-        self.side = self.side or 1
         keep = options.read_type == "memory" or self.samples_per_file > 1
         self.loaded = NpyFiles(files, self.fmt, keep)
         self._steps: list[np.ndarray] = []
+        self._delays: list[list[int]] | None = None
 
     def _generate(self, thread: int):
-        side = self.side
+        item = (self.item_shape, self.item_dtype)
         for step in range(int(thread), len(self._steps), self.threads):
             ids = self._steps[step]
-            images = np.stack([as_item(self.loaded.sample(i), side) for i in ids.tolist()])
+            delays = self._delays[step] if self._delays is not None else repeat(0)
+            samples = []
+            for i, delay in zip(ids.tolist(), delays):
+                samples.append(as_item(self.loaded.sample(i), *item))
+                if delay:  # reader.preprocess_time, after the read as DLIO's reader sleeps
+                    time.sleep(delay / 1e9)
+            images = np.stack(samples)
             yield ids, images
 
     def _pipeline(self, plan: ReadPlan) -> tf.data.Dataset:
         batch = len(plan.sample_ids) // plan.steps
         self._steps = list(plan.sample_ids.reshape(plan.steps, batch))
+        self._delays = None if plan.sample_delay_ns is None else \
+            plan.sample_delay_ns.reshape(plan.steps, batch).tolist()
         self.loaded.start(plan.sample_ids)
         signature = (tf.TensorSpec((batch,), tf.int64),
-                     tf.TensorSpec((batch, self.side, self.side), tf.uint8))
+                     tf.TensorSpec((batch, *self.item_shape),
+                                   tf.as_dtype(np.dtype(self.item_dtype))))
         options = tf.data.Options()
         options.threading.private_threadpool_size = self.threads
         options.threading.max_intra_op_parallelism = self.threads
@@ -389,7 +427,8 @@ class TfGeneratorReader(TfDataReader):
                 "pipeline": "from_tensor_slices(range(threads)) -> interleave(from_generator "
                             "per reader thread, deterministic) -> prefetch",
                 "threads": self.threads, "prefetch": self.options.prefetch_size,
-                "item_shape": [self.side] * 2, "order": "the plan's",
+                "item_shape": list(self.item_shape), "item_dtype": self.item_dtype,
+                "order": "the plan's",
                 "files_kept_for_their_samples": self.loaded.keep,
                 "bytes_read_measured": self._bytes,
                 "counted": "bytes and read calls: /proc/self/io of the rank's process; opens "

@@ -18,7 +18,10 @@ What runs, per rank and phase (DLIO's data_loader/torch_data_loader.py, its sett
   at start for the whole run, as in DLIO, whose sampler yields global ids too.
 Each item handed to the collation is the sample's bytes as a (d, d) uint8 array, d =
 int(sqrt(record length)): the shape of the image DLIO's readers return (its `resized_image`),
-so the collation stacks as much as DLIO's does, filled with the bytes read.
+so the collation stacks as much as DLIO's does, filled with the bytes read
+(dataset.record_length_bytes_resize and reader.transformed_record_dims shape it as they shape
+DLIO's: dataset.decoded_item). reader.preprocess_time is slept in the reader after each
+sample's read, as DLIO's read_index sleeps it, the sampler handing each sample its draw.
 
 Measured in the process that reads (a worker, or this one), per batch and handed back with it:
 the bytes its thread's read calls returned (/proc/thread-self/io rchar: from storage or the
@@ -37,13 +40,13 @@ first epoch's first batch, inside that epoch, as in DLIO (the step's wait includ
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -56,7 +59,7 @@ from ..dataset import FileNaming
 from ..formats.base import library_load
 from ..planner import ReadPlan
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
-from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps
+from .base import BatchStats, ReaderOptions, as_item, drop_cached_pages, python_steps
 
 if TYPE_CHECKING:
     from ..pacing import StepSync
@@ -86,11 +89,6 @@ def thread_io() -> tuple[int, int, int] | None:
     return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
 
 
-def item_side(record_length: float) -> int:
-    """d of the (d, d) uint8 items: int(sqrt(record length)), DLIO's max_dimension."""
-    return max(int(math.sqrt(record_length)), 1)
-
-
 @dataclass(frozen=True)
 class Fetched:
     """One batch's items as the Dataset fetched them, with what fetching them took."""
@@ -111,10 +109,11 @@ class SampleDataset(Dataset):
     files it loaded until the epoch changes. Picklable: spawned workers get a copy."""
 
     def __init__(self, naming: FileNaming, listed: tuple[str, ...] | None, fmt: str,
-                 samples_per_file: int, sample_layout: str, side: int, memory: bool) -> None:
+                 samples_per_file: int, sample_layout: str, item: tuple[tuple[int, ...], str],
+                 memory: bool) -> None:
         self.naming, self.listed, self.fmt = naming, listed, fmt
         self.samples_per_file, self.last_axis = samples_per_file, sample_layout == "last_axis"
-        self.side, self.memory = side, memory
+        self.item, self.memory = item, memory
         self.opens = 0
         self._epoch = -1
         self._kept: dict[str, object] = {}  # read_type memory: loaded arrays / open files
@@ -122,9 +121,9 @@ class SampleDataset(Dataset):
 
     @staticmethod
     def of(files: SplitFiles, options: ReaderOptions) -> SampleDataset:
-        side = item_side(options.record_length) if options.record_length else 0
         return SampleDataset(files.split.naming, files.listed, files.split.format.name,
-                             files.split.samples_per_file, files.sample_layout, side,
+                             files.split.samples_per_file, files.sample_layout,
+                             (options.item_shape, options.item_dtype),
                              options.read_type == "memory")
 
     def __getstate__(self) -> dict:
@@ -140,8 +139,8 @@ class SampleDataset(Dataset):
             return os.path.join(self.naming.root, self.listed[file])
         return self.naming.path(file)
 
-    def __getitem__(self, index: tuple[int, int]) -> np.ndarray:
-        epoch, sample_id = index
+    def __getitem__(self, index: tuple[int, int, int]) -> np.ndarray:
+        epoch, sample_id = index[:2]
         if epoch != self._epoch:
             self._forget()
             self._epoch = epoch
@@ -156,7 +155,7 @@ class SampleDataset(Dataset):
                 if self.memory:
                     self._kept[path] = array
             sample = array[..., within] if self.last_axis else array[within]
-        return self._item(sample)
+        return as_item(sample, *self.item)
 
     def __getitems__(self, indices: list) -> Fetched:
         """The batch's items (the DataLoader's batched fetch), timed and measured."""
@@ -166,6 +165,8 @@ class SampleDataset(Dataset):
             start = time.monotonic_ns()
             items.append(self[index])
             lat.append(time.monotonic_ns() - start)
+            if index[2]:  # reader.preprocess_time, after the read as DLIO's read_index sleeps
+                time.sleep(index[2] / 1e9)
         after = thread_io()
         if before is None or after is None:
             nbytes = reads = -1
@@ -212,31 +213,24 @@ class SampleDataset(Dataset):
                 kept.close()
         self._kept = {}
 
-    def _item(self, sample: np.ndarray) -> np.ndarray:
-        """The sample's bytes as a (side, side) uint8 array (the bytes as they are when the
-        side is not set)."""
-        flat = np.ascontiguousarray(sample).reshape(-1).view(np.uint8)
-        if not self.side:
-            return flat
-        want = self.side * self.side
-        if len(flat) < want:
-            flat = np.concatenate((flat, np.zeros(want - len(flat), dtype=np.uint8)))
-        return flat[:want].reshape(self.side, self.side)
 
 
 class PlannedSampler(Sampler):
-    """Yields (epoch, id) for this epoch's planned sample ids, in the plan's order."""
+    """Yields (epoch, id, preprocessing ns) for this epoch's planned sample ids, in the
+    plan's order."""
 
     def __init__(self) -> None:
         self.ids = np.zeros(0, dtype=np.int64)
+        self.delays: list[int] | None = None
         self.epoch = 0
 
-    def start(self, epoch: int, ids: np.ndarray) -> None:
+    def start(self, epoch: int, ids: np.ndarray, delays: np.ndarray | None = None) -> None:
         self.epoch, self.ids = epoch, ids
+        self.delays = None if delays is None else delays.tolist()
 
-    def __iter__(self) -> Iterator[tuple[int, int]]:
-        epoch = self.epoch
-        return ((epoch, sample) for sample in self.ids.tolist())
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        epoch, delays = self.epoch, self.delays or repeat(0)
+        return ((epoch, sample, delay) for sample, delay in zip(self.ids.tolist(), delays))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -285,7 +279,7 @@ class TorchLoaderReader:
         self._epochs += 1
         self._plan, self._position = plan, 0
         self.lat_ns = np.zeros(len(plan.sample_ids), dtype=np.int64)
-        self.sampler.start(self._epochs, plan.sample_ids)
+        self.sampler.start(self._epochs, plan.sample_ids, plan.sample_delay_ns)
         opens = int(np.count_nonzero(plan.flags & _core.REQ_OPEN))
         fstats = int(np.count_nonzero(plan.flags & _core.REQ_FSTAT))
         self._stats_per_open = (opens + fstats) / opens if opens else 1.0
@@ -348,7 +342,8 @@ class TorchLoaderReader:
                 "pin_memory": self.options.pin_memory, "pinned": pinned,
                 "multiprocessing_context": (self.options.multiprocessing_context
                                             if self.workers else None),
-                "item_shape": [self.dataset.side] * 2 if self.dataset.side else None,
+                "item_shape": list(self.dataset.item[0]) or None,
+                "item_dtype": self.dataset.item[1],
                 "bytes_read_measured": self._bytes,
                 "counted": "bytes and read calls: /proc/thread-self/io of the reading thread; "
                            "opens and closes: the files the Dataset opened; stats: the "
