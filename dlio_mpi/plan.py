@@ -287,19 +287,11 @@ def _mpiio_notes(rd) -> list[str]:
 
 
 def _check_reader_fits(cfg) -> None:
-    """What only some readers do: reader.preprocess_time (slept by the native engine's and
-    the framework loaders' readers, not MPI-IO's), a format read by mmap
-    (mmap_indexed_binary: through the page cache, with its mapped reads), synthetic data
-    (read by nothing)."""
+    """What only some readers do: a format read by mmap (mmap_indexed_binary: through the
+    page cache, with its mapped reads), synthetic data (read by nothing)."""
     from .formats import get_format
 
     fmt = get_format(cfg.dataset.format)
-    if cfg.reader.preprocess_time.mean > 0 and cfg.reader.file_access not in ("multi",
-                                                                               "posix"):
-        raise UserError("reader.preprocess_time: slept per sample by the native engine's "
-                        "reader threads and the framework loaders' readers; with an MPI-IO "
-                        "reader.file_access it is not implemented yet; expected 0, or "
-                        "reader.file_access multi")
     if getattr(fmt, "reads_nothing", False):
         if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
             raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, "

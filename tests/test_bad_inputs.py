@@ -172,8 +172,6 @@ CASES = [
     case("loader-class", "demo reader.data_loader_classname=my.Loader",
          "reader.data_loader_classname"),
     case("reader-class", "demo reader.reader_classname=my.Reader", "reader.reader_classname"),
-    case("preprocess-mpiio", "demo reader.preprocess_time=0.1 reader.file_access=collective",
-         "reader.preprocess_time"),
     case("compression", "demo dataset.compression=xz", "dataset.compression"),
     case("compression-hdf5-run", ("demo", *SMALL, "dataset.format=hdf5",
                                   "dataset.compression=gzip", "dataset.data_folder={tmp}/data",

@@ -466,7 +466,7 @@ class Reader:
                                     "reader.data_loader native_dali is not implemented yet")
     odirect: bool = key(False, "bool")
     # slept per sample by the reader thread after the sample's read, before its batch is
-    # ready (a loader's preprocessing, overlapping compute); not with MPI-IO readers yet
+    # ready (a loader's preprocessing, overlapping compute; MPI-IO: after the batch's reads)
     preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev")
     transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1, inert=BATCH_COPY,
                                                    acts_if=FRAMEWORK)

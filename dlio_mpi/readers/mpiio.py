@@ -335,6 +335,8 @@ class _MpiioReader:
         first, last = int(plan.batch_start[index]), int(plan.batch_start[index + 1])
         buffer = self._ring[index % len(self._ring)]
         got, calls = self._read_batch(plan, first, last, buffer)
+        if plan.delay_ns is not None:  # reader.preprocess_time of the batch's samples, on the
+            time.sleep(int(plan.delay_ns[first:last].sum()) / 1e9)  # thread that read them
         self.totals["bytes_read"] += got
         self.totals["read_ops"] += calls
         keep = self.options.keep_data
