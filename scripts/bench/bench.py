@@ -41,9 +41,11 @@
             warm, no compute: samples/s beside indexed_binary's (issue 9's target: tfrecord and
             contiguous hdf5 >= 0.8x).
   loaders:  110 KB npz samples (1 per file, 2048 files), batch 32, 2 ranks, no compute, page
-            cache warm: the native engine, the framework engine (a real torch DataLoader, 2
-            workers per rank) and the DLIO benchmark 2.0.0 (pytorch loader, 2 read threads) on
-            the same files: samples/s, and what fidelity mode costs (native / framework).
+            cache warm, for DLIO's pytorch and tensorflow loaders: the native engine (that
+            loader's access pattern), the framework engine (a real torch DataLoader with 2
+            workers per rank; tf.data with 2 generators) and the DLIO benchmark 2.0.0 (that
+            loader, 2 read threads) on the same files: samples/s, and what fidelity mode
+            costs (native / framework).
   startup:  seconds from launching mpiexec to the first training step: 2 ranks; 64 ranks
             (oversubscribed: it must start, finish and say how long it took); 10^6 real files.
 
@@ -825,17 +827,21 @@ LOADER_FILES, LOADER_BATCH, LOADER_WORKERS = 2048, 32, 2
 LOADER_RECORD = 114660  # bytes: resnet50-like npz samples, 1 per file
 
 
-def _loader_run(work: Path, data: Path, engine: str) -> dict:
+LOADERS = ("pytorch", "tensorflow")
+
+
+def _loader_run(work: Path, data: Path, engine: str, loader: str) -> dict:
     """One `dlio-mpi run` on the loaders' files: engine native (the C engine with the access
-    pattern of DLIO's pytorch reader) or framework (a real torch DataLoader of
-    LOADER_WORKERS workers per rank); 4 epochs, no compute; samples/s of epochs 2-4."""
-    out = work / f"loaders-{engine}-out"
+    pattern of DLIO's `loader` reader) or framework (a real torch DataLoader of LOADER_WORKERS
+    workers per rank, or tf.data with LOADER_WORKERS generators); 4 epochs, no compute;
+    samples/s of epochs 2-4."""
+    out = work / f"loaders-{engine}-{loader}-out"
     dlio(["run", "demo", *overrides(
         dataset__data_folder=data, output__folder=out, dataset__format="npz",
         dataset__num_files_train=LOADER_FILES, dataset__record_length_bytes=LOADER_RECORD,
         dataset__record_length_bytes_stdev=0, reader__batch_size=LOADER_BATCH,
-        reader__read_threads=LOADER_WORKERS, reader__data_loader="pytorch",
-        framework="pytorch", reader__engine=engine, train__computation_time=0,
+        reader__read_threads=LOADER_WORKERS, reader__data_loader=loader,
+        framework=loader, reader__engine=engine, train__computation_time=0,
         train__epochs=4, workflow__generate_data="false")], timeout=1800)
     thr = summary(out)["metric"]["train_throughput_samples_per_second"]
     shutil.rmtree(out, ignore_errors=True)
@@ -844,49 +850,57 @@ def _loader_run(work: Path, data: Path, engine: str) -> dict:
 
 def bench_loaders(work: Path, with_dlio: bool = True) -> dict:
     """110 KB npz samples (1 per file, 2048 files), batch 32, 2 ranks, no compute, page cache
-    warm: the native engine, the framework engine (a real torch DataLoader, 2 workers per rank)
-    and the DLIO benchmark 2.0.0 (its pytorch loader, 2 read threads) on the same files;
-    samples/s and what fidelity mode costs."""
+    warm: for each of DLIO's pytorch and tensorflow loaders, the native engine (its access
+    pattern), the framework engine (the real torch DataLoader with 2 workers per rank, or
+    tf.data with 2 generators) and the DLIO benchmark 2.0.0 (that loader, 2 read threads) on
+    the same files; samples/s and what fidelity mode costs."""
     from importlib.util import find_spec
 
-    if find_spec("torch") is None:  # the framework engine's extra, pinned: the CPU wheel
-        sh([sys.executable, "-m", "pip", "install", "-q", f"{REPO}[torch]"])
+    missing = [extra for extra in ("torch", "tensorflow") if find_spec(extra) is None]
+    if missing:  # the framework engine's extras, pinned (torch: the CPU wheel)
+        sh([sys.executable, "-m", "pip", "install", "-q", f"{REPO}[{','.join(missing)}]"])
     data = work / "loaders-data"
     dlio(["generate", "demo", *overrides(
         dataset__data_folder=data, dataset__format="npz", dataset__num_files_train=LOADER_FILES,
         dataset__record_length_bytes=LOADER_RECORD, dataset__record_length_bytes_stdev=0)],
         timeout=1800)
     warm(data)
-    runs: dict[str, list[dict]] = {"native": [], "framework": []}
+    runs: dict[str, list[dict]] = {f"{engine}_{loader}": [] for loader in LOADERS
+                                   for engine in ("native", "framework")}
     for _ in range(3):  # interleaved rounds
-        for engine in runs:
-            runs[engine].append(_loader_run(work, data, engine))
-    result = {engine: {"samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
-                       "rounds": rs} for engine, rs in runs.items()}
+        for name in runs:
+            runs[name].append(_loader_run(work, data, *name.split("_")))
+    result = {name: {"samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
+                     "rounds": rs} for name, rs in runs.items()}
     if with_dlio:
         sys.path.insert(0, str(HERE))
         from dlio_reference import ensure_dlio_venv, run_dlio
 
-        wl = {"model": "loaders_ref", "framework": "pytorch",
-              "workflow": {"generate_data": False, "train": True},
-              "dataset": {"data_folder": str(data), "format": "npz",
-                          "num_files_train": LOADER_FILES, "num_samples_per_file": 1,
-                          "record_length": LOADER_RECORD},
-              "reader": {"data_loader": "pytorch", "read_threads": LOADER_WORKERS,
-                         "batch_size": LOADER_BATCH},
-              "train": {"epochs": 4, "computation_time": 0}}
-        thr = run_dlio(ensure_dlio_venv(REPO), wl, 2, work / "loaders-dlio",
-                       timeout=1800)["metric"]["train_throughput_samples_per_second"]
-        result["dlio_2.0.0"] = {"samples_per_s": statistics.median(thr[1:]), "per_epoch": thr}
+        venv = ensure_dlio_venv(REPO)
+        for loader in LOADERS:
+            wl = {"model": "loaders_ref", "framework": loader,
+                  "workflow": {"generate_data": False, "train": True},
+                  "dataset": {"data_folder": str(data), "format": "npz",
+                              "num_files_train": LOADER_FILES, "num_samples_per_file": 1,
+                              "record_length": LOADER_RECORD},
+                  "reader": {"data_loader": loader, "read_threads": LOADER_WORKERS,
+                             "batch_size": LOADER_BATCH},
+                  "train": {"epochs": 4, "computation_time": 0}}
+            thr = run_dlio(venv, wl, 2, work / f"loaders-dlio-{loader}",
+                           timeout=1800)["metric"]["train_throughput_samples_per_second"]
+            result[f"dlio_2.0.0_{loader}"] = {"samples_per_s": statistics.median(thr[1:]),
+                                              "per_epoch": thr}
     shutil.rmtree(data, ignore_errors=True)
-    native = result["native"]["samples_per_s"]
     print(f"loaders: 2 ranks, {LOADER_FILES} npz files of {LOADER_RECORD:,} B, batch "
           f"{LOADER_BATCH}, {LOADER_WORKERS} workers/threads, no compute, warm (samples/s, "
           "median of epochs 2-4):", flush=True)
     for name, r in result.items():
-        print(f"  {name:12} {r['samples_per_s']:10,.0f}  ({r['samples_per_s'] / native:.3f}x "
-              "native)", flush=True)
-    result["fidelity_cost"] = native / result["framework"]["samples_per_s"]
+        native = result[f"native_{name.rsplit('_', 1)[1]}"]["samples_per_s"]
+        print(f"  {name:22} {r['samples_per_s']:10,.0f}  ({r['samples_per_s'] / native:.3f}x "
+              "native, same loader)", flush=True)
+    result["fidelity_cost"] = {loader: result[f"native_{loader}"]["samples_per_s"]
+                               / result[f"framework_{loader}"]["samples_per_s"]
+                               for loader in LOADERS}
     return result
 
 
