@@ -152,18 +152,17 @@ def _tf_data_note(cfg) -> str:
 
 
 # native engine settings without effect when the framework loader reads, and the reverse
-NATIVE_ONLY = ("reader.access", "reader.fd_cache_size", "reader.keep_data",
-               "reader.io_watchdog_seconds", "reader.io_watchdog_abort")
+NATIVE_ONLY = ("reader.access", "reader.fd_cache_size", "reader.keep_data")
 FRAMEWORK_ONLY = ("reader.pin_memory", "reader.multiprocessing_context")
 
 
 def _engine_notes(cfg) -> list[str]:
     """Reader keys set for the other engine than the one that runs."""
     if cfg.reader.engine == "framework" and cfg.reader.data_loader == "tensorflow":
-        keys = keys_set(cfg, NATIVE_ONLY + FRAMEWORK_ONLY + ("reader.shuffle_size",))
+        keys = keys_set(cfg, NATIVE_ONLY + FRAMEWORK_ONLY)
         why = ("reader.engine framework with reader.data_loader tensorflow: the tf.data "
                "pipeline reads the plan's samples with its own threads and buffers (no "
-               "worker processes, no shuffle buffer)")
+               "worker processes)")
     elif cfg.reader.engine == "framework":
         keys = keys_set(cfg, NATIVE_ONLY)
         why = ("reader.engine framework: they set how the native engine opens, keeps and "
@@ -172,7 +171,17 @@ def _engine_notes(cfg) -> list[str]:
         keys = keys_set(cfg, FRAMEWORK_ONLY)
         why = ("reader.engine native, which reads with the C engine's threads into its own "
                "buffers; they set the torch DataLoader that reader.engine framework runs")
-    return [f"{', '.join(keys)}: no effect with {why}"] if keys else []
+    notes = [f"{', '.join(keys)}: no effect with {why}"] if keys else []
+    rd = cfg.reader
+    if rd.engine == "framework" and rd.io_watchdog_abort and rd.io_watchdog_seconds > 0 and (
+            rd.data_loader != "pytorch" or rd.read_threads == 0):
+        notes.append("reader.io_watchdog_abort: true: a batch waited for longer than "
+                     "reader.io_watchdog_seconds is reported, not ended: the "
+                     + ("tf.data pipeline" if rd.data_loader != "pytorch" else
+                        "torch DataLoader without workers") + " reads in this process, where "
+                     "a stuck read cannot be interrupted (the DataLoader's workers can: "
+                     "reader.read_threads > 0)")
+    return notes
 
 
 def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_read: int) -> int:

@@ -144,6 +144,38 @@ def test_preprocess_time_is_slept_per_sample_by_the_reader(tmp_path, workers):
         reader.close()
 
 
+@pytest.mark.parametrize("abort", [False, True])
+def test_the_watchdog_reports_a_batch_late_past_its_limit_or_ends_the_wait(tmp_path, capfd,
+                                                                          abort):
+    """A batch whose reads take longer than reader.io_watchdog_seconds (here: the workers'
+    preprocessing, 1.5 s a sample) gets one stderr line naming the rank, the loader and the
+    batch's files; with reader.io_watchdog_abort the DataLoader's timeout ends the wait."""
+    import dataclasses
+
+    cfg = _config(tmp_path, dataset__format="npy", dataset__num_files_train=4,
+                  reader__read_threads=1, reader__batch_size=2,
+                  reader__io_watchdog_seconds=0.5, reader__io_watchdog_abort=abort,
+                  **FRAMEWORK)
+    _write_dataset(cfg)
+    files = _files(cfg)
+    reader = _reader(cfg, files)
+    try:
+        plan = _plan(cfg, files, np.arange(2, dtype=np.int64), 2)
+        plan = dataclasses.replace(plan, sample_delay_ns=np.full(2, 1_500_000_000))
+        if abort:
+            with pytest.raises(RuntimeError, match="torch DataLoader failed.*timed out"):
+                _epoch(reader, plan)
+        else:
+            contents, _ = _epoch(reader, plan)
+            assert _ids_of(contents) == [_value(0), _value(1)]
+            err = capfd.readouterr().err
+            assert err.count("dlio-mpi: ") == 1
+            assert "rank 0: watchdog: the torch DataLoader has waited 0.5 s for batch 0" in err
+            assert files.path(0) in err and files.path(1) in err
+    finally:
+        reader.close()
+
+
 @pytest.mark.parametrize("values,shape,dtype", [
     ({}, (SIDE, SIDE), np.uint8),  # DLIO's max_dimension: int(sqrt(record length))
     ({"dataset__record_length_bytes_resize": 64}, (8, 8), np.uint8),

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -106,6 +107,40 @@ class BatchStats:
     ready_ns: int
     bytes_read: int
     read_ops: int
+
+
+class BatchWaitWatch:
+    """The I/O watchdog of backends that wait for whole batches from code they cannot look
+    into (the framework loaders): once one wait has lasted watchdog.seconds, one line on
+    stderr naming the rank, the loader and the batch's first files; the wait goes on (ending
+    the job at the limit is the loader's: the torch DataLoader's timeout)."""
+
+    def __init__(self, watchdog: IoWatchdog, loader: str) -> None:
+        self.watchdog, self.loader = watchdog, loader
+        self._timer: threading.Timer | None = None
+
+    def start(self, step: int, paths: list[str]) -> None:
+        limit = self.watchdog.seconds
+        if limit <= 0:
+            return
+        who = "" if self.watchdog.rank is None else f"rank {self.watchdog.rank}: "
+        files = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        line = (f"dlio-mpi: {who}watchdog: the {self.loader} has waited {limit:g} s for batch "
+                f"{step} (reading {files}) (reader.io_watchdog_seconds={limit:g})\n").encode()
+        self._timer = threading.Timer(limit, os.write, (2, line))
+        self._timer.daemon = True
+        self._timer.start()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+def batch_paths(plan: ReadPlan, step: int, path_of) -> list[str]:
+    """The distinct files step `step` of `plan` reads, in order."""
+    files = plan.file_idx[plan.batch_start[step]:plan.batch_start[step + 1]]
+    return [path_of(int(f)) for f in dict.fromkeys(files.tolist())]
 
 
 def drop_cached_pages(paths: Iterable[str]) -> None:

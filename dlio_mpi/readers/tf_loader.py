@@ -67,8 +67,10 @@ from ..planner import ReadPlan  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
 from .base import (  # noqa: E402
     BatchStats,
+    BatchWaitWatch,
     ReaderOptions,
     as_item,
+    batch_paths,
     drop_cached_pages,
     python_steps,
 )
@@ -132,6 +134,7 @@ class TfDataReader:
         self.item_shape, self.item_dtype = options.item_shape, options.item_dtype
         self.shuffle_size, self.shuffle_seed = options.shuffle_size, options.shuffle_seed
         self._epochs = 0  # pipelines built: the shuffle seed moves on per epoch
+        self._watch = BatchWaitWatch(options.watchdog, "tf.data pipeline")
         self._dataset: tf.data.Dataset | None = None
         self._iter = None
         self.batch = None
@@ -231,7 +234,12 @@ class TfDataReader:
         planned batch also streams the rest of its files (the pipeline's end)."""
         self.batch = None
         asked = _core.now_ns()
-        got = self._next()
+        if self._plan is not None and self._step < self._plan.steps:
+            self._watch.start(self._step, batch_paths(self._plan, self._step, self.files.path))
+        try:
+            got = self._next()
+        finally:
+            self._watch.stop()
         if got is None:
             return None
         ids, images = got

@@ -59,7 +59,15 @@ from ..dataset import FileNaming
 from ..formats.base import library_load
 from ..planner import ReadPlan
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
-from .base import BatchStats, ReaderOptions, as_item, drop_cached_pages, python_steps
+from .base import (
+    BatchStats,
+    BatchWaitWatch,
+    ReaderOptions,
+    as_item,
+    batch_paths,
+    drop_cached_pages,
+    python_steps,
+)
 
 if TYPE_CHECKING:
     from ..pacing import StepSync
@@ -254,12 +262,15 @@ class TorchLoaderReader:
         self._bytes = self._reads = self._opens = self._stats = 0
         self._stats_per_open = 1.0
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per sample of the current epoch
+        self._watch = BatchWaitWatch(options.watchdog, "torch DataLoader")
 
     def _make_loader(self, batch: int) -> DataLoader:
         extra = {}
         if self.workers:
             extra = dict(multiprocessing_context=self.options.multiprocessing_context,
                          prefetch_factor=self.prefetch_factor, persistent_workers=True)
+            if self.options.watchdog.abort:  # a batch not there in time fails the wait
+                extra["timeout"] = self.options.watchdog.seconds
         return DataLoader(self.dataset, batch_size=batch, sampler=self.sampler,
                           num_workers=self.workers, pin_memory=self.options.pin_memory,
                           drop_last=True, collate_fn=collate, **extra)
@@ -294,6 +305,9 @@ class TorchLoaderReader:
     def next_batch(self) -> BatchStats | None:
         """Wait for the DataLoader's next batch; None at the end of the epoch."""
         self.batch = None
+        step = self._position // max(self.loader.batch_size or 1, 1) if self.loader else 0
+        if self._plan is not None and step < self._plan.steps:
+            self._watch.start(step, batch_paths(self._plan, step, self.files.path))
         try:
             batch, stats = next(self._iter)
         except StopIteration:
@@ -301,6 +315,8 @@ class TorchLoaderReader:
         except Exception as exc:  # a worker's error comes with its traceback: its last line
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
             raise RuntimeError(f"the torch DataLoader failed: {lines[-1]}") from exc
+        finally:
+            self._watch.stop()
         ready = _core.now_ns()
         self.batch = batch
         head = stats[:STATS_HEAD].tolist()
