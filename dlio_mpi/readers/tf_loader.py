@@ -59,7 +59,7 @@ import tensorflow as tf  # noqa: E402
 
 from .. import _core  # noqa: E402
 from ..catalog import SplitFiles  # noqa: E402
-from ..formats.base import library_load  # noqa: E402
+from ..formats.base import library_load, library_sample  # noqa: E402
 from ..planner import ReadPlan  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
 from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps  # noqa: E402
@@ -313,7 +313,7 @@ class NpyFiles:
                 self._left[file] -= 1
                 if self._left[file] == 0:
                     self._kept.pop(file, None)
-        return array[..., within] if self.last_axis else array[within]
+        return library_sample(self.fmt, array, within, self.last_axis)
 
 
 class _Load:

@@ -53,7 +53,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from .. import _core
 from ..catalog import SplitFiles
 from ..dataset import FileNaming
-from ..formats.base import library_load
+from ..formats.base import library_load, library_sample
 from ..planner import ReadPlan
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
 from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps
@@ -155,7 +155,7 @@ class SampleDataset(Dataset):
                 array = self._load(path)
                 if self.memory:
                     self._kept[path] = array
-            sample = array[..., within] if self.last_axis else array[within]
+            sample = library_sample(self.fmt, array, within, self.last_axis)
         return self._item(sample)
 
     def __getitems__(self, indices: list) -> Fetched:
