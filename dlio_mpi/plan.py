@@ -240,12 +240,9 @@ def _sized_notes(cfg) -> list[str]:
     fmt = cfg.dataset.format
     if fmt not in implemented_formats() or not sizes_recorded(get_format(fmt)):
         return []
-    spf = cfg.dataset.num_samples_per_file
-    samples = ("; every sample of a file is its whole image, as DLIO's image reader returns "
-               "it" if fmt in ("jpeg", "png") and spf > 1 else "")
     return [f"dataset.format={fmt}: file sizes depend on the content, so the plan's dataset "
             "and epoch bytes are estimates; generation records each file's size (beside its "
-            "manifest) and the run reads exactly those files whole" + samples]
+            "manifest) and the run reads exactly those files whole"]
 
 
 def _checkpoint_notes(cfg) -> list[str]:

@@ -418,6 +418,12 @@ def check_consistency(cfg: Config) -> None:
                               "generator writes uncompressed files: its csv compression never "
                               "acts from YAML); expected none")
     if ds.format in ("jpeg", "png"):
+        if ds.num_samples_per_file != 1:
+            raise ConfigError(f"dataset.num_samples_per_file: {ds.num_samples_per_file} with "
+                              f"dataset.format {ds.format} is not implemented yet (DLIO writes "
+                              "one image per file and returns it for every sample of the file, "
+                              "so the samples of a file would all be the same image); "
+                              "expected 1")
         if len(ds.record_dims) > 2:
             raise ConfigError(f"dataset.record_dims: {ds.format} takes at most 2 dimensions, "
                               f"got {list(ds.record_dims)}")

@@ -4,8 +4,9 @@
 Pixels are pseudo-random values in [0, 255) from the file's seed.
 
 DLIO ignores dataset.num_samples_per_file when writing images (one image a file) and its image
-reader returns the whole image for every sample of a file: so here, every sample of a file is
-the whole file, read and decoded whole.
+reader returns the whole image for every sample of a file: the samples of a file would all be
+the same image, so num_samples_per_file other than 1 is refused (config/loader.py). A sample
+is the whole file, read and decoded whole.
 
 Sizes depend on the content (JPEG is lossy, PNG deflates): they are recorded at generation
 (formats/sized.py). Reads: DLIO's reader loads with `np.asarray(PIL.Image.open(path))`, which

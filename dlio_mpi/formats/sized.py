@@ -24,14 +24,12 @@ HEAD_BYTES = 64  # first bytes read to tell a file's kind
 
 def size_columns(sizes: np.ndarray, samples: int, whole_file_sample: bool) -> np.ndarray:
     """Layout columns (size, data_offset, sample_step, sample_span, sample_bytes) of files of
-    `sizes` bytes holding `samples` samples: each sample the whole file (an image: every
-    sample of the file reads and decodes all of it), or the file cut in `samples` equal rows
-    (csv: DLIO writes identical rows)."""
+    `sizes` bytes holding `samples` samples: the sample the whole file (an image, one a
+    file), or the file cut in `samples` equal rows (csv: DLIO writes identical rows)."""
     size = np.asarray(sizes, dtype=np.int64)
     zero = np.zeros_like(size)
     if whole_file_sample:
-        step = size if samples == 1 else zero
-        return np.stack([size, zero, step, size, size], axis=1)
+        return np.stack([size, zero, size, size, size], axis=1)
     row = size // max(samples, 1)
     return np.stack([size, zero, row, row, row], axis=1)
 
