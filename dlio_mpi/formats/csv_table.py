@@ -71,8 +71,9 @@ class CsvFormat(SizedFormat):
     def check_head(self, head: bytes) -> str:
         if not head:
             return "it is empty"
-        odd = sorted(set(head) - TEXT_BYTES)
-        return f"it holds byte {odd[0]:#04x}, not numeric csv text" if odd else ""
+        at = next((k for k, byte in enumerate(head) if byte not in TEXT_BYTES), None)
+        return "" if at is None else (f"it holds byte {head[at]:#04x} at offset {at}, not "
+                                      "numeric csv text")
 
     def probe(self, path: str) -> StoredWhole:
         """Rows (newlines) and values of the first row, reading the whole file (a few files
