@@ -216,6 +216,8 @@ class SampleDataset(Dataset):
         """The sample's bytes as a (side, side) uint8 array (the bytes as they are when the
         side is not set)."""
         flat = np.ascontiguousarray(sample).reshape(-1).view(np.uint8)
+        if not flat.flags.writeable:  # Pillow's decoded images: torch takes writable arrays
+            flat = flat.copy()
         if not self.side:
             return flat
         want = self.side * self.side
