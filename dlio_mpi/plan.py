@@ -790,8 +790,10 @@ def _generation(plan: RunPlan) -> dict:
                 "MPI-IO (Write_at_all), fewer files than ranks")
     elif files < plan.ranks:
         how, writers = "whole_files", files
+        why = ("each file is encoded whole" if plan.format in ("jpeg", "png", "csv")
+               else "its headers hold a checksum of the payload")
         text = (f"{files} file(s) dealt out to {files} of the {plan.ranks} ranks: {plan.format} "
-                "cannot be written in parts (its headers hold a checksum of the payload)")
+                f"cannot be written in parts ({why})")
     else:
         how, writers = "round_robin", plan.ranks
         text = f"{files} files dealt out round-robin to the {plan.ranks} ranks"
