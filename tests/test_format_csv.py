@@ -161,3 +161,16 @@ def test_tables_pandas_wrote_are_probed_and_read(tmp_path):
         workflow__generate_data="false", train__epochs=1)])
     assert res.returncode == 2
     assert f"{train / 'img_3_of_8.csv'} is not a csv file" in res.stderr
+
+
+def test_sized_layouts_keep_one_int64_per_file_at_ten_million_files():
+    from dlio_mpi.dataset import SizedLayouts
+
+    sizes = np.arange(10**7, dtype=np.int64) * 3 + 30
+    table = SizedLayouts(sizes, 3, FMT)
+    assert table.sizes.nbytes == 8 * 10**7  # no per-file object, no other column stored
+    lay = table.take(np.array([9_999_999, 0]))
+    assert lay.size.tolist() == [29_999_997 + 30, 30]
+    assert lay.sample_step.tolist() == lay.sample_bytes.tolist() == [(29_999_997 + 30) // 3, 10]
+    assert lay.data_offset.tolist() == [0, 0]
+    assert table.total("size") == int(sizes.sum())
