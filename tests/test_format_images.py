@@ -162,7 +162,7 @@ def test_generation_records_the_sizes_and_a_run_reads_exactly_those_files(tmp_pa
     logs = access_logs(tmp_path / "out", (1, 2), ranks)
     per_rank = sorted(int(sum(sizes[ids // per_file].sum() for ids in logs[r::ranks]))
                       for r in range(ranks))
-    assert metric["train_bytes_transferred"] == metric["train_bytes_requested"] == sum(per_rank)
+    assert metric["train_bytes_transferred"] == sum(per_rank)  # (asked: more, at the ends)
     spread = metric["train_bytes_read_per_rank"]
     assert (spread["min"], spread["max"]) == (per_rank[0], per_rank[-1])
     assert metric["train_file_opens"] == sum(len(ids) for ids in logs)
@@ -224,7 +224,7 @@ def test_images_pillow_wrote_are_probed_and_read_whole(tmp_path, fmt):
         train__epochs=1)])
     assert res.returncode == 0, res.stderr
     metric = summary(tmp_path / "out")["metric"]
-    assert metric["train_bytes_transferred"] == metric["train_bytes_requested"] == sum(sizes)
+    assert metric["train_bytes_transferred"] == sum(sizes)
     assert not (tmp_path / "data" / "dlio_mpi_manifest.json").exists()
 
 

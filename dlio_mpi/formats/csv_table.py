@@ -7,17 +7,17 @@ runs. The text is made here with NumPy (tests check it against pandas). Sample i
 rows are identical, so each is size / num_samples_per_file bytes.
 
 Sizes depend on the values' digits: they are recorded at generation (formats/sized.py).
-Reads: DLIO's reader loads with `pandas.read_csv(path)`, whose C parser strace shows reading the
-file in 256 KiB reads to its end (wide rows of a million values: many smaller reads and
-reopens); the native engine makes one read of the whole file per load (the same bytes), the
-framework engine runs pandas itself (read_csv with header=None, so that every row is a
-sample; DLIO's default header=0 takes the first row for column names)."""
+Reads: DLIO's reader loads with `pandas.read_csv(path)`, whose calls the native engine issues
+(modelled in libload.py: 256 KiB reads to the end), the framework engine runs pandas itself
+(read_csv with header=None, so that every row is a sample; DLIO's default header=0 takes the
+first row for column names)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .base import SampleSpec, StagedWrites
+from .libload import LibraryLoads, csv_reads
 from .sized import SizedFormat, StoredWhole, payload_values
 
 _TEXT = np.zeros((255, 3), dtype=np.uint8)   # each value's decimal digits, left-aligned
@@ -74,6 +74,9 @@ class CsvFormat(SizedFormat):
         at = next((k for k, byte in enumerate(head) if byte not in TEXT_BYTES), None)
         return "" if at is None else (f"it holds byte {head[at]:#04x} at offset {at}, not "
                                       "numeric csv text")
+
+    def loader_model(self, facts, itemsize: int, samples: int) -> LibraryLoads:
+        return LibraryLoads(csv_reads)
 
     def probe(self, path: str) -> StoredWhole:
         """Rows (newlines) and values of the first row, reading the whole file (a few files

@@ -9,17 +9,17 @@ the same image, so num_samples_per_file other than 1 is refused (config/loader.p
 is the whole file, read and decoded whole.
 
 Sizes depend on the content (JPEG is lossy, PNG deflates): they are recorded at generation
-(formats/sized.py). Reads: DLIO's reader loads with `np.asarray(PIL.Image.open(path))`, which
-strace shows opening the file, one fstat, then buffered reads of the whole file (JPEG: 4 KiB,
-60 KiB, then 64 KiB reads to the end; PNG: 60 KiB + 4 KiB per IDAT buffer with lseeks
-between) and a close. The native engine makes one read of the whole file per load instead
-(the same bytes, fewer calls); the framework engine runs Pillow itself."""
+(formats/sized.py). Reads: DLIO's reader loads with `np.asarray(PIL.Image.open(path))`; the
+native engine issues Pillow's read calls for jpeg (modelled in libload.py: 64 KiB reads to
+the end) and one read of the whole file for png (Pillow reads each IDAT chunk on its own,
+with lseeks between); the framework engine runs Pillow itself."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from .base import SampleSpec, StagedWrites
+from .libload import LibraryLoads, jpeg_reads
 from .sized import SizedFormat, StoredWhole, payload_values
 
 MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG\r\n\x1a\n"}
@@ -57,6 +57,9 @@ class ImageFormat(SizedFormat):
         if head.startswith(magic):
             return ""
         return f"it starts with {head[:len(magic)]!r}, not the {self.name} signature {magic!r}"
+
+    def loader_model(self, facts, itemsize: int, samples: int) -> LibraryLoads | None:
+        return LibraryLoads(jpeg_reads) if self.name == "jpeg" else None  # png: one read
 
     def probe(self, path: str) -> StoredWhole:
         from PIL import Image, UnidentifiedImageError
