@@ -2,7 +2,9 @@
 
 A format knows two things: how to write one file of samples (header bytes from Python, payload
 streamed by the C core) and where each sample's bytes sit in such a file (a `FileLayout`), either
-computed from the generation parameters or probed from an existing file's header.
+computed from the generation parameters or probed from an existing file's header. Formats whose
+sizes depend on the content (jpeg, png, csv: formats/sized.py) have their sizes recorded at
+generation (recorded_sizes.py) or probed, and their layouts follow from the sizes.
 """
 
 from __future__ import annotations

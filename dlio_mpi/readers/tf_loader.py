@@ -1,6 +1,7 @@
 """The framework engine for TensorFlow (reader.engine: framework, reader.data_loader:
-tensorflow): each rank reads its planned samples through a real tf.data pipeline. npy and npz
-go through DLIO's generators (TfGeneratorReader, below); TFRecord files through the pipeline
+tensorflow): each rank reads its planned samples through a real tf.data pipeline. npy, npz,
+jpeg, png and csv go through DLIO's generators (TfGeneratorReader, below: each file loaded
+whole by its library, formats.base.library_load); TFRecord files through the pipeline
 DLIO's TFRecord reader (reader/tf_reader.py) builds:
 
     tf.data.TFRecordDataset(files, buffer_size=reader.transfer_size,
