@@ -11,8 +11,8 @@ What runs, per rank and phase (DLIO's data_loader/torch_data_loader.py, its sett
   them, through the format's library: npy `np.load(path)`, npz `np.load(path)['x']`, jpeg
   and png `np.asarray(PIL.Image.open(path))` (the image is the sample), csv
   `pandas.read_csv(path)` (the whole file per sample; with reader.read_type memory once per
-  worker and epoch), then the sample; indexed_binary: the file's two index files once per worker, then per sample
-  `open`, `seek`, `readinto` of its extent;
+  worker and epoch), then the sample; indexed_binary: the file's two index files once per
+  worker, then per sample `open`, `seek`, `readinto` of its extent;
 - a sampler yielding this epoch's planned ids in the plan's order, so that the rank reads
   exactly the samples the native engine would, in the same order. The sampler (not the
   Dataset) carries the epoch's order because persistent workers keep the Dataset they got
