@@ -790,7 +790,9 @@ def _generation(plan: RunPlan) -> dict:
                 "MPI-IO (Write_at_all), fewer files than ranks")
     elif files < plan.ranks:
         how, writers = "whole_files", files
-        why = ("each file is encoded whole" if plan.format in ("jpeg", "png", "csv")
+        from .formats import get_format, sizes_recorded
+
+        why = ("each file is encoded whole" if sizes_recorded(get_format(plan.format))
                else "its headers hold a checksum of the payload")
         text = (f"{files} file(s) dealt out to {files} of the {plan.ranks} ranks: {plan.format} "
                 f"cannot be written in parts ({why})")
