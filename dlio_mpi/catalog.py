@@ -10,6 +10,10 @@ the configuration says.
   refused, never read silently wrong. When the names are DLIO's and the probed files are laid
   out as the configuration predicts (up to a constant header difference, e.g. np.savez's
   ZIP64 fields), the layouts are computed; otherwise every file is probed.
+- Formats whose sizes depend on the content (jpeg, png, csv) keep one size per file: recorded
+  at generation (read from the manifest's side file), or, for data another tool wrote, every
+  file's size and first bytes (its kind) probed; the spot-checked files are probed whole
+  (dims, rows). Their layouts follow from the sizes (dataset.SizedLayouts).
 The result is broadcast to every rank."""
 
 from __future__ import annotations
@@ -20,10 +24,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _core
-from .dataset import COLUMNS, DatasetSplit, LayoutTable, ListedLayouts, ShiftedLayouts
+from .dataset import COLUMNS, DatasetSplit, LayoutTable, ListedLayouts, ShiftedLayouts, SizedLayouts
 from .errors import UserError, on_root
-from .formats import FileLayout
+from .formats import FileLayout, sizes_recorded
 from .manifest import differing_params, generation_params, read_manifest
+from .recorded_sizes import read_sizes
 
 SPOT_CHECKS = 8
 CHANGED = ("the dataset changed after generation; delete the changed file and run "
@@ -153,10 +158,21 @@ def probe_file(cfg, split: DatasetSplit, index: int, path: str) -> tuple[FileLay
 
 def _locate_on_root(cfg, split: DatasetSplit):
     manifest = read_manifest(split.root) if os.path.isdir(split.root) else None
+    sized = sizes_recorded(split.format)
     if manifest and manifest.get("complete") and not differing_params(
             manifest, generation_params(cfg)):
-        spot_check_sizes(split, split.expected_layouts())
-        return ("manifest", split.sample_layout, None, None)
+        if not sized:
+            spot_check_sizes(split, split.expected_layouts())
+            return ("manifest", split.sample_layout, None, None)
+        try:
+            sizes = read_sizes(split.root, split.name, split.num_files, manifest)
+        except ValueError as exc:
+            raise UserError(f"{exc}: {CHANGED}") from None
+        if sizes is None:
+            raise UserError(f"the manifest under {split.root} records no sizes of the "
+                            f"{split.name} files: {CHANGED}")
+        spot_check_sizes(split, SizedLayouts(sizes, split.samples_per_file, split.format))
+        return ("manifest", split.sample_layout, None, sizes)
     try:
         listed = _list_split(split)
     except FileNotFoundError:
@@ -173,6 +189,10 @@ def _locate_on_root(cfg, split: DatasetSplit):
     probed = {i: lay for i, (lay, _) in found.items()}
     axes = {axis for _, axis in found.values()}
     axis = axes.pop() if len(axes) == 1 else split.sample_layout
+    if sized:  # every file's size, its first bytes checked
+        sizes = np.array([_probe_size(split, os.path.join(split.root, rel)) for rel in chosen],
+                         dtype=np.int64)
+        return ("probed" if named else "listed", axis, None if named else tuple(chosen), sizes)
     if named:
         expected = split.expected_layouts(axis)
         deltas = {_delta(expected.layout(i), lay) for i, lay in probed.items()}
@@ -182,6 +202,14 @@ def _locate_on_root(cfg, split: DatasetSplit):
                for i, rel in enumerate(chosen)]
     cols = np.array([[getattr(lay, c) for c in COLUMNS] for lay in layouts], dtype=np.int64)
     return ("listed", axis, tuple(chosen), cols)
+
+
+def _probe_size(split: DatasetSplit, path: str) -> int:
+    try:
+        return split.format.probe_size(path)
+    except (OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise UserError(why if path in why else f"{path}: {why}") from None
 
 
 def _delta(expected: FileLayout, probed: FileLayout) -> tuple[int, int] | None:
@@ -196,6 +224,9 @@ def _delta(expected: FileLayout, probed: FileLayout) -> tuple[int, int] | None:
 def locate_split(comm, cfg, split: DatasetSplit) -> SplitFiles:
     """Collectively find `split`'s files (rank 0 looks, everyone gets the answer)."""
     source, axis, listed, extra = on_root(comm, lambda: _locate_on_root(cfg, split))
+    if sizes_recorded(split.format):
+        return SplitFiles(split, SizedLayouts(extra, split.samples_per_file, split.format),
+                          source, axis, listed)
     expected = split.expected_layouts(axis)
     if source == "manifest":
         return SplitFiles(split, expected, source, axis)

@@ -243,6 +243,25 @@ class ComputedLayouts(LayoutTable):
         return self._totals[column]
 
 
+class SizedLayouts(LayoutTable):
+    """Layouts of files whose sizes depend on their content (jpeg, png, csv), held as one
+    int64 size per file (recorded at generation, or probed): the columns are derived from the
+    sizes for the files taken (the format's size_columns)."""
+
+    def __init__(self, sizes: np.ndarray, samples_per_file: int, fmt: Format) -> None:
+        self.sizes = np.ascontiguousarray(sizes, dtype=np.int64)
+        self.count, self.samples, self.format = len(self.sizes), samples_per_file, fmt
+
+    def take(self, files: np.ndarray) -> Layouts:
+        return Layouts.from_columns(self.format.size_columns(self.sizes[np.asarray(files)],
+                                                             self.samples))
+
+    def total(self, column: str) -> int:
+        # chunk by chunk: int64 sums of a chunk cannot overflow, the chunks add up as ints
+        return sum(int(getattr(self.take(np.arange(i, min(i + SHAPE_CHUNK, self.count))),
+                               column).sum()) for i in range(0, self.count, SHAPE_CHUNK))
+
+
 class ShiftedLayouts(LayoutTable):
     """Computed layouts of files another tool wrote with the same shapes but a constant
     difference in header bytes before the payload and in file size (np.savez's ZIP64 fields

@@ -19,12 +19,14 @@ import numpy as np
 from . import _core
 from .catalog import spot_check_sizes
 from .collective_generation import collective_format, write_file_collectively
-from .dataset import SPLITS, DatasetSplit, LayoutTable
+from .dataset import SPLITS, DatasetSplit, LayoutTable, SizedLayouts
 from .errors import JobError, Stopped, UserError, check_all, on_root
 from .filesystems import apply_striping, nearest_existing
+from .formats import sizes_recorded
 from .formats.base import StagedWrites
 from .manifest import differing_params, generation_params, read_manifest, write_manifest
 from .ownership import LOCK_NAME, FolderLock, is_temporary_of, new_tag, remove_quietly
+from .recorded_sizes import UNKNOWN, read_sizes, sizes_name, write_sizes
 
 
 @dataclass(frozen=True)
@@ -89,11 +91,16 @@ def generate(comm, cfg, splits: dict[str, DatasetSplit],
 
 def _generate(comm, splits, layouts, root, params, lock, lustre,
               trust_complete: bool, hints: dict[str, str]) -> GenerationResult:
-    def prepare() -> tuple[bool, bool, str, dict | None]:
+    sized = [name for name, split in splits.items() if sizes_recorded(split.format)]
+
+    def prepare() -> tuple[bool, bool, str, dict | None, dict]:
         """Rank 0: take the folder's lock; decide whether existing files are ours (a manifest
         with these parameters lists them) and whether they are complete (the manifest says
         so and a few spot checks agree: a rerun then costs no look at every file); remove
-        the temporaries a dead generation of ours left; draw this job's temporaries' tag."""
+        the temporaries a dead generation of ours left; draw this job's temporaries' tag.
+        Also the sizes recorded for formats whose sizes depend on the content (None where
+        none are: such files of ours are then checked for existence only, since our files
+        only ever get their names complete)."""
         try:
             os.makedirs(root, exist_ok=True)
         except OSError as exc:
@@ -107,11 +114,20 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
                 f"{root} holds a dataset generated with other parameters "
                 f"({', '.join(differing_params(manifest, params))} differ); choose another "
                 "dataset.data_folder or delete that dataset yourself")
-        if ours and manifest.get("complete") and trust_complete:
+        recorded = {}
+        for name in sized if ours else ():
+            try:
+                recorded[name] = read_sizes(root, name, splits[name].num_files, manifest)
+            except ValueError as exc:
+                raise UserError(str(exc)) from None
+        if ours and manifest.get("complete") and trust_complete \
+                and all(recorded[name] is not None for name in sized):
             try:
                 for name, split in splits.items():
-                    spot_check_sizes(split, layouts[name])
-                return ours, True, "", None
+                    spot_check_sizes(split, SizedLayouts(recorded[name], split.samples_per_file,
+                                                         split.format)
+                                     if name in sized else layouts[name])
+                return ours, True, "", None, {}
             except UserError:
                 pass  # a file changed since: the survey looks at every file
         # both split folders, even an empty valid/: DLIO lists it whatever num_files_eval is
@@ -122,9 +138,9 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
         if ours:
             _remove_temporaries([root, *folders, *side_folders(splits, folders)],
                                 manifest.get("temporaries", []))
-        return ours, False, new_tag(), striping
+        return ours, False, new_tag(), striping, recorded
 
-    ours, complete, tag, striping = on_root(comm, prepare)
+    ours, complete, tag, striping, recorded = on_root(comm, prepare)
     collective = writes_collectively(splits, comm.Get_size())
     # collectively written files are surveyed by rank 0 alone
     mine = (_my_files(splits, 0, 1) if comm.Get_rank() == 0 else []) if collective else \
@@ -132,17 +148,24 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
     if complete:
         return GenerationResult(0, sum(s.num_files for s in splits.values()), 0, 0.0)
 
-    # the expected size of each of my files, in the order of `mine` (train first)
+    # the expected size of each of my files, in the order of `mine` (train first): computed,
+    # or recorded (UNKNOWN where no size is recorded), and what each will take at most
+    my_index = {name: np.array([i for n, i in mine if n == name], dtype=np.int64)
+                for name in SPLITS}
+    estimate = np.concatenate([layouts[name].take(my_index[name]).size for name in SPLITS])
     expected_size = np.concatenate([
-        layouts[name].take(np.array([i for n, i in mine if n == name], dtype=np.int64)).size
-        for name in SPLITS]).tolist()
+        (recorded[name][my_index[name]] if recorded.get(name) is not None
+         else np.full(len(my_index[name]), UNKNOWN, dtype=np.int64)) if name in sized
+        else layouts[name].take(my_index[name]).size for name in SPLITS]).tolist()
+    my_sizes = np.array(expected_size, dtype=np.int64)  # as found or written (sized formats)
+    recorded_names = {name: sizes_name(name) for name, r in recorded.items() if r is not None}
 
     def survey() -> tuple[list[tuple[str, int]], int]:
         """Which of my files still need writing, and their bytes; refuse when a file in the
         way is not ours, or is ours but changed since (it cannot be told from a foreign one)."""
         todo, todo_bytes = [], 0
         block = os.statvfs(root).f_frsize or 4096  # files take whole blocks
-        for (name, index), want in zip(mine, expected_size):
+        for k, ((name, index), want) in enumerate(zip(mine, expected_size)):
             split = splits[name]
             path = split.path(index)
             try:
@@ -152,13 +175,15 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
                 size = _core.regular_size(path)  # a FIFO or folder there is refused by name
             except FileNotFoundError:
                 todo.append((name, index))
-                todo_bytes += -(-want // block) * block
+                todo_bytes += -(-int(estimate[k]) // block) * block
                 _clear_side_files(split.format.side_files(path), ours)
                 continue
             if not ours:
                 raise UserError(f"{path} exists and was not generated by dlio-mpi with this "
                                 "configuration; remove it or choose another dataset.data_folder")
-            if size != want:
+            if want == UNKNOWN:  # ours, complete (renamed when whole): its size as found
+                my_sizes[k] = size
+            elif size != want:
                 raise UserError(
                     f"{path} has {size} bytes where dlio-mpi generated {want}: it was changed "
                     "since, and dlio-mpi overwrites no file it cannot tell from a foreign one; "
@@ -172,14 +197,16 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
     on_root(comm, lambda: check_free_space(root, need, "dataset.data_folder"))
     # Only now, with no foreign file in the way, claim the names: an interrupted generation
     # is then still known to be ours, and its temporaries by their tag.
-    on_root(comm, lambda: write_manifest(root, params, complete=False, tag=tag, temporaries=[tag]))
+    on_root(comm, lambda: write_manifest(root, params, complete=False, tag=tag, temporaries=[tag],
+                                         **({"sizes": dict(recorded_names)} if sized else {})))
     start = time.perf_counter()
-    how = None
+    how, sizes_written = None, []
     try:
         if collective:
             written, how = _write_collectively(comm, splits, todo, tag, root, hints)
         else:
-            written = check_all(comm, lambda: _write_files(splits, todo, tag, root))
+            written, sizes_written = check_all(comm, lambda: _write_files(splits, todo, tag,
+                                                                          root))
     except JobError as exc:
         stop = comm.allreduce(_core.stop_signal(), op=_max_op())
         if stop:
@@ -192,10 +219,20 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
         totals = comm.allreduce(np.array([len(todo), len(mine) - len(todo), written],
                                          dtype=np.int64))
     seconds = comm.allreduce(elapsed, op=_max_op())
+    totals_bytes = {name: layouts[name].total("size") for name in splits if name not in sized}
+    if sized:  # every file's size to rank 0, which records them
+        if not collective and todo:
+            position = {entry: k for k, entry in enumerate(mine)}
+            my_sizes[[position[entry] for entry in todo]] = sizes_written
+        parts = comm.gather((my_index, my_sizes), root=0)
+        names, sums = on_root(comm, lambda: _record_sizes(root, splits, sized, parts, tag,
+                                                          set(recorded_names)))
+        totals_bytes.update(sums)
+        recorded_names.update(names)
     on_root(comm, lambda: write_manifest(
         root, params, complete=True, tag=tag,
         files={name: s.num_files for name, s in splits.items()},
-        bytes={name: layouts[name].total("size") for name in splits}))
+        bytes=totals_bytes, **({"sizes": dict(recorded_names)} if sized else {})))
     return GenerationResult(int(totals[0]), int(totals[1]), int(totals[2]), seconds, striping,
                             how)
 
@@ -218,10 +255,12 @@ def _stripe(lustre, root: str, folders: list[str], ours: bool) -> dict:
     return result
 
 
-def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str) -> int:
-    """Write my files; on a failure remove my uncommitted temporaries (committed files are
-    complete) and say which folder filled when it is ENOSPC."""
-    written = 0
+def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str
+                 ) -> tuple[int, list[int]]:
+    """Write my files; returns the bytes written and each file's size. On a failure remove
+    my uncommitted temporaries (committed files are complete) and say which folder filled
+    when it is ENOSPC."""
+    written, sizes = 0, []
     staged = StagedWrites(tag)
     try:
         for name, index in todo:
@@ -230,8 +269,9 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str) -> in
                 raise UserError(f"generation stopped by {signal.Signals(_core.stop_signal()).name}"
                                 "; complete files stay, and a rerun resumes after them")
             split = splits[name]
-            written += split.format.write(split.path(index), split.spec(index),
-                                          file_seed(name, index), staged)
+            sizes.append(split.format.write(split.path(index), split.spec(index),
+                                            file_seed(name, index), staged))
+            written += sizes[-1]
             if len(staged.pending) >= STAGE_FILES or staged.bytes >= STAGE_BYTES:
                 staged.commit()
         staged.commit()
@@ -243,7 +283,24 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str) -> in
         raise
     finally:
         staged.discard()
-    return written
+    return written, sizes
+
+
+def _record_sizes(root: str, splits, sized: list[str], parts: list, tag: str,
+                  ours: set[str]) -> tuple[dict[str, str], dict[str, int]]:
+    """Rank 0: record the sizes of the `sized` splits' files from every rank's part (its
+    file indexes per split and their sizes, train's first), replacing only the records of
+    the splits in `ours` (named by the manifest); returns the recorded files' names and
+    each split's bytes."""
+    names, totals = {}, {}
+    for name in sized:
+        sizes = np.full(splits[name].num_files, UNKNOWN, dtype=np.int64)
+        for index, part in parts:
+            start = 0 if name == "train" else len(index["train"])
+            sizes[index[name]] = part[start:start + len(index[name])]
+        names[name] = write_sizes(root, name, sizes, tag, replace=name in ours)
+        totals[name] = int(sizes.sum())
+    return names, totals
 
 
 def _write_collectively(comm, splits, todo: list[tuple[str, int]], tag: str, root: str,

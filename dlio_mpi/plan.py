@@ -236,10 +236,22 @@ def _train_steps(cfg, train: DatasetSplit, ranks: int) -> int:
 def _notes(cfg) -> tuple[str, ...]:
     """The settings that have no effect or act differently in dlio-mpi."""
     reads = cfg.workflow.train and cfg.dataset.format in implemented_formats()
-    notes = ([loader_note(cfg)] if reads else []) + support_notes(cfg)
+    notes = ([loader_note(cfg)] if reads else []) + support_notes(cfg) + _sized_notes(cfg)
     if reads:
         notes += _mpiio_notes(cfg.reader) + _engine_notes(cfg)
     return tuple(notes + _checkpoint_notes(cfg))
+
+
+def _sized_notes(cfg) -> list[str]:
+    """Formats whose sizes depend on the content: the plan's bytes are estimates."""
+    from .formats import get_format, sizes_recorded
+
+    fmt = cfg.dataset.format
+    if fmt not in implemented_formats() or not sizes_recorded(get_format(fmt)):
+        return []
+    return [f"dataset.format={fmt}: file sizes depend on the content, so the plan's dataset "
+            "and epoch bytes are estimates; generation records each file's size (beside its "
+            "manifest) and the run reads exactly those files whole"]
 
 
 def _checkpoint_notes(cfg) -> list[str]:
@@ -316,6 +328,18 @@ def _check_reader_fits(cfg) -> None:
         raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, but "
                         f"dataset.format {cfg.dataset.format} is read through a memory "
                         "mapping; expected multi (or dataset.format indexed_binary)")
+
+
+def _check_whole_file_reads(cfg, mode: str) -> None:
+    """Formats DLIO's readers decode whole (jpeg, png: the image; csv: the table) have no
+    sample extent to read: reader.read_mode sample is refused for them."""
+    from .formats import get_format
+
+    if mode == "sample" and cfg.workflow.train \
+            and getattr(get_format(cfg.dataset.format), "whole_file_only", False):
+        raise UserError(f"reader.read_mode: sample reads each sample's extent, but DLIO's "
+                        f"{cfg.dataset.format} reader decodes whole files (a sample is not an "
+                        "extent of one); expected auto, file or file_once")
 
 
 def _check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
@@ -433,6 +457,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
             raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
                             f"implemented: {', '.join(implemented_formats())}")
         _check_reader_fits(cfg)
+        _check_whole_file_reads(cfg, mode)
         _check_shape_memory(cfg, max(local_ranks, node[0]), node[1])
         splits = describe_dataset(cfg)
         _check_sizes(cfg, splits)
@@ -767,8 +792,12 @@ def _generation(plan: RunPlan) -> dict:
                 "MPI-IO (Write_at_all), fewer files than ranks")
     elif files < plan.ranks:
         how, writers = "whole_files", files
+        from .formats import get_format, sizes_recorded
+
+        why = ("each file is encoded whole" if sizes_recorded(get_format(plan.format))
+               else "its headers hold a checksum of the payload")
         text = (f"{files} file(s) dealt out to {files} of the {plan.ranks} ranks: {plan.format} "
-                "cannot be written in parts (its headers hold a checksum of the payload)")
+                f"cannot be written in parts ({why})")
     else:
         how, writers = "round_robin", plan.ranks
         text = f"{files} files dealt out round-robin to the {plan.ranks} ranks"

@@ -31,6 +31,7 @@ from .config import TimeSpec
 from .dataset import DatasetSplit, decoded_item, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
 from .filesystems import check_striping, describe_filesystems
+from .formats import sizes_recorded
 from .generate import (
     GenerationResult,
     check_dataset_space,
@@ -46,6 +47,7 @@ from .pacing import Pacing, make_pacing
 from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .planner import AccessPolicy, plan_reads
 from .readers import ReaderBackend, ReaderOptions, open_reader
+from .recorded_sizes import read_sizes, sizes_path
 from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_shard
 from .topology import Topology, discover, emulated_ranks_per_node
 from .training import run_epoch
@@ -409,6 +411,12 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
     return on_root(comm, write)
 
 
+def _recorded(root: str, splits, sized: list[str]) -> dict:
+    """The recorded sizes of the `sized` splits' files (None for a split without them)."""
+    manifest = read_manifest(root)
+    return {name: read_sizes(root, name, splits[name].num_files, manifest) for name in sized}
+
+
 def remove_dataset(comm, plan: RunPlan) -> int:
     """`dataset.keep_files: false`: every rank deletes its share of the generated files (and
     their side files) that are still as generated (a regular file of the generated size: a
@@ -416,9 +424,18 @@ def remove_dataset(comm, plan: RunPlan) -> int:
     the folders left empty. Returns how many files were kept, over all ranks."""
     rank, size = comm.Get_rank(), comm.Get_size()
     kept = 0
+    root = plan.splits["train"].root
+    sized = [name for name, s in plan.splits.items() if sizes_recorded(s.format)]
+    recorded = on_root(comm, lambda: _recorded(root, plan.splits, sized)) if sized else {}
     for name, split in plan.splits.items():
         mine = np.arange(rank, split.num_files, size, dtype=np.int64)
-        expected = plan.layouts[name].take(mine).size
+        if name not in sized:
+            expected = plan.layouts[name].take(mine).size
+        elif recorded[name] is not None:
+            expected = recorded[name][mine]
+        else:  # no record of the sizes: none of the files can be told ours
+            kept += len(mine)
+            continue
         for index, want in zip(mine.tolist(), expected.tolist()):
             path = split.path(index)
             try:
@@ -432,9 +449,8 @@ def remove_dataset(comm, plan: RunPlan) -> int:
                                     if os.path.isfile(p) and not os.path.islink(p))])
     kept = comm.allreduce(kept)
     if rank == 0:
-        root = plan.splits["train"].root
         if not kept:
-            remove_quietly([manifest_path(root)])
+            remove_quietly([manifest_path(root), *(sizes_path(root, name) for name in sized)])
         folders = {f for s in plan.splits.values() for f in s.naming.folders()}
         folders |= set(side_folders(plan.splits, sorted(folders)))  # tfrecord's index/<split>
         for folder in sorted(folders | {os.path.dirname(f) for f in folders} | {root},

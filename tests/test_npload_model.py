@@ -108,15 +108,16 @@ for path in sys.argv[1:]:
 """
 
 
-def _strace(paths: list[Path], log: Path) -> dict[str, dict]:
-    """np.load each path in one traced subprocess; per path its reads (offset, returned, asked),
-    fstat-like calls, opens and closes. Offsets come from following each open file
+def _strace(paths: list[Path], log: Path, loader: str = LOADER) -> dict[str, dict]:
+    """np.load (or `loader`'s code, given the paths as arguments) each path in one traced
+    subprocess; per path its reads (offset, returned, asked), fstat-like calls (of its
+    descriptors or its path), opens and closes. Offsets come from following each open file
     description's position through lseek results and read return values."""
     cmd = ["strace", "-f", "-qq", "-s", "0", "-o", str(log), "-e", f"trace={TRACED}"]
     for p in paths:
         cmd += ["-P", str(p)]
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    subprocess.run([*cmd, sys.executable, "-P", "-c", LOADER, *map(str, paths)],
+    subprocess.run([*cmd, sys.executable, "-P", "-c", loader, *map(str, paths)],
                    check=True, env=env, timeout=120)
     out = {str(p): {"reads": [], "fstats": 0, "opens": 0, "closes": 0} for p in paths}
     fds: dict[int, tuple[str, list[int]]] = {}  # fd -> (path, [shared file position])
@@ -131,6 +132,10 @@ def _strace(paths: list[Path], log: Path) -> dict[str, dict]:
             path = re.search(r'"([^"]*)"', args).group(1)
             out[path]["opens"] += 1
             fds[ret] = (path, [0])
+            continue
+        if args.startswith("AT_FDCWD"):  # a stat of the path itself
+            path = re.search(r'"([^"]*)"', args).group(1)
+            out[path]["fstats"] += name in ("newfstatat", "statx")
             continue
         fd = int(args.split(",")[0])
         path, position = fds[fd]

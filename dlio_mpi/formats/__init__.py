@@ -2,13 +2,17 @@
 
 A format knows two things: how to write one file of samples (header bytes from Python, payload
 streamed by the C core) and where each sample's bytes sit in such a file (a `FileLayout`), either
-computed from the generation parameters or probed from an existing file's header.
+computed from the generation parameters or probed from an existing file's header. Formats whose
+sizes depend on the content (jpeg, png, csv: formats/sized.py) have their sizes recorded at
+generation (recorded_sizes.py) or probed, and their layouts follow from the sizes.
 """
 
 from __future__ import annotations
 
 from .base import FileLayout, Format, SampleSpec, StoredArray
+from .csv_table import CsvFormat
 from .hdf5 import Hdf5Format
+from .images import ImageFormat
 from .indexed_binary import IndexedBinaryFormat, MmapIndexedBinaryFormat
 from .npy import NpyFormat
 from .npz import NpzFormat
@@ -18,7 +22,7 @@ from .tfrecord import TFRecordFormat
 _REGISTRY: dict[str, Format] = {
     fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat(),
                               MmapIndexedBinaryFormat(), SyntheticFormat(), TFRecordFormat(),
-                              Hdf5Format())
+                              Hdf5Format(), ImageFormat("jpeg"), ImageFormat("png"), CsvFormat())
 }
 
 
@@ -40,6 +44,12 @@ def format_for(dataset) -> Format:
     return configure(dataset) if configure is not None else fmt
 
 
+def sizes_recorded(fmt: Format) -> bool:
+    """Whether `fmt`'s file sizes depend on the content, so that generation records them and
+    reading takes its layouts from them (formats/sized.py)."""
+    return getattr(fmt, "sizes_recorded", False)
+
+
 def read_refusal(fmt: Format, spec: SampleSpec) -> str:
     """Why files of `fmt` like `spec` cannot be read by the native engine yet ('' when they
     can): a run that trains on them is refused before any I/O."""
@@ -48,4 +58,4 @@ def read_refusal(fmt: Format, spec: SampleSpec) -> str:
 
 
 __all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "format_for", "get_format",
-           "implemented_formats", "read_refusal"]
+           "implemented_formats", "read_refusal", "sizes_recorded"]

@@ -139,16 +139,37 @@ class Format(Protocol):
         ...
 
 
+WHOLE_FILE_SAMPLES = ("jpeg", "png")  # every sample of a file is the whole file (an image)
+
+
 def library_load(fmt: str, path: str) -> np.ndarray:
     """The whole file's array, loaded as DLIO's reader of format `fmt` loads it, through the
     format's real library (the framework loaders' whole-file reads; ValueError for a format
     whose reader does not load whole files). Samples are on its first or last axis, as the
-    catalog found them (SplitFiles.sample_layout)."""
+    catalog found them (SplitFiles.sample_layout), or the array is the sample (images:
+    library_sample). csv needs pandas (the framework engine refuses csv without it)."""
     if fmt == "npz":
         return np.load(path, allow_pickle=True)["x"]
     if fmt == "npy":
         return np.load(path)
+    if fmt in WHOLE_FILE_SAMPLES:
+        from PIL import Image
+
+        return np.asarray(Image.open(path))
+    if fmt == "csv":
+        import pandas
+
+        return pandas.read_csv(path, header=None).to_numpy()
     raise ValueError(f"no whole-file load for format {fmt}")
+
+
+def library_sample(fmt: str, array: np.ndarray, within: int, last_axis: bool) -> np.ndarray:
+    """Sample `within` of a file library_load loaded: the whole array for images (DLIO's
+    image reader returns the image for every sample of its file), else the index on the
+    samples' axis."""
+    if fmt in WHOLE_FILE_SAMPLES:
+        return array
+    return array[..., within] if last_axis else array[within]
 
 
 class StagedWrites:

@@ -21,21 +21,29 @@ BACKENDS = {
 ALIASES = {"posix": "multi", "mpio": "shared"}  # DLIO's names for the same access
 
 
+# Libraries a format's whole-file load needs beyond the loader's own (library_load)
+FORMAT_MODULES = {"csv": "pandas", "jpeg": "PIL", "png": "PIL"}
+
 # reader.engine framework: data_loader -> the backend and what it reads. A combination not
 # listed here is refused before any I/O (engine_refusal).
 FRAMEWORK_LOADERS = {
     "pytorch": {"backend": ("dlio_mpi.readers.torch_loader", "TorchLoaderReader"),
                 "loader": "torch.utils.data.DataLoader", "module": "torch",
-                "formats": ("npy", "npz", "indexed_binary"),
+                "formats": ("npy", "npz", "indexed_binary", "jpeg", "png", "csv"),
                 "file_access": ("multi",),
                 # what its Dataset does per sample (DLIO's pytorch readers)
                 "reads": {"npy": "np.load(path) of the whole file for every sample",
                           "npz": "np.load(path)['x'] of the whole file for every sample",
                           "indexed_binary": "open, seek and readinto of each sample's extent "
-                                            "(the index files read once per worker)"}},
+                                            "(the index files read once per worker)",
+                          **{fmt: f"np.asarray(PIL.Image.open(path)) of the whole {fmt} file "
+                                  "for every sample (the image is the sample)"
+                             for fmt in ("jpeg", "png")},
+                          "csv": "pandas.read_csv(path) of the whole file for every sample, "
+                                 "then its row"}},
     "tensorflow": {"backend": ("dlio_mpi.readers.tf_loader", "open_tf_data"),
                    "loader": "tf.data pipeline", "module": "tensorflow",
-                   "formats": ("tfrecord", "npy", "npz"),
+                   "formats": ("tfrecord", "npy", "npz", "jpeg", "png", "csv"),
                    "file_access": ("multi",),
                    # what its TFRecordDataset does (DLIO's tensorflow reader)
                    "reads": {"tfrecord": "each planned file streamed whole by "
@@ -45,7 +53,14 @@ FRAMEWORK_LOADERS = {
                                    "reader thread, once for the file's samples of the epoch",
                             "npz": "np.load(path)['x'] of the whole file in a tf.data "
                                    "generator per reader thread, once for the file's samples "
-                                   "of the epoch"}},
+                                   "of the epoch",
+                            **{fmt: f"np.asarray(PIL.Image.open(path)) of the whole {fmt} file "
+                                    "in a tf.data generator per reader thread, once for the "
+                                    "file's samples of the epoch (the image is each sample)"
+                               for fmt in ("jpeg", "png")},
+                            "csv": "pandas.read_csv(path) of the whole file in a tf.data "
+                                   "generator per reader thread, once for the file's samples "
+                                   "of the epoch, then each sample's row"}},
 }
 
 
@@ -93,6 +108,12 @@ def engine_refusal(cfg) -> str | None:
         return (f"reader.engine: framework with reader.data_loader {rd.data_loader} runs "
                 f"{loader['loader']}, but {loader['module']} is not installed; install it with "
                 f"pip install 'dlio-mpi[{loader['module']}]', or use reader.engine native")
+    module = FORMAT_MODULES.get(fmt)
+    if module is not None and find_spec(module) is None:
+        return (f"reader.engine: framework reads dataset.format {fmt} through {module}, as "
+                f"DLIO's {fmt} reader does, but {module} is not installed; install it with "
+                f"pip install 'dlio-mpi[{loader['module']}]' (or pip install {module}), or use "
+                "reader.engine native")
     return None
 
 

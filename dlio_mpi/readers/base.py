@@ -91,6 +91,8 @@ def as_item(sample: np.ndarray, shape: tuple[int, ...], dtype: str) -> np.ndarra
     DLIO hands a decoded sample of a fixed shape whatever was read); the bytes as they are
     when `shape` is ()."""
     flat = np.ascontiguousarray(sample).reshape(-1).view(np.uint8)
+    if not flat.flags.writeable:  # Pillow's decoded images: torch takes writable arrays
+        flat = flat.copy()
     if not shape:
         return flat
     want = math.prod(shape) * np.dtype(dtype).itemsize

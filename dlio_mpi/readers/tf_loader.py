@@ -1,6 +1,7 @@
 """The framework engine for TensorFlow (reader.engine: framework, reader.data_loader:
-tensorflow): each rank reads its planned samples through a real tf.data pipeline. npy and npz
-go through DLIO's generators (TfGeneratorReader, below); TFRecord files through the pipeline
+tensorflow): each rank reads its planned samples through a real tf.data pipeline. npy, npz,
+jpeg, png and csv go through DLIO's generators (TfGeneratorReader, below: each file loaded
+whole by its library, formats.base.library_load); TFRecord files through the pipeline
 DLIO's TFRecord reader (reader/tf_reader.py) builds:
 
     tf.data.TFRecordDataset(files, buffer_size=reader.transfer_size,
@@ -62,7 +63,7 @@ import tensorflow as tf  # noqa: E402
 
 from .. import _core  # noqa: E402
 from ..catalog import SplitFiles  # noqa: E402
-from ..formats.base import library_load  # noqa: E402
+from ..formats.base import library_load, library_sample  # noqa: E402
 from ..planner import ReadPlan  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
 from .base import (  # noqa: E402
@@ -359,7 +360,7 @@ class NpyFiles:
                 self._left[file] -= 1
                 if self._left[file] == 0:
                     self._kept.pop(file, None)
-        return array[..., within] if self.last_axis else array[within]
+        return library_sample(self.fmt, array, within, self.last_axis)
 
 
 class _Load:

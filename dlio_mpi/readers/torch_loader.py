@@ -8,10 +8,11 @@ What runs, per rank and phase (DLIO's data_loader/torch_data_loader.py, its sett
   read_threads) (2 when prefetch_size is 0), persistent_workers with workers,
   multiprocessing_context and pin_memory from the configuration, drop_last;
 - a map-style Dataset over the split's sample ids, whose items are read as DLIO's readers read
-  them, through the format's library: npy `np.load(path)`, npz `np.load(path)['x']` (the
-  whole file per sample; with reader.read_type memory once per worker and epoch), then the
-  sample; indexed_binary: the file's two index files once per worker, then per sample
-  `open`, `seek`, `readinto` of its extent;
+  them, through the format's library: npy `np.load(path)`, npz `np.load(path)['x']`, jpeg
+  and png `np.asarray(PIL.Image.open(path))` (the image is the sample), csv
+  `pandas.read_csv(path)` (the whole file per sample; with reader.read_type memory once per
+  worker and epoch), then the sample; indexed_binary: the file's two index files once per
+  worker, then per sample `open`, `seek`, `readinto` of its extent;
 - a sampler yielding this epoch's planned ids in the plan's order, so that the rank reads
   exactly the samples the native engine would, in the same order. The sampler (not the
   Dataset) carries the epoch's order because persistent workers keep the Dataset they got
@@ -56,7 +57,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 from .. import _core
 from ..catalog import SplitFiles
 from ..dataset import FileNaming
-from ..formats.base import library_load
+from ..formats.base import library_load, library_sample
 from ..planner import ReadPlan
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
 from .base import (
@@ -162,7 +163,7 @@ class SampleDataset(Dataset):
                 array = self._load(path)
                 if self.memory:
                     self._kept[path] = array
-            sample = array[..., within] if self.last_axis else array[within]
+            sample = library_sample(self.fmt, array, within, self.last_axis)
         return as_item(sample, *self.item)
 
     def __getitems__(self, indices: list) -> Fetched:
