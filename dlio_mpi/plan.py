@@ -78,6 +78,8 @@ def resolve_read_mode(cfg, data_loader: str | None = None) -> str:
         return mode
     if cfg.dataset.format in ("indexed_binary", "mmap_indexed_binary", "hdf5"):
         return "sample"
+    if cfg.dataset.format == "parquet" and cfg.reader.engine == "native":
+        return "sample"  # row groups, as MLPerf Storage's parquet readers read them
     if cfg.reader.read_type == "memory":
         return "file_once"
     loader = data_loader or cfg.reader.data_loader
@@ -180,6 +182,10 @@ def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_r
     (exact integer arithmetic: products of sizes and counts overflow int64 at scale)."""
     if split.num_samples == 0:
         return 0
+    units = layouts.units() if mode == "sample" else None
+    if units is not None:  # every row group once, and the footer reads at each open
+        per_file = int(units.length.sum()) + int(units.open_length.sum())
+        return per_file * split.num_files * samples_read // split.num_samples
     if mode == "sample":
         per_split = layouts.total("sample_span") * split.samples_per_file
     elif mode == "file":

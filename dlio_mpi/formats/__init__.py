@@ -7,18 +7,19 @@ computed from the generation parameters or probed from an existing file's header
 
 from __future__ import annotations
 
-from .base import FileLayout, Format, SampleSpec, StoredArray
+from .base import FileLayout, Format, SampleSpec, StoredArray, UnitExtents
 from .hdf5 import Hdf5Format
 from .indexed_binary import IndexedBinaryFormat, MmapIndexedBinaryFormat
 from .npy import NpyFormat
 from .npz import NpzFormat
+from .parquet import ParquetFormat
 from .synthetic import SyntheticFormat
 from .tfrecord import TFRecordFormat
 
 _REGISTRY: dict[str, Format] = {
     fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat(),
                               MmapIndexedBinaryFormat(), SyntheticFormat(), TFRecordFormat(),
-                              Hdf5Format())
+                              Hdf5Format(), ParquetFormat())
 }
 
 
@@ -34,7 +35,8 @@ def get_format(name: str) -> Format:
 
 def format_for(dataset) -> Format:
     """The format of the `dataset` section, configured by its format's own keys (hdf5:
-    dataset.hdf5.*, dataset.compression); ConfigError for values it cannot take."""
+    dataset.hdf5.*, dataset.compression; parquet: dataset.parquet.*); ConfigError for values
+    it cannot take."""
     fmt = get_format(dataset.format)
     configure = getattr(fmt, "configure", None)
     return configure(dataset) if configure is not None else fmt
@@ -47,5 +49,5 @@ def read_refusal(fmt: Format, spec: SampleSpec) -> str:
     return refusal(spec) if refusal is not None else ""
 
 
-__all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "format_for", "get_format",
-           "implemented_formats", "read_refusal"]
+__all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "UnitExtents", "format_for",
+           "get_format", "implemented_formats", "read_refusal"]

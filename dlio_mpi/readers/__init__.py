@@ -26,16 +26,18 @@ ALIASES = {"posix": "multi", "mpio": "shared"}  # DLIO's names for the same acce
 FRAMEWORK_LOADERS = {
     "pytorch": {"backend": ("dlio_mpi.readers.torch_loader", "TorchLoaderReader"),
                 "loader": "torch.utils.data.DataLoader", "module": "torch",
-                "formats": ("npy", "npz", "indexed_binary"),
+                "formats": ("npy", "npz", "indexed_binary", "parquet"),
                 "file_access": ("multi",),
                 # what its Dataset does per sample (DLIO's pytorch readers)
                 "reads": {"npy": "np.load(path) of the whole file for every sample",
                           "npz": "np.load(path)['x'] of the whole file for every sample",
                           "indexed_binary": "open, seek and readinto of each sample's extent "
-                                            "(the index files read once per worker)"}},
+                                            "(the index files read once per worker)",
+                          "parquet": "pq.read_table(path) of the whole file for every "
+                                     "sample"}},
     "tensorflow": {"backend": ("dlio_mpi.readers.tf_loader", "open_tf_data"),
                    "loader": "tf.data pipeline", "module": "tensorflow",
-                   "formats": ("tfrecord", "npy", "npz"),
+                   "formats": ("tfrecord", "npy", "npz", "parquet"),
                    "file_access": ("multi",),
                    # what its TFRecordDataset does (DLIO's tensorflow reader)
                    "reads": {"tfrecord": "each planned file streamed whole by "
@@ -45,7 +47,10 @@ FRAMEWORK_LOADERS = {
                                    "reader thread, once for the file's samples of the epoch",
                             "npz": "np.load(path)['x'] of the whole file in a tf.data "
                                    "generator per reader thread, once for the file's samples "
-                                   "of the epoch"}},
+                                   "of the epoch",
+                            "parquet": "pq.read_table(path) of the whole file in a tf.data "
+                                       "generator per reader thread, once for the file's "
+                                       "samples of the epoch"}},
 }
 
 

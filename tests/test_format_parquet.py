@@ -1,0 +1,289 @@
+"""dataset.format parquet: files written through pyarrow (one fixed_size_binary column `data`,
+a row a sample, row groups of dataset.parquet.row_group_size rows), laid out where the
+computed geometry says without I/O, read by row group (the read unit) by the native engine,
+whole by read_mode file and by the framework loaders, through pyarrow."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from dlio_mpi import _core
+from dlio_mpi.config import load_config
+from dlio_mpi.dataset import describe_dataset
+from dlio_mpi.errors import UserError
+from dlio_mpi.formats import SampleSpec, format_for, get_format
+from dlio_mpi.formats import parquet as parquet_module
+from dlio_mpi.formats.base import StagedWrites, library_load
+from dlio_mpi.formats.parquet import ParquetFormat, ParquetOptions, geometry
+from dlio_mpi.generate import file_seed
+from dlio_mpi.plan import derive_plan
+from dlio_mpi.planner import AccessPolicy, plan_reads
+from helpers import access_logs, run_cli, workload_overrides
+
+SEED = 4321
+
+
+def _write(tmp_path: Path, fmt: ParquetFormat, spec: SampleSpec, name: str = "f.parquet",
+           seed: int = SEED) -> Path:
+    path = tmp_path / name
+    staged = StagedWrites("test")
+    size = fmt.write(str(path), spec, seed, staged)
+    staged.commit()
+    assert size == os.path.getsize(path)
+    return path
+
+
+def _stream(nbytes: int, seed: int = SEED) -> bytes:
+    out = np.empty(nbytes, dtype=np.uint8)
+    _core.fill_random(out, seed, 0)
+    return out.tobytes()
+
+
+def _metadata_extents(path: Path) -> tuple[list[tuple[int, int]], list[int]]:
+    meta = pq.ParquetFile(path).metadata
+    chunks = [meta.row_group(g).column(0) for g in range(meta.num_row_groups)]
+    return ([(c.data_page_offset, c.total_compressed_size) for c in chunks],
+            [meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+
+
+# (sample bytes, rows, row group size): groups dividing the rows or not, one row, one group,
+# samples whose lengths take 1, 2, 3 and 4 varint bytes in the page headers, pages cut
+GEOMETRIES = [(100, 10, 4), (100, 12, 4), (1, 1, 1), (4096, 7, 1048576), (127, 3, 2),
+              (128, 300, 7), (16384, 65, 64), (2**21 + 3, 3, 2), (300, 5000, 1000),
+              (40000, 100, 30)]
+
+
+@pytest.mark.parametrize("n,rows,group", GEOMETRIES)
+def test_pyarrow_reads_the_rows_we_wrote_where_the_layout_says(tmp_path, n, rows, group):
+    fmt = ParquetFormat(ParquetOptions(row_group_size=group))
+    spec = SampleSpec((n,), "|u1", rows)
+    path = _write(tmp_path, fmt, spec)
+    table = pq.read_table(path)
+    assert table.num_rows == rows and table.column_names == ["data"]
+    assert str(table.schema.field("data").type) == f"fixed_size_binary[{n}]"
+    stream = _stream(n * rows)
+    samples = table.column("data").to_pylist()
+    assert all(samples[i] == stream[i * n:(i + 1) * n] for i in range(rows))
+    extents, counts = _metadata_extents(path)
+    assert counts == [group] * (rows // group) + ([rows % group] if rows % group else []) \
+        if group < rows else counts == [rows]
+    units = fmt.unit_extents(spec)
+    assert list(zip(units.offset.tolist(), units.length.tolist())) == extents
+    assert units.per_unit == min(group, rows) and units.rows(rows).tolist() == counts
+    lay = fmt.layout(spec)
+    assert lay.size == os.path.getsize(path) and lay.data_offset == extents[0][0] == 4
+    data = path.read_bytes()
+    meta_len = int.from_bytes(data[-8:-4], "little")
+    assert data[-4:] == data[:4] == b"PAR1" and geometry(n, rows, group).metadata == meta_len
+    # each group's samples are in its column chunk, in order
+    for g, (offset, length) in enumerate(extents):
+        chunk = data[offset:offset + length]
+        first = g * units.per_unit
+        assert stream[first * n:(first + 1) * n] in chunk
+        assert stream[(first + counts[g] - 1) * n:(first + counts[g]) * n] in chunk
+    array = library_load("parquet", str(path))
+    assert array.shape == (rows, n) and array.tobytes() == stream
+
+
+def test_footer_reads_are_the_tail_then_the_whole_metadata_when_longer():
+    small = geometry(100, 10, 4)
+    assert small.footer_reads() == [(0, small.size)]  # a file under 64 KiB: read whole
+    big = geometry(100, 300000, 100)  # 3000 groups: a footer over 64 KiB
+    tail = parquet_module.FOOTER_READ
+    assert big.metadata + 8 > tail
+    assert big.footer_reads() == [(big.size - tail, tail),
+                                  (big.size - 8 - big.metadata, big.metadata)]
+
+
+def test_layout_touches_no_file_and_is_cached(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    fmt = ParquetFormat(ParquetOptions(row_group_size=3))
+    spec = SampleSpec((50, 50), "|u1", 10)
+    first = fmt.layout(spec)
+    assert fmt.layout(spec) == first and not any(tmp_path.iterdir())
+    assert geometry.cache_info().hits >= 1
+
+
+def test_write_refuses_a_file_pyarrow_laid_out_otherwise(tmp_path, monkeypatch):
+    fmt = ParquetFormat(ParquetOptions(row_group_size=4))
+    spec = SampleSpec((100,), "|u1", 10)
+    geo = geometry(100, 10, 4)
+    wrong = parquet_module.Geometry(geo.size, geo.group_rows, (4, 426, 846), geo.length,
+                                    geo.metadata)
+    monkeypatch.setattr(fmt, "_geometry", lambda spec: wrong)
+    staged = StagedWrites("test")
+    with pytest.raises(RuntimeError, match="did not lay the file out as dlio-mpi computed"):
+        fmt.write(str(tmp_path / "f.parquet"), spec, SEED, staged)
+    staged.discard()
+    assert not any(tmp_path.iterdir())
+
+
+def test_probe_takes_our_layout_and_refuses_others(tmp_path):
+    import pyarrow as pa
+
+    fmt = ParquetFormat(ParquetOptions(row_group_size=4))
+    spec = SampleSpec((100,), "|u1", 10)
+    path = _write(tmp_path, fmt, spec)
+    stored = fmt.probe(str(path))
+    assert stored.shape == (10, 100) and stored.layout(stored.as_samples(10, "first_axis")) \
+        == fmt.layout(spec)
+    with pytest.raises(ValueError, match="row_group_size=5"):
+        ParquetFormat(ParquetOptions(row_group_size=5)).probe(str(path))
+    listed = tmp_path / "list.parquet"  # DLIO's own writer: a list column, compressed
+    pq.write_table(pa.table({"data": [[1, 2, 3]] * 4}), listed)
+    with pytest.raises(ValueError, match="one fixed_size_binary column 'data'"):
+        fmt.probe(str(listed))
+    snappy = tmp_path / "snappy.parquet"
+    pq.write_table(pq.read_table(path), snappy, compression="snappy")
+    with pytest.raises(ValueError, match="compressed"):
+        fmt.probe(str(snappy))
+
+
+def _cfg(tmp_path, *extra, **values):
+    over = workload_overrides(tmp_path, dataset__format="parquet", **values)
+    return load_config("demo", [*over, *extra])
+
+
+def test_compression_and_varying_sizes_are_refused_naming_the_key(tmp_path):
+    for values, key in (({"dataset__compression": "gzip"}, "dataset.compression: 'gzip' is "
+                         "not implemented yet in dlio-mpi for parquet"),
+                        ({"dataset__record_length_bytes_stdev": 100},
+                         "dataset.record_length_bytes_stdev: parquet files of varying"),
+                        ({"dataset__sample_layout": "last_axis"}, "dataset.sample_layout")):
+        with pytest.raises(UserError, match=key):
+            derive_plan(_cfg(tmp_path, **values), 2, generating=True)
+    assert not any(tmp_path.iterdir())
+    with pytest.raises(UserError, match="dataset.parquet.row_group_size: 1048576 rows"):
+        derive_plan(_cfg(tmp_path, dataset__record_length_bytes=1048576,
+                         dataset__num_samples_per_file=2000), 2, generating=True)
+
+
+def test_parquet_keys_act_for_parquet_and_are_noted_for_other_formats(tmp_path):
+    plan = derive_plan(_cfg(tmp_path, "dataset.parquet.row_group_size=3",
+                            "dataset.num_samples_per_file=8"), 2)
+    assert not [n for n in plan.notes if "no effect" in n], plan.notes
+    assert plan.read_mode == "sample"
+    npy = load_config("demo", [*workload_overrides(tmp_path, dataset__format="npy"),
+                               "dataset.parquet.row_group_size=3"])
+    notes = [n for n in derive_plan(npy, 2).notes if "no effect" in n]
+    assert notes == ["dataset.parquet.row_group_size=3: accepted, has no effect in dlio-mpi "
+                     "because dataset.format is not parquet (they shape parquet files only)"]
+
+
+def _split(tmp_path, group: int, samples: int):
+    cfg = _cfg(tmp_path, f"dataset.parquet.row_group_size={group}",
+               f"dataset.num_samples_per_file={samples}")
+    return cfg, describe_dataset(cfg)["train"]
+
+
+def test_sample_mode_reads_each_needed_row_group_once_after_the_footer(tmp_path):
+    cfg, split = _split(tmp_path, 3, 10)  # groups of 3, 3, 3, 1 rows
+    layouts = split.expected_layouts()
+    units = layouts.units()
+    footer = geometry(4096, 10, 3).footer_reads()
+    ids = np.array([0, 1, 9, 4, 12, 2, 5, 13, 3, 40, 41, 42], dtype=np.int64)
+    plan = plan_reads(ids, 3, 4, 10, layouts, "sample", AccessPolicy("loader"))
+    # step 0: file 0's footer, groups 0, 3, 1; step 1: file 1's footer, groups 0 and 1 (2
+    # and 5 are in file 0's groups read already); step 2: 3 too, file 4's footer and group 0
+    g = list(zip(units.offset.tolist(), units.length.tolist()))
+    want = [(0, *footer[0]), (0, *g[0]), (0, *g[3]), (0, *g[1]),
+            (1, *footer[0]), (1, *g[0]), (1, *g[1]),
+            (4, *footer[0]), (4, *g[0])]
+    got = list(zip(plan.file_idx.tolist(), plan.offset.tolist(), plan.length.tolist()))
+    assert got == want
+    assert plan.batch_start.tolist() == [0, 4, 7, 9]
+    assert (plan.flags[[0, 4, 7]] == _core.REQ_FSTAT).all() and plan.flags.sum() == 3 * 4
+    n = 4096
+    assert plan.batch_payload.tolist() == [(3 + 1 + 3) * n, (3 + 3) * n, 3 * n]
+    lean = plan_reads(ids, 3, 4, 10, layouts, "sample", AccessPolicy("lean"))
+    assert lean.length.tolist() == [g[0][1], g[3][1], g[1][1], g[0][1], g[1][1], g[0][1]]
+    assert not lean.flags.any()
+    delays = np.arange(1, 13, dtype=np.int64)
+    timed = plan_reads(ids, 3, 4, 10, layouts, "sample", AccessPolicy("lean"), delays)
+    # each group's read carries its samples' delays (group 0 of file 0: ids 0, 1, 2)
+    assert timed.delay_ns.tolist() == [1 + 2 + 6, 3, 4 + 7 + 9, 5, 8, 10 + 11 + 12]
+
+
+def test_file_mode_is_read_table_of_the_whole_file(tmp_path):
+    cfg, split = _split(tmp_path, 3, 10)
+    layouts = split.expected_layouts()
+    fmt = split.format
+    policy = AccessPolicy("loader", format_reads=fmt.loader_model(None, 1, 10))
+    ids = np.array([0, 1, 12, 13], dtype=np.int64)
+    plan = plan_reads(ids, 2, 2, 10, layouts, "file", policy)
+    geo = geometry(4096, 10, 3)
+    end = geo.offset[-1] + geo.length[-1]
+    one = [(*geo.footer_reads()[0],), (4, end - 4)]  # all chunks in one coalesced read
+    assert list(zip(plan.offset.tolist(), plan.length.tolist())) == one * 4
+    open_close = _core.REQ_OPEN | _core.REQ_FSTAT | _core.REQ_CLOSE
+    assert plan.flags.tolist() == [open_close] * 8
+    assert plan.batch_payload.tolist() == [2 * 10 * 4096] * 2
+    big = geometry(300000, 400, 30)  # 9 MB groups: reads of 3 groups (32 MiB at most)
+    reads = parquet_module.ReadTables(30, 400).reads_of(300000)
+    assert reads[1].tolist()[1:] == [3 * big.length[0]] * 4 + [big.length[-1] + big.length[0]]
+
+
+def test_planned_bytes_of_an_epoch_count_groups_and_footers(tmp_path):
+    cfg = _cfg(tmp_path, "dataset.parquet.row_group_size=3", "dataset.num_samples_per_file=10")
+    plan = derive_plan(cfg, 2)
+    geo = geometry(4096, 10, 3)
+    per_file = sum(geo.length) + sum(length for _, length in geo.footer_reads())
+    assert plan.bytes_per_epoch == per_file * 8 * plan.samples_per_rank * 2 // 80
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+def test_two_ranks_generate_and_train_reading_whole_files(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="parquet",
+                              dataset__num_samples_per_file=4, reader__read_mode="file_once",
+                              dataset__parquet__row_group_size=3, output__access_log="true")
+    res = run_cli(["run", "demo", *over])
+    assert res.returncode == 0, res.stderr
+    metric = _summary(tmp_path / "out")["metric"]
+    geo = geometry(4096, 4, 3)
+    per_file = sum(length for _, length in geo.footer_reads()) + sum(geo.length)
+    # every rank loads each file its samples are in once an epoch
+    loads = sum(len(np.unique(ids // 4)) for ids in access_logs(tmp_path / "out", [1, 2], 2))
+    assert metric["train_bytes_transferred"] == metric["train_bytes_requested"] \
+        == loads * per_file
+    assert metric["train_bytes_read"] == loads * 4 * 4096
+    assert metric["train_requests"] == loads * 2  # the footer's access, the chunks'
+    files = sorted((tmp_path / "data" / "train").iterdir())
+    assert [p.name for p in files] == [f"img_{i}_of_8.parquet" for i in range(8)]
+    table = pq.read_table(files[5])
+    assert table.column("data")[2].as_py() == _stream(4 * 4096, file_seed("train", 5))[
+        2 * 4096:3 * 4096]
+
+
+def test_pytorch_framework_reads_the_same_samples_as_the_native_engine(tmp_path):
+    base = dict(dataset__format="parquet", dataset__num_samples_per_file=4,
+                dataset__parquet__row_group_size=3, output__access_log="true",
+                reader__data_loader="pytorch", framework="pytorch",
+                reader__sample_shuffle="seed", reader__read_threads=1, train__epochs=1)
+    ids = {}
+    for engine in ("native", "framework"):
+        out = tmp_path / engine
+        over = workload_overrides(tmp_path, **base, reader__engine=engine,
+                                  output__folder=str(out))
+        res = run_cli(["run", "demo", *over], timeout=300)
+        assert res.returncode == 0, res.stderr
+        ids[engine] = access_logs(str(out), [1], 2)
+        assert _summary(out)["dlio_mpi"]["format"] == "parquet"
+    assert all(np.array_equal(a, b) for a, b in zip(ids["native"], ids["framework"]))
+    assert sorted(np.concatenate(ids["native"]).tolist()) == list(range(32))
+
+
+def test_format_is_registered_with_its_extension():
+    fmt = get_format("parquet")
+    assert fmt.extension == "parquet" and isinstance(fmt, ParquetFormat)
+    cfg = load_config("demo", ["dataset.format=parquet", "dataset.parquet.row_group_size=7",
+                               "dataset.record_length_bytes_stdev=0"])
+    assert format_for(cfg.dataset).options.row_group_size == 7
