@@ -98,6 +98,13 @@ def loader_note(cfg) -> str:
     if cfg.reader.read_mode != "auto":
         return (f"reader.data_loader={loader}: reader.read_mode={cfg.reader.read_mode} decides "
                 f"the reads, not DLIO's {loader} reader; {tail}")
+    if fmt == "parquet":
+        return (f"reader.data_loader={loader}: the native C engine reads parquet by row group, "
+                "as pq.ParquetFile(path).read_row_group does (the file's footer when it is "
+                "first opened in the epoch, then each row group holding planned samples once, "
+                "its other samples from memory; MLPerf Storage's parquet readers), where "
+                "DLIO's parquet reader loads whole files with pq.read_table (reader.read_mode "
+                f"file or file_once); {tail}")
     other = "tensorflow" if loader == "pytorch" else "pytorch"
     mine, theirs = resolve_read_mode(cfg), resolve_read_mode(cfg, other)
     alike = (f"as its {other} reader does" if mine == theirs

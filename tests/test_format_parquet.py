@@ -7,12 +7,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from test_loader_fidelity import _calls, _strace
 
+from conftest import mpiexec
 from dlio_mpi import _core
 from dlio_mpi.config import load_config
 from dlio_mpi.dataset import describe_dataset
@@ -263,10 +267,11 @@ def test_two_ranks_generate_and_train_reading_whole_files(tmp_path):
         2 * 4096:3 * 4096]
 
 
-def test_pytorch_framework_reads_the_same_samples_as_the_native_engine(tmp_path):
+@pytest.mark.parametrize("loader", ["pytorch", "tensorflow"])
+def test_framework_loaders_read_the_same_samples_as_the_native_engine(tmp_path, loader):
     base = dict(dataset__format="parquet", dataset__num_samples_per_file=4,
                 dataset__parquet__row_group_size=3, output__access_log="true",
-                reader__data_loader="pytorch", framework="pytorch",
+                reader__data_loader=loader, framework=loader,
                 reader__sample_shuffle="seed", reader__read_threads=1, train__epochs=1)
     ids = {}
     for engine in ("native", "framework"):
@@ -276,7 +281,11 @@ def test_pytorch_framework_reads_the_same_samples_as_the_native_engine(tmp_path)
         res = run_cli(["run", "demo", *over], timeout=300)
         assert res.returncode == 0, res.stderr
         ids[engine] = access_logs(str(out), [1], 2)
-        assert _summary(out)["dlio_mpi"]["format"] == "parquet"
+        summary = _summary(out)
+        assert summary["dlio_mpi"]["format"] == "parquet"
+        assert summary["dlio_mpi"]["readers"]["train"]["backend"] == engine
+    assert summary["dlio_mpi"]["read_mode"] == "file_once" if loader == "tensorflow" else "file"
+    assert "pq.read_table(path)" in summary["dlio_mpi"]["readers"]["train"]["reads"]
     assert all(np.array_equal(a, b) for a, b in zip(ids["native"], ids["framework"]))
     assert sorted(np.concatenate(ids["native"]).tolist()) == list(range(32))
 
@@ -287,3 +296,56 @@ def test_format_is_registered_with_its_extension():
     cfg = load_config("demo", ["dataset.format=parquet", "dataset.parquet.row_group_size=7",
                                "dataset.record_length_bytes_stdev=0"])
     assert format_for(cfg.dataset).options.row_group_size == 7
+
+
+# ------------------------------------------------------------------ against strace of pyarrow
+
+needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+
+
+def _reads_under_strace(tmp_path, over: list[str], script: str) -> tuple[dict, dict]:
+    """The opens, preads and fstats a 1-rank run makes on the training files, and those of
+    `script` (pyarrow reading them), each under strace."""
+    assert run_cli(["generate", "demo", *over], ranks=1).returncode == 0
+    train = str(tmp_path / "data" / "train")
+    logs = _strace([mpiexec(), "-n", "1", sys.executable, "-P", "-m", "dlio_mpi", "run",
+                    "demo", *over, "workflow.generate_data=false"], tmp_path / "run")
+    ref = _strace([sys.executable, "-c", script.replace("TRAIN", train)], tmp_path / "ref")
+    return _calls(logs, train), _calls(ref, train)
+
+
+@needs_strace
+@pytest.mark.timeout(180)
+def test_row_group_reads_are_pyarrows_read_row_group(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="parquet", dataset__num_files_train=4,
+                              dataset__num_samples_per_file=6, dataset__parquet__row_group_size=4,
+                              dataset__record_length_bytes=40000, reader__read_threads=1,
+                              train__epochs=1)
+    ours, ref = _reads_under_strace(tmp_path, over, (
+        "import glob, pyarrow.parquet as pq\n"
+        "for p in sorted(glob.glob('TRAIN/*.parquet')):\n"
+        "    f = pq.ParquetFile(p)\n"
+        "    for g in range(f.metadata.num_row_groups): f.read_row_group(g)\n"))
+    assert ref["opens"] == 4 and ref["preads"] == 4 * 3, ref  # the tail, two groups a file
+    assert ours["opens"] == ref["opens"], (ours, ref)
+    assert (ours["preads"], ours["pread_bytes"]) == (ref["preads"], ref["pread_bytes"])
+    # pyarrow fstats twice a file it opens (the reference's count has glob's of the folder)
+    assert ours["fstats"] == 2 * ref["opens"] and ref["fstats"] >= ours["fstats"], (ours, ref)
+
+
+@needs_strace
+@pytest.mark.timeout(180)
+def test_whole_file_reads_are_pyarrows_read_table(tmp_path):
+    # 12 rows of about 3 MB in groups of 1: read_table coalesces them into reads of 32 MiB
+    over = workload_overrides(tmp_path, dataset__format="parquet", dataset__num_files_train=2,
+                              dataset__num_samples_per_file=12,
+                              dataset__parquet__row_group_size=1,
+                              dataset__record_length_bytes=3_000_000, reader__read_threads=1,
+                              reader__read_mode="file_once", train__epochs=1)
+    ours, ref = _reads_under_strace(tmp_path, over, (
+        "import glob, pyarrow.parquet as pq\n"
+        "for p in sorted(glob.glob('TRAIN/*.parquet')): pq.read_table(p)\n"))
+    assert ref["opens"] == 2 * 2 and ref["preads"] == 2 * 3, ref  # footer; chunks in 2 reads
+    assert ours["opens"] == ref["opens"], (ours, ref)
+    assert (ours["preads"], ours["pread_bytes"]) == (ref["preads"], ref["pread_bytes"])
+    assert ours["fstats"] == 2 * ref["opens"] and ref["fstats"] >= ours["fstats"], (ours, ref)

@@ -473,9 +473,10 @@ class Reader:
     preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev")
     transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1, inert=BATCH_COPY)
     transformed_record_element_type: str = key("uint8", "dtype", inert=BATCH_COPY)
-    # ours: how samples are read. 'sample': exact extents; 'file': the whole file per sample
-    # (DLIO on_demand); 'file_once': each file once per epoch, samples served from memory (DLIO
-    # memory); 'auto': read_type decides, except indexed_binary/mmap_indexed_binary/hdf5 -> sample
+    # ours: how samples are read. 'sample': exact extents (parquet: row groups); 'file': the
+    # whole file per sample (DLIO on_demand); 'file_once': each file once per epoch, samples
+    # served from memory (DLIO memory); 'auto': read_type decides, except
+    # indexed_binary/mmap_indexed_binary/hdf5 (and parquet with reader.engine native) -> sample
     read_mode: str = key("auto", "str", choices=("auto", "sample", "file", "file_once"))
     # ours: how files are opened. 'loader': as the real loader (a whole-file load or a read of
     # a one-sample file opens, probes and closes the file with the loader's system calls;
