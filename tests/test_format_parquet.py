@@ -296,6 +296,10 @@ def test_format_is_registered_with_its_extension():
     cfg = load_config("demo", ["dataset.format=parquet", "dataset.parquet.row_group_size=7",
                                "dataset.record_length_bytes_stdev=0"])
     assert format_for(cfg.dataset).options.row_group_size == 7
+    for other in ("npy", "tfrecord", "hdf5"):  # affine extents: no units, the plan unchanged
+        table = describe_dataset(load_config("demo", [f"dataset.format={other}"]))["train"] \
+            .expected_layouts()
+        assert not table.ragged and table.units() is None
 
 
 # ------------------------------------------------------------------ against strace of pyarrow
