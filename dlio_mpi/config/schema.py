@@ -380,8 +380,7 @@ class Dataset:
     # hdf5 files are generated compressed (gzip, lzf) as DLIO writes them; other formats'
     # compression (npz: zip; csv; parquet) is not implemented yet
     compression: str = key("none", "str", choices=("none", "gzip", "lzf", "bz2", "zip", "xz"),
-                           unimplemented=("bz2", "zip", "xz"),
-                           inert="dataset.format is not hdf5 or parquet (parquet: none only)",
+                           unimplemented=("bz2", "zip", "xz"), inert=HDF5_ONLY,
                            acts_if=(("dataset.format", ("hdf5", "parquet")),))
     compression_level: int = key(4, "int", minimum=0, maximum=9,
                                  inert="only gzip has a level (dataset.format hdf5, "

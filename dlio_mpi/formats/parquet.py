@@ -108,7 +108,7 @@ class _CountingSink:
         self.tail = b""
 
     def write(self, data) -> int:
-        view = memoryview(data)
+        view = memoryview(data).cast("B")
         self.pos += view.nbytes
         self.tail = (self.tail + bytes(view[-8:]))[-8:]
         return view.nbytes
@@ -185,6 +185,17 @@ def geometry(sample_bytes: int, rows: int, group_rows: int) -> Geometry:
     return geo
 
 
+@lru_cache(maxsize=64)
+def _units(sample_bytes: int, rows: int, group_rows: int) -> UnitExtents:
+    geo = geometry(sample_bytes, rows, group_rows)
+    footer = np.array(geo.footer_reads(), dtype=np.int64).reshape(-1, 2)
+    arrays = [np.array(geo.offset, dtype=np.int64), np.array(geo.length, dtype=np.int64),
+              footer[:, 0].copy(), footer[:, 1].copy()]
+    for array in arrays:  # cached: shared by every plan
+        array.setflags(write=False)
+    return UnitExtents(geo.group_rows, sample_bytes, *arrays)
+
+
 @dataclass(frozen=True)
 class ParquetOptions:
     """dataset.parquet.* and dataset.compression as they shape a file."""
@@ -248,11 +259,7 @@ class ParquetFormat:
 
     def unit_extents(self, spec: SampleSpec) -> UnitExtents:
         """The row groups, the read units of files like `spec`, and pyarrow's footer reads."""
-        geo = self._geometry(spec)
-        footer = np.array(geo.footer_reads(), dtype=np.int64).reshape(-1, 2)
-        return UnitExtents(geo.group_rows, spec.sample_bytes,
-                           np.array(geo.offset, dtype=np.int64),
-                           np.array(geo.length, dtype=np.int64), footer[:, 0], footer[:, 1])
+        return _units(spec.sample_bytes, spec.samples, self.options.row_group_size)
 
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         geo = self._geometry(spec)
