@@ -265,6 +265,11 @@ def test_two_ranks_generate_and_train_reading_whole_files(tmp_path):
     table = pq.read_table(files[5])
     assert table.column("data")[2].as_py() == _stream(4 * 4096, file_seed("train", 5))[
         2 * 4096:3 * 4096]
+    mtimes = [p.stat().st_mtime_ns for p in files]
+    again = run_cli(["generate", "demo", *over])  # every file looked at: all as computed
+    assert again.returncode == 0 and "0 files" in again.stdout and "8 already complete" \
+        in again.stdout, again.stdout + again.stderr
+    assert [p.stat().st_mtime_ns for p in files] == mtimes
 
 
 @pytest.mark.parametrize("loader", ["pytorch", "tensorflow"])
@@ -353,3 +358,14 @@ def test_whole_file_reads_are_pyarrows_read_table(tmp_path):
     assert ours["opens"] == ref["opens"], (ours, ref)
     assert (ours["preads"], ours["pread_bytes"]) == (ref["preads"], ref["pread_bytes"])
     assert ours["fstats"] == 2 * ref["opens"] and ref["fstats"] >= ours["fstats"], (ours, ref)
+
+
+def test_manifest_records_the_row_group_size_and_pyarrows_version(tmp_path):
+    import pyarrow
+
+    from dlio_mpi.manifest import generation_params
+
+    params = generation_params(_cfg(tmp_path, dataset__parquet__row_group_size=5))
+    assert params["parquet"] == {"row_group_size": 5, "compression": "none",
+                                 "pyarrow": pyarrow.__version__}
+    assert "parquet" not in generation_params(load_config("demo", []))
