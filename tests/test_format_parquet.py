@@ -245,17 +245,20 @@ def _summary(out: Path) -> dict:
     return json.loads((out / "summary.json").read_text())
 
 
-def test_two_ranks_generate_and_train_reading_whole_files(tmp_path):
+@pytest.mark.parametrize("mode", ["file_once", "file"])
+def test_two_ranks_generate_and_train_reading_whole_files(tmp_path, mode):
     over = workload_overrides(tmp_path, dataset__format="parquet",
-                              dataset__num_samples_per_file=4, reader__read_mode="file_once",
+                              dataset__num_samples_per_file=4, reader__read_mode=mode,
                               dataset__parquet__row_group_size=3, output__access_log="true")
     res = run_cli(["run", "demo", *over])
     assert res.returncode == 0, res.stderr
     metric = _summary(tmp_path / "out")["metric"]
     geo = geometry(4096, 4, 3)
     per_file = sum(length for _, length in geo.footer_reads()) + sum(geo.length)
-    # every rank loads each file its samples are in once an epoch
-    loads = sum(len(np.unique(ids // 4)) for ids in access_logs(tmp_path / "out", [1, 2], 2))
+    # file_once: every rank loads each file its samples are in once an epoch; file: once
+    # for every sample (pq.read_table, DLIO's reader on_demand)
+    logs = access_logs(tmp_path / "out", [1, 2], 2)
+    loads = sum(len(np.unique(ids // 4)) if mode == "file_once" else len(ids) for ids in logs)
     assert metric["train_bytes_transferred"] == metric["train_bytes_requested"] \
         == loads * per_file
     assert metric["train_bytes_read"] == loads * 4 * 4096
