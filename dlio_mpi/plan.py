@@ -99,8 +99,11 @@ def loader_note(cfg) -> str:
         return (f"reader.data_loader={loader}: reader.read_mode={cfg.reader.read_mode} decides "
                 f"the reads, not DLIO's {loader} reader; {tail}")
     if fmt == "parquet":
-        return (f"reader.data_loader={loader}: the native C engine reads parquet by row group, "
-                "as pq.ParquetFile(path).read_row_group does (the file's footer when it is "
+        rows, per_file = cfg.dataset.parquet.row_group_size, cfg.dataset.num_samples_per_file
+        return (f"reader.data_loader={loader}: the native C engine reads parquet by row group "
+                f"(dataset.parquet.row_group_size={rows}: {-(-per_file // rows)} in each file of "
+                f"{per_file} samples), as pq.ParquetFile(path).read_row_group does (the file's "
+                "footer when it is "
                 "first opened in the epoch, then each row group holding planned samples once, "
                 "its other samples from memory; MLPerf Storage's parquet readers), where "
                 "DLIO's parquet reader loads whole files with pq.read_table (reader.read_mode "

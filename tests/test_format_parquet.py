@@ -173,6 +173,8 @@ def test_parquet_keys_act_for_parquet_and_are_noted_for_other_formats(tmp_path):
                             "dataset.num_samples_per_file=8"), 2)
     assert not [n for n in plan.notes if "no effect" in n], plan.notes
     assert plan.read_mode == "sample"
+    assert "reads parquet by row group (dataset.parquet.row_group_size=3: 3 in each file of 8 " \
+        "samples)" in plan.notes[0]
     npy = load_config("demo", [*workload_overrides(tmp_path, dataset__format="npy"),
                                "dataset.parquet.row_group_size=3"])
     notes = [n for n in derive_plan(npy, 2).notes if "no effect" in n]
