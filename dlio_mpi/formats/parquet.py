@@ -79,7 +79,7 @@ class Geometry:
 
 def _writer_options(sample_bytes: int) -> dict:
     return dict(compression="none", use_dictionary=False, write_statistics=False,
-                column_encoding={COLUMN: "PLAIN"},
+                column_encoding={COLUMN: "PLAIN"}, data_page_size=PAGE_BYTES,
                 write_batch_size=max(1, min(1024, PAGE_BYTES // max(sample_bytes, 1))))
 
 
