@@ -232,4 +232,4 @@ def locate_split(comm, cfg, split: DatasetSplit) -> SplitFiles:
         return SplitFiles(split, expected, source, axis)
     if source == "probed":
         return SplitFiles(split, ShiftedLayouts(expected, *extra), source, axis)
-    return SplitFiles(split, ListedLayouts(extra), source, axis, listed)
+    return SplitFiles(split, ListedLayouts(extra, expected), source, axis, listed)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .formats import FileLayout, Format, SampleSpec, format_for
+from .formats import FileLayout, Format, SampleSpec, UnitExtents, format_for
 
 SPLITS = ("train", "valid")
 SHAPE_SEED = 10  # DLIO seeds its global NumPy RNG with 10 before drawing file shapes
@@ -104,13 +104,27 @@ class LayoutTable:
         lay = self.take(np.array([index], dtype=np.int64))
         return FileLayout(*(int(getattr(lay, c)[0]) for c in COLUMNS))
 
+    ragged = False  # the files' samples are read by units (units()), not affine extents
+
+    def units(self) -> UnitExtents | None:
+        """The read units shared by every file (ragged formats: parquet's row groups), or
+        None when samples sit at affine extents (or the units are not known)."""
+        return None
+
 
 class ListedLayouts(LayoutTable):
-    """Layouts listed file by file (probed from files another tool wrote)."""
+    """Layouts listed file by file (probed from files another tool wrote). `computed`: the
+    computed layouts whose read units the files share (a ragged format's probe accepts only
+    files laid out as computed)."""
 
-    def __init__(self, cols: np.ndarray) -> None:
+    def __init__(self, cols: np.ndarray, computed: LayoutTable | None = None) -> None:
         self.cols = np.asarray(cols, dtype=np.int64).reshape(-1, len(COLUMNS))
         self.count = len(self.cols)
+        self.computed = computed
+        self.ragged = computed is not None and computed.ragged
+
+    def units(self) -> UnitExtents | None:
+        return self.computed.units() if self.computed is not None else None
 
     @staticmethod
     def from_layouts(layouts: list[FileLayout]) -> ListedLayouts:
@@ -142,6 +156,15 @@ class ComputedLayouts(LayoutTable):
         self._classes: dict[tuple, tuple[int, int, bool]] = {}
         self._totals: dict[str, int] | None = None
         self._by_sample_bytes = getattr(fmt, "layout_columns", None)
+        self.ragged = hasattr(fmt, "unit_extents")
+
+    def units(self) -> UnitExtents | None:
+        if not self.ragged:
+            return None
+        if len(self.dims) != 1:
+            raise ValueError(f"{self.format.name} files of different sample sizes: reading "
+                             "them by read units is not implemented yet")
+        return self.format.unit_extents(self._spec(self.dims[0]))
 
     def _spec(self, dims) -> SampleSpec:
         return SampleSpec(tuple(int(d) for d in dims), self.dtype, self.samples,
@@ -270,6 +293,10 @@ class ShiftedLayouts(LayoutTable):
     def __init__(self, base: LayoutTable, offset_delta: int, size_delta: int) -> None:
         self.base, self.offset_delta, self.size_delta = base, offset_delta, size_delta
         self.count = base.count
+        self.ragged = base.ragged
+
+    def units(self) -> UnitExtents | None:
+        return self.base.units() if self.offset_delta == self.size_delta == 0 else None
 
     def take(self, files: np.ndarray) -> Layouts:
         lay = self.base.take(files)

@@ -38,6 +38,11 @@ def generation_params(cfg) -> dict:
                           "max_shape": list(ds.hdf5.max_shape),
                           "compression": ds.compression,
                           "compression_level": ds.compression_level}
+    if ds.format == "parquet":  # pyarrow's version is in the footer, whose length it sets
+        from importlib.metadata import version
+
+        params["parquet"] = {"row_group_size": ds.parquet.row_group_size,
+                             "compression": ds.compression, "pyarrow": version("pyarrow")}
     return params
 
 

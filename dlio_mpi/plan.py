@@ -78,6 +78,8 @@ def resolve_read_mode(cfg, data_loader: str | None = None) -> str:
         return mode
     if cfg.dataset.format in ("indexed_binary", "mmap_indexed_binary", "hdf5"):
         return "sample"
+    if cfg.dataset.format == "parquet" and cfg.reader.engine == "native":
+        return "sample"  # row groups, as MLPerf Storage's parquet readers read them
     if cfg.reader.read_type == "memory":
         return "file_once"
     loader = data_loader or cfg.reader.data_loader
@@ -96,6 +98,16 @@ def loader_note(cfg) -> str:
     if cfg.reader.read_mode != "auto":
         return (f"reader.data_loader={loader}: reader.read_mode={cfg.reader.read_mode} decides "
                 f"the reads, not DLIO's {loader} reader; {tail}")
+    if fmt == "parquet":
+        rows, per_file = cfg.dataset.parquet.row_group_size, cfg.dataset.num_samples_per_file
+        return (f"reader.data_loader={loader}: the native C engine reads parquet by row group "
+                f"(dataset.parquet.row_group_size={rows}: {-(-per_file // rows)} in each file of "
+                f"{per_file} samples), as pq.ParquetFile(path).read_row_group does (the file's "
+                "footer when it is "
+                "first opened in the epoch, then each row group holding planned samples once, "
+                "its other samples from memory; MLPerf Storage's parquet readers), where "
+                "DLIO's parquet reader loads whole files with pq.read_table (reader.read_mode "
+                f"file or file_once); {tail}")
     other = "tensorflow" if loader == "pytorch" else "pytorch"
     mine, theirs = resolve_read_mode(cfg), resolve_read_mode(cfg, other)
     alike = (f"as its {other} reader does" if mine == theirs
@@ -189,6 +201,10 @@ def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_r
     (exact integer arithmetic: products of sizes and counts overflow int64 at scale)."""
     if split.num_samples == 0:
         return 0
+    units = layouts.units() if mode == "sample" else None
+    if units is not None:  # every row group once, and the footer reads at each open
+        per_file = int(units.length.sum()) + int(units.open_length.sum())
+        return per_file * split.num_files * samples_read // split.num_samples
     if mode == "sample":
         per_split = layouts.total("sample_span") * split.samples_per_file
     elif mode == "file":

@@ -2,7 +2,11 @@
 flags) that the C engine executes without Python.
 
 What is read (reader.read_mode):
-- sample:    the exact extent of each sample (what a careful loader reads);
+- sample:    the exact extent of each sample (what a careful loader reads); for formats whose
+             samples sit in read units at ragged offsets (parquet's row groups: the layout
+             table's units()) the unit holding the sample, once per epoch when its first
+             planned sample comes (its other samples come from memory), after the loader's
+             footer reads when the file is first opened in the epoch (reader.access loader);
 - file:      the whole file for every sample, like np.load in DLIO's on_demand mode;
 - file_once: the whole file the first time one of its samples is needed in the epoch, later
              samples of that file come from memory (DLIO's memory mode).
@@ -23,6 +27,7 @@ import numpy as np
 
 from . import _core
 from .dataset import Layouts, LayoutTable
+from .formats.base import UnitExtents
 from .formats.loader import WholeFileReads
 
 READ_MODES = ("sample", "file", "file_once")
@@ -104,6 +109,8 @@ def _whole_file_accesses(files: np.ndarray, lay: Layouts, policy: AccessPolicy):
     model = policy.whole_file(lay)
     counts = np.diff(model.start)
     owner = np.repeat(np.arange(len(files)), counts)
+    if model.flags is not None:
+        return owner, model.offset, model.length, model.expect, model.flags.astype(np.uint32)
     flags = np.zeros(len(owner), dtype=np.uint32)
     first, last = model.start[:-1], model.start[1:] - 1
     flags[first] |= _core.REQ_OPEN
@@ -138,6 +145,13 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
         files, step_of = files[first], step_of[first]
     elif mode not in ("sample", "file"):
         raise ValueError(f"unknown read mode {mode!r}; expected one of {READ_MODES}")
+    elif mode == "sample" and layouts.ragged:
+        units = layouts.units()
+        if units is None:
+            raise ValueError("these files' read units are not known (files laid out otherwise "
+                             "than computed): reading them by sample is not implemented yet")
+        return _unit_plan(ids, files, step_of, steps, samples_per_file, units, policy,
+                          sample_delay_ns)
     lay = layouts.take(files)
     per_file_payload = lay.sample_bytes * samples_per_file
     whole = mode != "sample" or (samples_per_file == 1 and policy.access == "loader")
@@ -171,5 +185,56 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
                     np.ascontiguousarray(length, dtype=np.int64),
                     np.ascontiguousarray(flags, dtype=np.uint32),
                     np.ascontiguousarray(expect, dtype=np.int64), batch_payload, delay,
+                    None if sample_delay_ns is None else
+                    np.ascontiguousarray(sample_delay_ns[:len(ids)], dtype=np.int64))
+
+
+def _unit_plan(ids: np.ndarray, files: np.ndarray, step_of: np.ndarray, steps: int,
+               samples_per_file: int, units: UnitExtents, policy: AccessPolicy,
+               sample_delay_ns: np.ndarray | None) -> ReadPlan:
+    """read_mode sample over read units (see the module): one read of each unit the epoch
+    needs, in the step of its first planned sample, preceded at the file's first unit by the
+    loader's footer reads (the first one fstats again: pyarrow fstats twice when it opens).
+    A unit's load delivers all its samples' payload (as file_once's whole-file loads do)."""
+    nunits = len(units.offset)
+    unit = (ids % samples_per_file) // units.per_unit
+    key = files * nunits + unit
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))
+    load_of = position[inverse.reshape(-1)]
+    first = first[order]
+    lfile, lunit, lstep = files[first], unit[first], step_of[first]
+    opens = np.zeros(len(first), dtype=bool)
+    footer = len(units.open_offset) if policy.access == "loader" else 0
+    if footer:
+        opens[np.unique(lfile, return_index=True)[1]] = True
+    count = 1 + opens * footer
+    owner = np.repeat(np.arange(len(first)), count)
+    start = np.concatenate(([0], np.cumsum(count)))
+    within = np.arange(start[-1]) - start[owner]
+    is_unit = within == count[owner] - 1
+    head = np.minimum(within, max(footer - 1, 0))
+    offset = np.where(is_unit, units.offset[lunit[owner]],
+                      units.open_offset[head] if footer else 0)
+    length = np.where(is_unit, units.length[lunit[owner]],
+                      units.open_length[head] if footer else 0)
+    flags = np.zeros(len(owner), dtype=np.uint32)
+    flags[(within == 0) & ~is_unit] = _core.REQ_FSTAT
+    if policy.mmap:
+        flags |= _core.REQ_MMAP
+    delay = None
+    if sample_delay_ns is not None:  # after the unit's read, all its samples' time
+        per_load = np.bincount(load_of, weights=sample_delay_ns[:len(ids)],
+                               minlength=len(first)).astype(np.int64)
+        delay = np.where(is_unit, per_load[owner], 0).astype(np.int64)
+    payload = units.rows(samples_per_file)[lunit] * units.sample_bytes
+    batch_payload = np.bincount(lstep, weights=payload, minlength=steps).astype(np.int64)
+    return ReadPlan(ids, _batches_of(lstep[owner], steps),
+                    np.ascontiguousarray(lfile[owner], dtype=np.int64),
+                    np.ascontiguousarray(offset, dtype=np.int64),
+                    np.ascontiguousarray(length, dtype=np.int64), flags,
+                    np.ascontiguousarray(length, dtype=np.int64), batch_payload, delay,
                     None if sample_delay_ns is None else
                     np.ascontiguousarray(sample_delay_ns[:len(ids)], dtype=np.int64))

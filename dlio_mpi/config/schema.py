@@ -33,7 +33,7 @@ class ConfigError(UserError, ValueError):
 
 DATATYPES = ("int8", "uint8", "fp16", "bf16", "fp32", "fp64")
 FORMATS = ("tfrecord", "hdf5", "csv", "npz", "npy", "hdf5_opt", "jpeg", "png",
-           "indexed_binary", "mmap_indexed_binary", "synthetic")
+           "indexed_binary", "mmap_indexed_binary", "synthetic", "parquet")
 # DLIO's enum also has 'none', which its loader factory refuses ("not supported")
 DATA_LOADERS = ("tensorflow", "pytorch", "dali", "native_dali", "custom", "synthetic")
 SHUFFLES = ("off", "seed", "random")
@@ -54,6 +54,7 @@ DEAD = "DLIO never reads it either"
 RELEASED_UNREAD = ("as in DLIO 2.0.0 (set in its dlrm.yaml, never read by its configuration "
                    "loader)")
 HDF5_ONLY = "dataset.format is not hdf5 (DLIO uses them for hdf5 files only)"
+PARQUET_ONLY = "dataset.format is not parquet (they shape parquet files only)"
 # Where the framework loaders hand over decoded items (Rule.acts_if of the keys shaping them)
 FRAMEWORK = (("reader.engine", ("framework",)),)
 BATCH_COPY = ("it shapes the decoded sample DLIO's readers hand to the framework loader "
@@ -350,6 +351,13 @@ class Hdf5:
 
 
 @dataclass(frozen=True)
+class Parquet:
+    # ours: rows (samples) per row group, the read unit; pyarrow's default, which DLIO's
+    # pq.write_table gets (all rows of a file of fewer samples in one group)
+    row_group_size: int = key(1048576, "int", minimum=1)
+
+
+@dataclass(frozen=True)
 class Dataset:
     # alias: record_length. 0 has no meaning: DLIO makes it 1-byte samples (or divides by
     # zero with a stdev). Sizes stay below the 2^62 bytes the C engine addresses in a file.
@@ -374,10 +382,10 @@ class Dataset:
     file_prefix: str = key("img", "str")
     format: str = key("tfrecord", "str", choices=FORMATS)
     # hdf5 files are generated compressed (gzip, lzf) as DLIO writes them; other formats'
-    # compression (npz: zip; csv) is not implemented yet
+    # compression (npz: zip; csv; parquet) is not implemented yet
     compression: str = key("none", "str", choices=("none", "gzip", "lzf", "bz2", "zip", "xz"),
                            unimplemented=("bz2", "zip", "xz"), inert=HDF5_ONLY,
-                           acts_if=(("dataset.format", ("hdf5",)),))
+                           acts_if=(("dataset.format", ("hdf5", "parquet")),))
     compression_level: int = key(4, "int", minimum=0, maximum=9,
                                  inert="only gzip has a level (dataset.format hdf5, "
                                        "dataset.compression gzip)",
@@ -392,6 +400,8 @@ class Dataset:
         inert="the element size is dataset.record_element_type's, as DLIO derives it")
     record_dims: tuple[int, ...] = key((), "ints", minimum=1)
     hdf5: Hdf5 = section(Hdf5, inert=HDF5_ONLY, acts_if=(("dataset.format", ("hdf5",)),))
+    parquet: Parquet = section(Parquet, inert=PARQUET_ONLY,
+                               acts_if=(("dataset.format", ("parquet",)),))
     # ours: where the samples sit in npy/npz arrays ('first_axis': one sample is one contiguous
     # extent; 'last_axis': DLIO's generator layout)
     sample_layout: str = key("first_axis", "str", choices=("first_axis", "last_axis"))
@@ -472,9 +482,10 @@ class Reader:
                                                    acts_if=FRAMEWORK)
     transformed_record_element_type: str = key("uint8", "dtype", inert=BATCH_COPY,
                                                acts_if=FRAMEWORK)
-    # ours: how samples are read. 'sample': exact extents; 'file': the whole file per sample
-    # (DLIO on_demand); 'file_once': each file once per epoch, samples served from memory (DLIO
-    # memory); 'auto': read_type decides, except indexed_binary/mmap_indexed_binary/hdf5 -> sample
+    # ours: how samples are read. 'sample': exact extents (parquet: row groups); 'file': the
+    # whole file per sample (DLIO on_demand); 'file_once': each file once per epoch, samples
+    # served from memory (DLIO memory); 'auto': read_type decides, except
+    # indexed_binary/mmap_indexed_binary/hdf5 (and parquet with reader.engine native) -> sample
     read_mode: str = key("auto", "str", choices=("auto", "sample", "file", "file_once"))
     # ours: how files are opened. 'loader': as the real loader (a whole-file load or a read of
     # a one-sample file opens, probes and closes the file with the loader's system calls;

@@ -9,20 +9,22 @@ generation (recorded_sizes.py) or probed, and their layouts follow from the size
 
 from __future__ import annotations
 
-from .base import FileLayout, Format, SampleSpec, StoredArray
+from .base import FileLayout, Format, SampleSpec, StoredArray, UnitExtents
 from .csv_table import CsvFormat
 from .hdf5 import Hdf5Format
 from .images import ImageFormat
 from .indexed_binary import IndexedBinaryFormat, MmapIndexedBinaryFormat
 from .npy import NpyFormat
 from .npz import NpzFormat
+from .parquet import ParquetFormat
 from .synthetic import SyntheticFormat
 from .tfrecord import TFRecordFormat
 
 _REGISTRY: dict[str, Format] = {
     fmt.name: fmt for fmt in (NpyFormat(), NpzFormat(), IndexedBinaryFormat(),
                               MmapIndexedBinaryFormat(), SyntheticFormat(), TFRecordFormat(),
-                              Hdf5Format(), ImageFormat("jpeg"), ImageFormat("png"), CsvFormat())
+                              Hdf5Format(), ImageFormat("jpeg"), ImageFormat("png"), CsvFormat(),
+                              ParquetFormat())
 }
 
 
@@ -38,7 +40,8 @@ def get_format(name: str) -> Format:
 
 def format_for(dataset) -> Format:
     """The format of the `dataset` section, configured by its format's own keys (hdf5:
-    dataset.hdf5.*, dataset.compression); ConfigError for values it cannot take."""
+    dataset.hdf5.*, dataset.compression; parquet: dataset.parquet.*); ConfigError for values
+    it cannot take."""
     fmt = get_format(dataset.format)
     configure = getattr(fmt, "configure", None)
     return configure(dataset) if configure is not None else fmt
@@ -57,5 +60,5 @@ def read_refusal(fmt: Format, spec: SampleSpec) -> str:
     return refusal(spec) if refusal is not None else ""
 
 
-__all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "format_for", "get_format",
-           "implemented_formats", "read_refusal", "sizes_recorded"]
+__all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "UnitExtents", "format_for",
+           "get_format", "implemented_formats", "read_refusal", "sizes_recorded"]

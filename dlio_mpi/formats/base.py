@@ -68,6 +68,26 @@ class FileLayout:
 
 
 @dataclass(frozen=True)
+class UnitExtents:
+    """The read units of files alike whose samples do not sit at affine offsets (parquet's
+    row groups): unit k holds samples [k*per_unit, (k+1)*per_unit) (the last unit the rest)
+    and spans [offset[k], offset[k] + length[k]); a loader opening the file first reads
+    (open_offset[j], open_length[j]) (its footer reads)."""
+
+    per_unit: int
+    sample_bytes: int
+    offset: np.ndarray
+    length: np.ndarray
+    open_offset: np.ndarray
+    open_length: np.ndarray
+
+    def rows(self, samples: int) -> np.ndarray:
+        """Samples in each unit of a file of `samples` samples."""
+        first = np.arange(len(self.offset), dtype=np.int64) * self.per_unit
+        return np.minimum(self.per_unit, samples - first)
+
+
+@dataclass(frozen=True)
 class StoredArray:
     """What a file's header says it holds: an array of `shape` and `dtype` whose bytes start
     at data_offset (indexed formats: (samples, sample_bytes) of uint8)."""
@@ -160,6 +180,14 @@ def library_load(fmt: str, path: str) -> np.ndarray:
         import pandas
 
         return pandas.read_csv(path, header=None).to_numpy()
+    if fmt == "parquet":  # DLIO's parquet reader: pq.read_table, one sample a row
+        import pyarrow.parquet as pq
+
+        column = pq.read_table(path).column("data").combine_chunks()
+        width = column.type.byte_width
+        values = np.frombuffer(column.buffers()[1], dtype=np.uint8,
+                               count=len(column) * width, offset=column.offset * width)
+        return values.reshape(len(column), width)
     raise ValueError(f"no whole-file load for format {fmt}")
 
 

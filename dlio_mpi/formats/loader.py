@@ -61,13 +61,15 @@ class WholeFileReads:
     """The reads that load whole files, flattened: file k issues reads
     [start[k], start[k+1]) of (offset, length asked, expect: bytes that arrive, fewer where
     the read reaches the end of the file), and extra_fstats[k] fstat calls beyond the one at
-    open."""
+    open. `flags`: the REQ_* flags of each read, when the model places the opens, closes and
+    fstats itself (a loader opening the file more than once); None: one access per file."""
 
     start: np.ndarray
     offset: np.ndarray
     length: np.ndarray
     expect: np.ndarray
     extra_fstats: np.ndarray
+    flags: np.ndarray | None = None
 
 
 def gather(keys: np.ndarray, simulate: Callable[[tuple], npload.LoaderReads],

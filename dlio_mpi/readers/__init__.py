@@ -29,7 +29,7 @@ FORMAT_MODULES = {"csv": "pandas", "jpeg": "PIL", "png": "PIL"}
 FRAMEWORK_LOADERS = {
     "pytorch": {"backend": ("dlio_mpi.readers.torch_loader", "TorchLoaderReader"),
                 "loader": "torch.utils.data.DataLoader", "module": "torch",
-                "formats": ("npy", "npz", "indexed_binary", "jpeg", "png", "csv"),
+                "formats": ("npy", "npz", "indexed_binary", "jpeg", "png", "csv", "parquet"),
                 "file_access": ("multi",),
                 # what its Dataset does per sample (DLIO's pytorch readers)
                 "reads": {"npy": "np.load(path) of the whole file for every sample",
@@ -40,10 +40,12 @@ FRAMEWORK_LOADERS = {
                                   "for every sample (the image is the sample)"
                              for fmt in ("jpeg", "png")},
                           "csv": "pandas.read_csv(path) of the whole file for every sample, "
-                                 "then its row"}},
+                                 "then its row",
+                          "parquet": "pq.read_table(path) of the whole file for every "
+                                     "sample"}},
     "tensorflow": {"backend": ("dlio_mpi.readers.tf_loader", "open_tf_data"),
                    "loader": "tf.data pipeline", "module": "tensorflow",
-                   "formats": ("tfrecord", "npy", "npz", "jpeg", "png", "csv"),
+                   "formats": ("tfrecord", "npy", "npz", "jpeg", "png", "csv", "parquet"),
                    "file_access": ("multi",),
                    # what its TFRecordDataset does (DLIO's tensorflow reader)
                    "reads": {"tfrecord": "each planned file streamed whole by "
@@ -60,7 +62,10 @@ FRAMEWORK_LOADERS = {
                                for fmt in ("jpeg", "png")},
                             "csv": "pandas.read_csv(path) of the whole file in a tf.data "
                                    "generator per reader thread, once for the file's samples "
-                                   "of the epoch, then each sample's row"}},
+                                   "of the epoch, then each sample's row",
+                            "parquet": "pq.read_table(path) of the whole file in a tf.data "
+                                       "generator per reader thread, once for the file's "
+                                       "samples of the epoch"}},
 }
 
 

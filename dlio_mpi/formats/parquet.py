@@ -1,0 +1,402 @@
+"""Parquet files (dataset.format: parquet), written and laid out through pyarrow.
+
+A file holds one required column `data` of fixed_size_binary(sample bytes), one row per sample,
+in row groups of dataset.parquet.row_group_size rows (the last group holds the rest), written
+with PLAIN encoding, no dictionary, no statistics and no compression. Why fixed_size_binary:
+Parquet stores it as FIXED_LEN_BYTE_ARRAY, whose PLAIN values are the bytes themselves, back
+to back, with no length prefix (binary would put 4 bytes before each) and, the column being
+required, no definition levels; a list<uint8> column would store every byte as a 4-byte INT32
+value with repetition levels. So a sample is one contiguous run of its bytes, and the samples
+of a data page follow each other.
+
+What pyarrow puts where depends, without compression, only on (sample bytes, rows, row group
+size) and on pyarrow's version (its footer names it): geometry() writes a zero-filled table
+of that geometry through the same writer settings into a sink that only counts bytes, and
+reads the row groups' column chunks (offset, size) and the footer's length from what the
+writer reports (cached per geometry; no file is touched). write() writes the real file row
+group by row group (the payload of group g is bytes [g*G*n, ...) of the file's seed stream,
+so sample i holds bytes [i*n, (i+1)*n) of it) and refuses a file whose metadata differs from
+the computed geometry. Data pages are cut at about 1 MiB (pyarrow's data_page_size, checked
+every write_batch_size rows, which is set so that a batch is about that size: pyarrow's
+default 1024 rows would make pages of 1024 samples, over 2 GiB for large samples).
+
+How readers read (strace of pyarrow 26): pq.ParquetFile(path) opens the file, fstats it twice
+and reads its tail, min(size, 64 KiB) (FOOTER_READ), then, when the footer (metadata + 8
+bytes) is longer, the whole metadata [size - 8 - M, size - 8); read_row_group(g) then reads
+group g's column chunk with one pread. pq.read_table(path) opens the file for the footer as
+above and closes it, opens it again (two fstats) and reads every column chunk, adjacent
+chunks coalesced into reads of at most 32 MiB (Arrow's range_size_limit; a chunk over that
+is one read of its own), and closes it.
+
+Compressed files (dataset.compression) have sizes that depend on their content, which the
+dataset's size checks need before any I/O: not implemented yet."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from .. import _core
+from ..config.schema import ConfigError
+from .base import FileLayout, SampleSpec, StagedWrites, StoredArray, UnitExtents
+from .loader import WholeFileReads
+
+MAGIC = b"PAR1"
+FOOTER_READ = 64 << 10          # what pyarrow reads of a file's tail first
+COALESCE_LIMIT = 32 << 20       # Arrow's range_size_limit for read_table's pre-buffering
+PAGE_BYTES = 1 << 20            # pyarrow's data_page_size
+MAX_GROUP_BYTES = 1 << 30       # one row group is made in memory when written
+MAX_SAMPLE_BYTES = 2**31 - 2**20  # fixed_size_binary widths and page sizes are int32
+SIMULATE_BYTES = 256 << 20      # zero rows handed to the layout's writer at once
+ROW_GROUP_DEFAULT = 1 << 20     # pyarrow's default row group length (what DLIO's writer gets)
+COMPRESSIONS = ("none",)
+COLUMN = "data"
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where a file's bytes go: row group g's column chunk is [offset[g], offset[g] +
+    length[g]), holding rows [g*group_rows, ...); the footer (metadata, its length, PAR1)
+    ends the file."""
+
+    size: int
+    group_rows: int
+    offset: tuple[int, ...]
+    length: tuple[int, ...]
+    metadata: int            # M: bytes of the footer's thrift metadata
+
+    def footer_reads(self) -> list[tuple[int, int]]:
+        """(offset, length) of pyarrow's reads of the footer at open."""
+        tail = min(self.size, FOOTER_READ)
+        reads = [(self.size - tail, tail)]
+        if self.metadata + 8 > tail:
+            reads.append((self.size - 8 - self.metadata, self.metadata))
+        return reads
+
+
+def _writer_options(sample_bytes: int) -> dict:
+    return dict(compression="none", use_dictionary=False, write_statistics=False,
+                column_encoding={COLUMN: "PLAIN"}, data_page_size=PAGE_BYTES,
+                write_batch_size=max(1, min(1024, PAGE_BYTES // max(sample_bytes, 1))))
+
+
+def _schema(sample_bytes: int):
+    import pyarrow as pa
+
+    return pa.schema([pa.field(COLUMN, pa.binary(sample_bytes), nullable=False)])
+
+
+def _table(buffer, rows: int, sample_bytes: int):
+    """A one-column table over `buffer`'s rows*sample_bytes bytes (no copy)."""
+    import pyarrow as pa
+
+    column = pa.FixedSizeBinaryArray.from_buffers(pa.binary(sample_bytes), rows,
+                                                  [None, pa.py_buffer(buffer)])
+    return pa.Table.from_arrays([column], schema=_schema(sample_bytes))
+
+
+class _CountingSink:
+    """A writable file that keeps nothing but its length and last bytes."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.pos = 0
+        self.tail = b""
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        self.pos += view.nbytes
+        self.tail = (self.tail + bytes(view[-8:]))[-8:]
+        return view.nbytes
+
+    def tell(self) -> int:
+        return self.pos
+
+    def writable(self) -> bool:
+        return True
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def _chunks(metadata) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(offsets, sizes, rows) of the column chunks of every row group, from `metadata`."""
+    offsets, sizes, rows = [], [], []
+    for g in range(metadata.num_row_groups):
+        group = metadata.row_group(g)
+        chunk = group.column(0)
+        offsets.append(int(chunk.data_page_offset))
+        sizes.append(int(chunk.total_compressed_size))
+        rows.append(int(group.num_rows))
+    return tuple(offsets), tuple(sizes), tuple(rows)
+
+
+def check_geometry(sample_bytes: int, rows: int, group_rows: int) -> None:
+    """ConfigError for files pyarrow cannot write or dlio-mpi cannot make in memory."""
+    if sample_bytes > MAX_SAMPLE_BYTES:
+        raise ConfigError(f"dataset.format: parquet samples of {sample_bytes} bytes are not "
+                          f"implemented yet in dlio-mpi (fixed_size_binary widths are int32); "
+                          f"accepted: at most {MAX_SAMPLE_BYTES} bytes")
+    group_bytes = min(group_rows, rows) * sample_bytes
+    if group_bytes > MAX_GROUP_BYTES:
+        raise ConfigError(f"dataset.parquet.row_group_size: {group_rows} rows of {sample_bytes}"
+                          f" bytes make row groups of {group_bytes} bytes; more than "
+                          f"{MAX_GROUP_BYTES} (a group is made in memory) is not implemented "
+                          f"yet in dlio-mpi; accepted: at most "
+                          f"{max(1, MAX_GROUP_BYTES // sample_bytes)} rows")
+
+
+@lru_cache(maxsize=256)
+def geometry(sample_bytes: int, rows: int, group_rows: int) -> Geometry:
+    """The layout pyarrow gives a file of `rows` samples of `sample_bytes` in groups of
+    `group_rows`: written, zero-filled, into a counting sink (see the module)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    check_geometry(sample_bytes, rows, group_rows)
+    group_rows = min(group_rows, rows)
+    per_call = group_rows * max(1, SIMULATE_BYTES // (group_rows * sample_bytes))
+    zeros = np.zeros(min(per_call, rows) * sample_bytes, dtype=np.uint8)
+    table = _table(zeros, min(per_call, rows), sample_bytes)
+    sink = _CountingSink()
+    writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), _schema(sample_bytes),
+                              **_writer_options(sample_bytes))
+    for start in range(0, rows, per_call):
+        writer.write_table(table.slice(0, min(per_call, rows - start)),
+                           row_group_size=group_rows)
+    writer.close()
+    offsets, sizes, counts = _chunks(writer.writer.metadata)
+    metadata = int.from_bytes(sink.tail[:4], "little")
+    geo = Geometry(sink.pos, group_rows, offsets, sizes, metadata)
+    expected_counts = [group_rows] * (rows // group_rows) + ([rows % group_rows]
+                                                             if rows % group_rows else [])
+    if list(counts) != expected_counts or sink.tail[4:] != MAGIC or (
+            offsets[-1] + sizes[-1] + metadata + 8 != sink.pos):
+        raise RuntimeError(f"pyarrow {pa.__version__} wrote parquet files of "
+                           f"{sample_bytes}-byte samples otherwise than dlio-mpi expects "
+                           f"(row groups of {list(counts)} rows, {sink.pos} bytes)")
+    return geo
+
+
+@lru_cache(maxsize=64)
+def _units(sample_bytes: int, rows: int, group_rows: int) -> UnitExtents:
+    geo = geometry(sample_bytes, rows, group_rows)
+    footer = np.array(geo.footer_reads(), dtype=np.int64).reshape(-1, 2)
+    arrays = [np.array(geo.offset, dtype=np.int64), np.array(geo.length, dtype=np.int64),
+              footer[:, 0].copy(), footer[:, 1].copy()]
+    for array in arrays:  # cached: shared by every plan
+        array.setflags(write=False)
+    return UnitExtents(geo.group_rows, sample_bytes, *arrays)
+
+
+@dataclass(frozen=True)
+class ParquetOptions:
+    """dataset.parquet.* and dataset.compression as they shape a file."""
+
+    row_group_size: int = ROW_GROUP_DEFAULT
+    compression: str = "none"
+
+
+@dataclass(frozen=True)
+class StoredParquet(StoredArray):
+    """A parquet file laid out as dlio-mpi writes them: (rows, sample bytes) of uint8."""
+
+    def as_samples(self, samples: int, preferred: str) -> SampleSpec:
+        if self.shape[0] != samples:
+            raise ValueError(f"holds {self.shape[0]} rows where "
+                             f"dataset.num_samples_per_file={samples}")
+        return SampleSpec(tuple(self.shape[1:]), self.dtype, samples, "first_axis")
+
+    def layout(self, spec: SampleSpec) -> FileLayout:
+        return FileLayout(self.size, self.data_offset, spec.sample_bytes, spec.sample_bytes,
+                          spec.sample_bytes)
+
+
+class ParquetFormat:
+    """dataset.format: parquet"""
+
+    name = "parquet"
+    extension = "parquet"
+
+    def __init__(self, options: ParquetOptions = ParquetOptions()) -> None:
+        self.options = options
+
+    def configure(self, dataset) -> ParquetFormat:
+        """This format for the `dataset` section (dataset.parquet.row_group_size,
+        dataset.compression); ConfigError for what dlio-mpi does not do yet."""
+        options = ParquetOptions(dataset.parquet.row_group_size, dataset.compression)
+        if options.compression not in COMPRESSIONS:
+            raise ConfigError(f"dataset.compression: {options.compression!r} is not "
+                              "implemented yet in dlio-mpi for parquet (compressed files' "
+                              "sizes depend on their content, and dlio-mpi checks a dataset's "
+                              "sizes before any I/O); accepted: none")
+        if dataset.sample_layout != "first_axis":
+            raise ConfigError(f"dataset.sample_layout: {dataset.sample_layout!r} does not apply "
+                              "to parquet, whose rows are the samples; accepted: first_axis")
+        if dataset.record_length_bytes_stdev > 0:
+            raise ConfigError(f"dataset.record_length_bytes_stdev: parquet files of varying "
+                              f"sample sizes ({dataset.record_length_bytes_stdev:g}) are not "
+                              "implemented yet in dlio-mpi; accepted for parquet: 0")
+        return ParquetFormat(options)
+
+    def _geometry(self, spec: SampleSpec) -> Geometry:
+        return geometry(spec.sample_bytes, spec.samples, self.options.row_group_size)
+
+    def layout(self, spec: SampleSpec) -> FileLayout:
+        """The file's size and where its first row group starts; samples are not at affine
+        offsets (page headers sit between them): unit_extents gives the row groups, which
+        readers read."""
+        geo = self._geometry(spec)
+        return FileLayout(geo.size, geo.offset[0], spec.sample_bytes, spec.sample_bytes,
+                          spec.sample_bytes)
+
+    def unit_extents(self, spec: SampleSpec) -> UnitExtents:
+        """The row groups, the read units of files like `spec`, and pyarrow's footer reads."""
+        return _units(spec.sample_bytes, spec.samples, self.options.row_group_size)
+
+    def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
+        geo = self._geometry(spec)
+
+        def fill(fd: int) -> None:
+            found = _write_groups(fd, spec, seed, geo.group_rows)
+            found["size"] = os.fstat(fd).st_size
+            _check_placement(path, geo, found)
+
+        return staged.write(path, fill)
+
+    def payload_extent(self, spec: SampleSpec) -> None:
+        return None  # page headers between the samples, the footer after them
+
+    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
+        return None
+
+    def probe(self, path: str) -> StoredParquet:
+        """A parquet file another tool wrote: read natively only when laid out exactly as
+        dlio-mpi writes them (one uncompressed fixed_size_binary column `data` in row groups
+        of dataset.parquet.row_group_size rows), else ValueError saying why."""
+        import pyarrow.parquet as pq
+
+        with _core.open_regular(path) as fp:
+            size = os.fstat(fp.fileno()).st_size
+            try:
+                meta = pq.ParquetFile(fp).metadata
+            except Exception as exc:  # pyarrow's ArrowInvalid and friends
+                raise ValueError(f"is not a parquet file pyarrow can open ({exc})") from None
+        schema = meta.schema
+        column = schema.column(0) if meta.num_columns else None
+        if (meta.num_columns != 1 or column.name != COLUMN
+                or column.physical_type != "FIXED_LEN_BYTE_ARRAY"):
+            raise ValueError("does not hold one fixed_size_binary column 'data' (one sample a "
+                             "row), the parquet layout dlio-mpi reads natively; reading other "
+                             "parquet layouts is not implemented yet")
+        chunk = meta.row_group(0).column(0) if meta.num_row_groups else None
+        if chunk is None:
+            raise ValueError("holds no row groups")
+        if chunk.compression != "UNCOMPRESSED":
+            raise ValueError(f"is compressed ({chunk.compression}), which is not read natively "
+                             "yet")
+        rows, width = int(meta.num_rows), int(column.length)
+        want = geometry(width, rows, self.options.row_group_size)
+        offsets, sizes, _ = _chunks(meta)
+        if (size, offsets, sizes) != (want.size, want.offset, want.length):
+            raise ValueError(f"is not laid out as dlio-mpi writes parquet files with "
+                             f"dataset.parquet.row_group_size={self.options.row_group_size} "
+                             f"(row groups of {meta.row_group(0).num_rows} rows); reading other "
+                             "layouts natively is not implemented yet")
+        return StoredParquet(size, want.offset[0], (rows, width), "|u1")
+
+    def side_files(self, path: str) -> list[str]:
+        return []
+
+    def loader_facts(self, path: str) -> None:
+        return None
+
+    def loader_model(self, facts, itemsize: int, samples: int) -> ReadTables:
+        return ReadTables(self.options.row_group_size, samples)
+
+
+def _write_groups(fd: int, spec: SampleSpec, seed: int, group_rows: int) -> dict:
+    """Write the file through pyarrow onto `fd`, one row group at a time; return where its
+    column chunks went."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n, rows = spec.sample_bytes, spec.samples
+    group_rows = min(group_rows, rows)
+    buffer = np.empty(group_rows * n, dtype=np.uint8)
+    with os.fdopen(os.dup(fd), "wb") as raw:
+        writer = pq.ParquetWriter(pa.PythonFile(raw, mode="w"), _schema(n),
+                                  **_writer_options(n))
+        for start in range(0, rows, group_rows):
+            count = min(group_rows, rows - start)
+            part = buffer[:count * n]
+            _core.fill_random(part, seed, start * n)
+            writer.write_table(_table(part, count, n), row_group_size=group_rows)
+        writer.close()
+        raw.flush()
+    offsets, sizes, _ = _chunks(writer.writer.metadata)
+    return {"offset": offsets, "length": sizes}
+
+
+def _check_placement(path: str, geo: Geometry, found: dict) -> None:
+    """Refuse a file pyarrow laid out otherwise than `geo` says (RuntimeError)."""
+    want = {"size": geo.size, "offset": geo.offset, "length": geo.length}
+    for key, value in want.items():
+        if found[key] != value:
+            import pyarrow as pa
+
+            text = repr(found[key])
+            raise RuntimeError(
+                f"{path}: pyarrow {pa.__version__} did not lay the file out as dlio-mpi "
+                f"computed ({key}: {text[:100]}, expected {repr(value)[:100]}); the file is "
+                "not kept, since its row groups could not be read where planned")
+
+
+class ReadTables:
+    """pq.read_table(path) of whole files (see the module): per file two accesses, the
+    footer's and the column chunks' (coalesced), each opened with two fstats."""
+
+    def __init__(self, group_rows: int, samples: int) -> None:
+        self.group_rows, self.samples = group_rows, samples
+        self.cache: dict = {}
+
+    def reads_of(self, sample_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(offset, length, flags) of one file's load."""
+        if sample_bytes not in self.cache:
+            geo = geometry(sample_bytes, self.samples, self.group_rows)
+            reads = geo.footer_reads()
+            first_chunk = len(reads)
+            start, end = geo.offset[0], geo.offset[0] + geo.length[0]
+            for offset, length in zip(geo.offset[1:], geo.length[1:]):
+                if offset + length - start > COALESCE_LIMIT:
+                    reads.append((start, end - start))
+                    start = offset
+                end = offset + length
+            reads.append((start, end - start))
+            flags = np.zeros(len(reads), dtype=np.uint32)
+            for first, last in ((0, first_chunk - 1), (first_chunk, len(reads) - 1)):
+                flags[first] |= _core.REQ_OPEN | _core.REQ_FSTAT
+                flags[last] |= _core.REQ_CLOSE
+            arr = np.array(reads, dtype=np.int64)
+            self.cache[sample_bytes] = (arr[:, 0], arr[:, 1], flags)
+        return self.cache[sample_bytes]
+
+    def __call__(self, lay, blksize: int) -> WholeFileReads:
+        sizes, inverse = np.unique(lay.sample_bytes, return_inverse=True)
+        per = [self.reads_of(int(n)) for n in sizes]
+        counts = np.array([len(p[0]) for p in per], dtype=np.int64)[inverse.reshape(-1)]
+        first = np.concatenate(([0], np.cumsum([len(p[0]) for p in per])))
+        start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
+        take = np.repeat(first[inverse.reshape(-1)] - start[:-1], counts) + np.arange(start[-1])
+        offset, length, flags = (np.concatenate([p[k] for p in per])[take] if per else
+                                 np.zeros(0, dtype=np.int64 if k < 2 else np.uint32)
+                                 for k in range(3))
+        return WholeFileReads(start, offset, length, length,
+                              np.zeros(len(counts), dtype=np.int64), flags)
