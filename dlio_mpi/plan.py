@@ -808,12 +808,11 @@ def _generation(plan: RunPlan) -> dict:
                 "MPI-IO (Write_at_all), fewer files than ranks")
     elif files < plan.ranks:
         how, writers = "whole_files", files
-        from .formats import get_format, sizes_recorded
+        from .formats import get_format
 
-        why = ("each file is encoded whole" if sizes_recorded(get_format(plan.format))
-               else "its headers hold a checksum of the payload")
+        why = getattr(get_format(plan.format), "written_whole", "")
         text = (f"{files} file(s) dealt out to {files} of the {plan.ranks} ranks: {plan.format} "
-                f"cannot be written in parts ({why})")
+                "cannot be written in parts" + (f" ({why})" if why else ""))
     else:
         how, writers = "round_robin", plan.ranks
         text = f"{files} files dealt out round-robin to the {plan.ranks} ranks"

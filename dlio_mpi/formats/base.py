@@ -132,7 +132,8 @@ class Format(Protocol):
     def payload_extent(self, spec: SampleSpec) -> tuple[bytes, int] | None:
         """The data file as a header followed by the first n bytes of the payload stream of
         its seed, (header, n), as `write` writes it, so that ranks can write the payload in
-        parts (collectively); None when the file cannot be written so."""
+        parts (collectively); None when the file cannot be written so (the format's
+        `written_whole` says why)."""
         ...
 
     def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:

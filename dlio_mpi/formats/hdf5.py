@@ -260,6 +260,7 @@ class Hdf5Format:
     """dataset.format: hdf5"""
 
     name = "hdf5"
+    written_whole = "h5py writes each file, the labels and chunks after the payload"
     extension = "hdf5"
 
     def __init__(self, options: Hdf5Options = Hdf5Options()) -> None:

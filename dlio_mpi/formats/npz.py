@@ -64,6 +64,7 @@ class NpzFormat:
     """dataset.format: npz"""
 
     name = "npz"
+    written_whole = "its zip headers hold a checksum of the payload"
     extension = "npz"
 
     def layout(self, spec: SampleSpec) -> FileLayout:

@@ -223,6 +223,7 @@ class ParquetFormat:
     """dataset.format: parquet"""
 
     name = "parquet"
+    written_whole = "pyarrow writes page headers between the samples and a footer after them"
     extension = "parquet"
 
     def __init__(self, options: ParquetOptions = ParquetOptions()) -> None:

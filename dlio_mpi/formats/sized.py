@@ -58,6 +58,7 @@ class SizedFormat:
     """Base of the formats whose sizes are recorded: what is common to their protocol."""
 
     name = ""
+    written_whole = "each file is encoded whole"
     extension = ""
     sizes_recorded = True
     whole_file_only = True

@@ -13,6 +13,7 @@ class SyntheticFormat:
     """dataset.format: synthetic"""
 
     name = "synthetic"
+    written_whole = "it holds no payload"
     extension = "synthetic"
     reads_by_mmap = False
     reads_nothing = True

@@ -283,6 +283,7 @@ class TFRecordFormat:
     """dataset.format: tfrecord"""
 
     name = "tfrecord"
+    written_whole = "each record is framed with checksums of its length and data"
     extension = "tfrecord"
 
     def layout(self, spec: SampleSpec) -> FileLayout:
