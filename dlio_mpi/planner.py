@@ -93,6 +93,16 @@ class ReadPlan:
         return np.unique(self.file_idx)
 
 
+def first_uses(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Loads of distinct keys (files, or a file's read units) in first-use order: the index
+    of each key's first use, and for every use the load serving it."""
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    order = np.argsort(first, kind="stable")
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))
+    return first[order], position[inverse.reshape(-1)]
+
+
 def _batches_of(owner_step: np.ndarray, steps: int) -> np.ndarray:
     """batch_start of requests ordered by step, `owner_step` the step of each request."""
     counts = np.bincount(owner_step, minlength=steps)
@@ -136,12 +146,7 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
     step_of = np.arange(len(ids), dtype=np.int64) // batch_size
     load_of = np.arange(len(ids), dtype=np.int64)  # the load (or read) serving each sample
     if mode == "file_once":
-        _, first, inverse = np.unique(files, return_index=True, return_inverse=True)
-        order = np.argsort(first, kind="stable")
-        position = np.empty_like(order)
-        position[order] = np.arange(len(order))
-        load_of = position[inverse.reshape(-1)]
-        first = first[order]
+        first, load_of = first_uses(files)
         files, step_of = files[first], step_of[first]
     elif mode not in ("sample", "file"):
         raise ValueError(f"unknown read mode {mode!r}; expected one of {READ_MODES}")
@@ -198,13 +203,7 @@ def _unit_plan(ids: np.ndarray, files: np.ndarray, step_of: np.ndarray, steps: i
     A unit's load delivers all its samples' payload (as file_once's whole-file loads do)."""
     nunits = len(units.offset)
     unit = (ids % samples_per_file) // units.per_unit
-    key = files * nunits + unit
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
-    order = np.argsort(first, kind="stable")
-    position = np.empty_like(order)
-    position[order] = np.arange(len(order))
-    load_of = position[inverse.reshape(-1)]
-    first = first[order]
+    first, load_of = first_uses(files * nunits + unit)
     lfile, lunit, lstep = files[first], unit[first], step_of[first]
     opens = np.zeros(len(first), dtype=bool)
     footer = len(units.open_offset) if policy.access == "loader" else 0
