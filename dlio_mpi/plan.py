@@ -16,6 +16,7 @@ from .dataset import DatasetSplit, LayoutTable, describe_dataset
 from .errors import UserError
 from .filesystems import setstripe_args
 from .formats import implemented_formats, read_refusal
+from .formats.loader import TF_BUFFER
 from .planner import READ_MODES
 from .readers import ALIASES, FRAMEWORK_LOADERS, engine_refusal, torch_prefetch_factor
 from .sharding import steps_per_epoch
@@ -108,6 +109,14 @@ def loader_note(cfg) -> str:
                 "its other samples from memory; MLPerf Storage's parquet readers), where "
                 "DLIO's parquet reader loads whole files with pq.read_table (reader.read_mode "
                 f"file or file_once); {tail}")
+    if fmt == "tfrecord" and resolve_read_mode(cfg) != "sample":
+        buffer = cfg.reader.transfer_size or TF_BUFFER
+        return (f"reader.data_loader={loader}: the native C engine reads tfrecord as DLIO's "
+                "tensorflow reader's tf.data.TFRecordDataset streams it: each file of the plan "
+                f"once, whole, in preads of buffer_size={buffer:,} bytes ("
+                + ("reader.transfer_size" if cfg.reader.transfer_size
+                   else "reader.transfer_size unset: TensorFlow's") + "), "
+                f"files read by reader.read_threads threads at once; {tail}")
     other = "tensorflow" if loader == "pytorch" else "pytorch"
     mine, theirs = resolve_read_mode(cfg), resolve_read_mode(cfg, other)
     alike = (f"as its {other} reader does" if mine == theirs

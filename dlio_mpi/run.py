@@ -185,8 +185,10 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     fmt = split.format
     blksize, facts = on_root(comm, lambda: (_blksize(files.path(0)),
                                             fmt.loader_facts(files.path(0))))
+    streams = {"transfer_size": rd.transfer_size} if getattr(fmt, "streams_files", False) \
+        else {}
     policy = AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
-        facts, np.dtype(split.dtype).itemsize, split.samples_per_file),
+        facts, np.dtype(split.dtype).itemsize, split.samples_per_file, **streams),
         mmap=getattr(fmt, "reads_by_mmap", False),
         reads_nothing=getattr(fmt, "reads_nothing", False))
     options = ReaderOptions.from_config(rd, comm.Get_rank(), decoded_item(cfg), cfg.train.seed)

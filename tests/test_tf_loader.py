@@ -408,8 +408,12 @@ def test_the_plan_says_the_tf_data_pipeline_runs(tmp_path):
     interleaved = derive_plan(_cfg(tmp_path, reader__read_threads=4), 2)
     assert any("(4 files interleaved, not the plan's order)" in n for n in interleaved.notes)
     native = load_config("resnet50_h100", workload_overrides(
-        tmp_path, reader__transfer_size=262144))
-    assert any(n.startswith("reader.transfer_size=262144") for n in derive_plan(native, 2).notes)
+        tmp_path, reader__transfer_size=100000))  # the native engine's reads of that size
+    assert any("in preads of buffer_size=100,000 bytes (reader.transfer_size)" in n
+               for n in derive_plan(native, 2).notes)
+    npy = load_config("demo", workload_overrides(tmp_path, reader__transfer_size=100000))
+    assert any(n.startswith("reader.transfer_size=100000: accepted, has no effect")
+               for n in derive_plan(npy, 2).notes)
 
 
 # --------------------------------------------------------------------------- runs on 2 ranks
@@ -429,7 +433,10 @@ def test_a_two_rank_run_reads_the_planned_steps_and_bytes(tmp_path):
     # each rank streams the files holding its samples whole, every epoch: its shard of 16
     # unshuffled samples is 2 whole files
     assert metric["train_file_opens"] == 2 * 2 * 2
-    assert metric["train_bytes_transferred"] >= metric["train_bytes_requested"] > 0
+    # the files streamed whole (the plan asks TensorFlow's 256 KiB buffers of them)
+    files = sorted((tmp_path / "data" / "train").glob("*.tfrecord"))
+    streamed = 2 * sum(f.stat().st_size for f in files)  # epochs x the 4 files (2 a rank)
+    assert metric["train_bytes_transferred"] >= streamed > 0
     read = access_logs(tmp_path / "out", (1, 2), 2)
     assert all(len(ids) == 16 for ids in read)
     assert sorted(np.concatenate(read[:2]).tolist()) == list(range(32))

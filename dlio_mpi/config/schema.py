@@ -467,10 +467,10 @@ class Reader:
     mpiio_hints: tuple = key((), "hints")
     transfer_size: int | None = key(
         None, "int", optional=True, minimum=1,
-        inert="it is the buffer_size of DLIO's tf.data TFRecordDataset, which reader.engine "
-              "framework with reader.data_loader tensorflow runs; the native engine reads "
-              "whole extents",
-        acts_if=TF_DATA)
+        inert="it is the buffer_size of DLIO's tf.data TFRecordDataset, which streams "
+              "TFRecord files only (reader.engine framework runs it; the native engine reads "
+              "whole TFRecord files in reads of that size)",
+        acts_if=(("dataset.format", ("tfrecord",)),))
     dont_use_mmap: bool = key(False, "bool",
                               inert="only DLIO's native DALI readers use it, and "
                                     "reader.data_loader native_dali is not implemented yet")

@@ -94,6 +94,35 @@ def gather(keys: np.ndarray, simulate: Callable[[tuple], npload.LoaderReads],
                           np.array([r.fstats - 1 for r in per], dtype=np.int64)[inverse])
 
 
+TF_BUFFER = 256 * 1024  # TFRecordDataset's buffer_size when none is given (TensorFlow's)
+
+
+class TFRecordStreams:
+    """tf.data.TFRecordDataset(path, buffer_size) streaming whole files, as strace shows it
+    (TensorFlow 2.21): open, pread of buffer_size bytes at 0, buffer_size, ... until one comes
+    back short, then a pread of the rest of the buffer at the end of the file (0 bytes; after
+    a full last buffer, a whole buffer's pread there), close. TensorFlow makes no fstat; the
+    engine's one at open (its check that the path is a regular file) stays."""
+
+    def __init__(self, buffer_size: int | None) -> None:
+        self.buffer = int(buffer_size or TF_BUFFER)
+
+    def __call__(self, lay, blksize: int) -> WholeFileReads:
+        size = np.asarray(lay.size, dtype=np.int64)
+        b = self.buffer
+        full, rest = size // b, size % b
+        count = full + 1 + (rest > 0)
+        start = np.concatenate(([0], np.cumsum(count))).astype(np.int64)
+        owner = np.repeat(np.arange(len(size)), count)
+        k = np.arange(start[-1], dtype=np.int64) - start[owner]
+        tail = k == full[owner] + 1  # the read of the rest of the buffer at the end
+        offset = np.where(tail, size[owner], k * b)
+        length = np.where(tail, b - rest[owner], b)
+        expect = np.where(tail, 0, np.clip(size[owner] - k * b, 0, b))
+        return WholeFileReads(start, offset, length, expect,
+                              np.zeros(len(size), dtype=np.int64))
+
+
 class NpyLoads:
     """np.load(path) of npy files."""
 

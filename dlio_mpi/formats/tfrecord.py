@@ -54,6 +54,7 @@ import numpy as np
 
 from .. import _core
 from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .loader import TFRecordStreams
 
 HEADER = 12  # uint64 length + uint32 masked CRC of it
 FOOTER = 4   # uint32 masked CRC of the data
@@ -284,6 +285,7 @@ class TFRecordFormat:
 
     name = "tfrecord"
     written_whole = "each record is framed with checksums of its length and data"
+    streams_files = True  # loader_model takes reader.transfer_size
     extension = "tfrecord"
 
     def layout(self, spec: SampleSpec) -> FileLayout:
@@ -357,8 +359,8 @@ class TFRecordFormat:
     def loader_facts(self, path: str) -> None:
         return None
 
-    def loader_model(self, facts, itemsize: int, samples: int) -> None:
-        # DLIO's TF reader streams whole files through tf.data.TFRecordDataset (buffered
-        # reads of reader.transfer_size); modelling those reads comes later: one read per
-        # sample extent, or per file.
-        return None
+    def loader_model(self, facts, itemsize: int, samples: int,
+                     transfer_size: int | None = None) -> TFRecordStreams:
+        """DLIO's TF reader streams whole files through tf.data.TFRecordDataset, in reads of
+        its buffer_size, reader.transfer_size (run.py passes it: streams_files)."""
+        return TFRecordStreams(transfer_size)
