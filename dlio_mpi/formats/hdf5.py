@@ -31,8 +31,10 @@ write() compares what h5py reports (dataset offsets, every chunk's offset and si
 file's size with layout() and refuses a file that differs.
 
 The C engine reads contiguous records_0 samples, and chunked ones when a chunk is exactly one
-sample (then chunk i is sample i); other files are generated but not read natively yet
-(read_refusal)."""
+sample (then chunk i is sample i), at their file offsets. Other files (chunks of other shapes,
+compression, a max shape, num_dset_per_record > 1) are read through h5py as DLIO's HDF5Reader
+reads them (readers/h5py_reader.py); library_read_reason says which property of the file
+needs it."""
 
 from __future__ import annotations
 
@@ -292,33 +294,31 @@ class Hdf5Format:
                               "in dlio-mpi; accepted with chunks: record_length_bytes_stdev 0")
         return Hdf5Format(options)
 
-    def read_refusal(self, spec: SampleSpec) -> str:
-        """Why the C engine cannot read these files by sample extent ('' when it can)."""
+    def library_read_reason(self, spec: SampleSpec) -> str:
+        """Why the C engine cannot read these files' samples at their file offsets, so that
+        h5py reads them ('' when it can): the property of the file that needs it."""
         opt = self.options
         if opt.datasets > 1:
-            return (f"dataset.hdf5.num_dset_per_record: {opt.datasets}: reading samples split "
-                    f"over {opt.datasets} datasets is not implemented yet in dlio-mpi "
-                    f"({TRAIN_HINT}); accepted for training: 1")
+            return (f"each sample is split over {opt.datasets} datasets "
+                    f"(dataset.hdf5.num_dset_per_record {opt.datasets})")
         if opt.compression != "none":
-            return (f"dataset.compression: {opt.compression}: reading compressed hdf5 datasets "
-                    f"is not implemented yet in dlio-mpi ({TRAIN_HINT}); accepted for "
-                    "training: none")
-        if opt.max_shape:
-            return (f"dataset.hdf5.max_shape: {list(opt.max_shape)}: reading resizable "
-                    f"(chunked) hdf5 datasets is not implemented yet in dlio-mpi ({TRAIN_HINT})"
-                    "; accepted for training: []")
+            return (f"the datasets are compressed (dataset.compression {opt.compression}), "
+                    "in chunks")
         geo = geometry(spec, opt)
+        if opt.max_shape:
+            return (f"the datasets are resizable (dataset.hdf5.max_shape "
+                    f"{list(opt.max_shape)}), stored in chunks of {list(geo.chunks)}")
         one_sample = (1, *geo.shape[1:])
         if geo.chunks is not None and geo.chunks != one_sample:
-            return (f"dataset.hdf5.chunk_dims: {list(opt.chunk_dims)}: reading hdf5 chunks "
-                    f"other than one sample each is not implemented yet in dlio-mpi "
-                    f"({TRAIN_HINT}); accepted for training: [] or {list(one_sample)}")
+            return (f"the datasets are stored in chunks of {list(geo.chunks)} "
+                    f"(dataset.hdf5.chunk_dims), not of one sample {list(one_sample)}")
         return ""
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         """The file's byte layout, computed (no I/O). Samples are records_0's, on the first
         axis; with several datasets or chunks other than one sample the sample extents are
-        records_0's as if it were contiguous (such files are not read: read_refusal)."""
+        records_0's as if it were contiguous (such files are read through h5py:
+        library_read_reason)."""
         geo = geometry(spec, self.options)
         return FileLayout(geo.size, geo.data_offset, spec.sample_bytes, spec.sample_bytes,
                           spec.sample_bytes)
@@ -427,6 +427,40 @@ class Hdf5Format:
 
     def loader_model(self, facts, itemsize: int, samples: int) -> None:
         return None  # a whole-file read is one read of the file
+
+
+class Rows:
+    """One file opened as DLIO's HDF5Reader opens it, h5py.File(path, 'r'); rows[i] is
+    sample i read as it reads it, row i of each of records_0 .. records_<datasets-1> (HDF5
+    reads the chunks holding the row, through its chunk cache), their bytes one after the
+    other. Closed by close() or `with`."""
+
+    def __init__(self, path: str, datasets: int = 1) -> None:
+        import h5py
+
+        self.file = h5py.File(path, "r")
+        try:
+            self.dsets = [self.file[f"records_{j}"] for j in range(datasets)]
+        except KeyError:
+            self.file.close()
+            raise ValueError(f"{path} has no datasets records_0 .. records_{datasets - 1} "
+                             "(DLIO's layout for dataset.hdf5.num_dset_per_record "
+                             f"{datasets})") from None
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        rows = [dset[index] for dset in self.dsets]
+        if len(rows) == 1:
+            return rows[0]
+        return np.concatenate([row.reshape(-1).view(np.uint8) for row in rows])
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> Rows:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _stored_chunks(dset, geo: Geometry) -> np.ndarray:

@@ -14,6 +14,7 @@ native engine runs the same loop in C (no Python between a compute deadline and 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -92,6 +93,28 @@ def drop_cached_pages(paths: Iterable[str]) -> None:
     for path in paths:
         with _core.open_regular(path) as fp:
             os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+_IO_FDS: dict[tuple[int, int], int] = {}  # (pid, thread id) -> fd of its /proc io file
+
+
+def thread_io() -> tuple[int, int, int] | None:
+    """(rchar, syscr, bytes of this very read) of the calling thread, from
+    /proc/thread-self/io; None where the kernel does not say. The read itself counts in the
+    next call's figures (one read call of the returned length)."""
+    key = (os.getpid(), threading.get_native_id())
+    fd = _IO_FDS.get(key)
+    if fd is None:
+        try:
+            fd = os.open("/proc/thread-self/io", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        _IO_FDS[key] = fd
+    if fd < 0:
+        return None
+    text = os.pread(fd, 1024, 0)
+    values = dict(line.split(b":") for line in text.splitlines() if b":" in line)
+    return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
 
 
 # Columns of the step records run_steps returns (CLOCK_MONOTONIC ns, then bytes and reads).

@@ -60,6 +60,7 @@ import tensorflow as tf  # noqa: E402
 from .. import _core  # noqa: E402
 from ..catalog import SplitFiles  # noqa: E402
 from ..formats.base import library_load  # noqa: E402
+from ..formats.hdf5 import Rows  # noqa: E402
 from ..planner import ReadPlan  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
 from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps  # noqa: E402
@@ -272,6 +273,7 @@ class NpyFiles:
 
     def __init__(self, files: SplitFiles, fmt: str, keep: bool) -> None:
         self.files, self.fmt, self.keep = files, fmt, keep
+        self.datasets = getattr(getattr(files.split.format, "options", None), "datasets", 1)
         self.last_axis = files.sample_layout == "last_axis"
         self.samples_per_file = files.split.samples_per_file
         self.loads = 0
@@ -283,16 +285,21 @@ class NpyFiles:
         files, counts = np.unique(sample_ids // self.samples_per_file, return_counts=True)
         self._kept, self._left = {}, dict(zip(files.tolist(), counts.tolist(), strict=True))
 
-    def _load(self, file: int) -> np.ndarray:
+    def _load(self, file: int) -> np.ndarray | Rows:
         path = self.files.path(file)
         with self._lock:
             self.loads += 1
+        if self.fmt == "hdf5":  # DLIO's HDF5Reader: the file opened, rows read per sample
+            return Rows(path, self.datasets)
         return library_load(self.fmt, path)
 
     def sample(self, sample_id: int) -> np.ndarray:
         file, within = divmod(sample_id, self.samples_per_file)
         if not self.keep:
             array = self._load(file)
+            if isinstance(array, Rows):
+                with array:
+                    return array[within]
         else:
             with self._lock:
                 entry = self._kept.get(file)
@@ -309,10 +316,15 @@ class NpyFiles:
             if entry.array is None:
                 raise RuntimeError(f"{self.files.path(file)} could not be loaded")
             array = entry.array
+            sample = array[..., within] if self.last_axis else array[within]
             with self._lock:
                 self._left[file] -= 1
-                if self._left[file] == 0:
+                done = self._left[file] == 0
+                if done:
                     self._kept.pop(file, None)
+            if done and isinstance(array, Rows):  # read by every thread that wanted it
+                array.close()
+            return sample
         return array[..., within] if self.last_axis else array[within]
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -54,37 +53,16 @@ from .. import _core
 from ..catalog import SplitFiles
 from ..dataset import FileNaming
 from ..formats.base import library_load
+from ..formats.hdf5 import Rows
 from ..planner import ReadPlan
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
-from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps
+from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps, thread_io
 
 if TYPE_CHECKING:
     from ..pacing import StepSync
 
 READS = FRAMEWORK_LOADERS["pytorch"]["reads"]
 STATS_HEAD = 3  # stats tensor: bytes, read calls, file opens, then each sample's load ns
-
-_IO_FDS: dict[tuple[int, int], int] = {}  # (pid, thread id) -> fd of its /proc io file
-
-
-def thread_io() -> tuple[int, int, int] | None:
-    """(rchar, syscr, bytes of this very read) of the calling thread, from
-    /proc/thread-self/io; None where the kernel does not say. The read itself counts in the
-    next call's figures (one read call of the returned length)."""
-    key = (os.getpid(), threading.get_native_id())
-    fd = _IO_FDS.get(key)
-    if fd is None:
-        try:
-            fd = os.open("/proc/thread-self/io", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            fd = -1
-        _IO_FDS[key] = fd
-    if fd < 0:
-        return None
-    text = os.pread(fd, 1024, 0)
-    values = dict(line.split(b":") for line in text.splitlines() if b":" in line)
-    return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
-
 
 def item_side(record_length: float) -> int:
     """d of the (d, d) uint8 items: int(sqrt(record length)), DLIO's max_dimension."""
@@ -111,8 +89,10 @@ class SampleDataset(Dataset):
     files it loaded until the epoch changes. Picklable: spawned workers get a copy."""
 
     def __init__(self, naming: FileNaming, listed: tuple[str, ...] | None, fmt: str,
-                 samples_per_file: int, sample_layout: str, side: int, memory: bool) -> None:
+                 samples_per_file: int, sample_layout: str, side: int, memory: bool,
+                 datasets: int = 1) -> None:
         self.naming, self.listed, self.fmt = naming, listed, fmt
+        self.datasets = datasets  # hdf5: records_0 .. records_<datasets-1> hold each sample
         self.samples_per_file, self.last_axis = samples_per_file, sample_layout == "last_axis"
         self.side, self.memory = side, memory
         self.opens = 0
@@ -123,9 +103,11 @@ class SampleDataset(Dataset):
     @staticmethod
     def of(files: SplitFiles, options: ReaderOptions) -> SampleDataset:
         side = item_side(options.record_length) if options.record_length else 0
-        return SampleDataset(files.split.naming, files.listed, files.split.format.name,
+        fmt = files.split.format
+        return SampleDataset(files.split.naming, files.listed, fmt.name,
                              files.split.samples_per_file, files.sample_layout, side,
-                             options.read_type == "memory")
+                             options.read_type == "memory",
+                             getattr(getattr(fmt, "options", None), "datasets", 1))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -156,6 +138,8 @@ class SampleDataset(Dataset):
                 if self.memory:
                     self._kept[path] = array
             sample = array[..., within] if self.last_axis else array[within]
+            if isinstance(array, Rows) and not self.memory:
+                array.close()
         return self._item(sample)
 
     def __getitems__(self, indices: list) -> Fetched:
@@ -175,8 +159,10 @@ class SampleDataset(Dataset):
         return Fetched(items, torch.tensor([nbytes, reads, self.opens - opens, *lat],
                                            dtype=torch.int64))
 
-    def _load(self, path: str) -> np.ndarray:
+    def _load(self, path: str) -> np.ndarray | Rows:
         self.opens += 1
+        if self.fmt == "hdf5":  # DLIO's HDF5Reader: the file opened, rows read per sample
+            return Rows(path, self.datasets)
         return library_load(self.fmt, path)
 
     def _read_extent(self, path: str, within: int) -> np.ndarray:
