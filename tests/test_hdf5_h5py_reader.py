@@ -12,6 +12,7 @@ and the framework pytorch engine reads the same ids as the h5py reader."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -435,3 +436,42 @@ def test_framework_pytorch_reads_the_ids_the_h5py_reader_reads(shared_tmp):
         assert len(a) > 0 and np.array_equal(a, b)
     m, n = framework["metric"], native["metric"]
     assert m["train_file_opens"] == n["train_file_opens"] == 2 * 12 * size
+
+
+def test_two_ranks_train_on_chunked_gzip_files_dlio_wrote(tmp_path):
+    """Files plain h5py wrote under DLIO's names, in gzip chunks of 2 samples and in 2
+    datasets: probed, and read through h5py when the configuration says so."""
+    from helpers import run_cli
+
+    folder = tmp_path / "data" / "train"
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(5)
+    for i in range(8):
+        records = rng.integers(0, 255, (4, 16, 8), dtype=np.uint8)
+        with h5py.File(folder / f"img_{i}_of_8.hdf5", "w") as f:
+            for j in range(2):
+                f.create_dataset(f"records_{j}", data=records, chunks=(2, 16, 8),
+                                 compression="gzip")
+            f.create_dataset("labels", data=[0] * 4)
+    over = workload_overrides(tmp_path, dataset__format="hdf5", dataset__num_samples_per_file=4,
+                              dataset__record_dims="[2,16,8]", dataset__compression="gzip",
+                              dataset__hdf5__num_dset_per_record=2,
+                              dataset__hdf5__chunk_dims="[2,16,8]",
+                              dataset__record_length_bytes=256, output__access_log="true",
+                              workflow__generate_data="false")
+    res = run_cli(["run", "demo", *over])
+    assert res.returncode == 0, res.stderr
+    assert "engine native: h5py in" in res.stdout, res.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["dlio_mpi"]["readers"]["train"]["backend"] == "h5py"
+    logs = access_logs(tmp_path / "out", (1, 2), 2)
+    assert sorted(np.concatenate(logs[:2]).tolist()) == list(range(32))
+    assert summary["metric"]["train_bytes_read"] > 0
+    contiguous = workload_overrides(tmp_path, dataset__format="hdf5",
+                                    dataset__num_samples_per_file=4,
+                                    dataset__record_dims="[2,16,8]",
+                                    dataset__record_length_bytes=256,
+                                    workflow__generate_data="false")
+    refused = run_cli(["run", "demo", *contiguous])
+    assert refused.returncode == 2 and "holds 2 record datasets" in refused.stderr, \
+        refused.stderr

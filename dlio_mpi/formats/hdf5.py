@@ -60,7 +60,6 @@ MAX_CHUNK_BYTES = 2**32 - 1  # HDF5's limit on one chunk
 MAX_SLAB_BYTES = 1 << 30    # samples of one row of chunks, made at once when writing
 SLAB_BYTES = 8 << 20        # samples made at once when their rows of chunks are smaller
 COMPRESSIONS = ("none", "gzip", "lzf")
-TRAIN_HINT = "generating them is: dlio-mpi generate, or workflow.train=False"
 
 
 @dataclass(frozen=True)
@@ -385,7 +384,9 @@ class Hdf5Format:
 
     def probe(self, path: str) -> StoredArray:
         """records_0 (or DLIO 2.0.0's `records`) of a file another tool wrote: contiguous and
-        uncompressed, else ValueError saying why it is not read natively."""
+        uncompressed, else ValueError saying why it is not read natively; any layout when
+        this configuration's files are read through h5py (library_read_reason), then with
+        num_dset_per_record datasets (the stored array: (samples, k, *row) of them all)."""
         import h5py
 
         with _core.open_regular(path) as fp:
@@ -399,18 +400,31 @@ class Hdf5Format:
             dset = f.get(name)
             if not isinstance(dset, h5py.Dataset):
                 raise ValueError("has no dataset records_0 (nor DLIO 2.0.0's records)")
-            if "records_1" in f:
-                count = sum(1 for key in f if key.startswith("records_"))
+            count = sum(1 for key in f if key.startswith("records_"))
+            if self._read_by_h5py(dset):
+                if count != self.options.datasets:
+                    raise ValueError(f"holds {count} record datasets, but "
+                                     "dataset.hdf5.num_dset_per_record is "
+                                     f"{self.options.datasets}; expected the files' count")
+                shape = tuple(int(d) for d in dset.shape)
+                if count > 1:
+                    shape = (shape[0], count, *shape[1:])
+                return StoredArray(size, int(dset.id.get_offset() or 0), shape,
+                                   dset.dtype.str)
+            if count > 1:
                 raise ValueError(f"holds {count} record datasets (DLIO's num_dset_per_record): "
-                                 "samples split over several datasets are not read natively "
-                                 "yet")
+                                 "samples split over several datasets are read through h5py "
+                                 f"with dataset.hdf5.num_dset_per_record: {count}")
             dcpl = dset.id.get_create_plist()
             if dset.compression or dcpl.get_nfilters():
                 raise ValueError(f"has {name} compressed ({dset.compression or 'filters'}), "
-                                 "which is not read natively yet")
+                                 "which is not read natively yet (h5py reads it with "
+                                 "dataset.compression set as the files have it)")
             if dcpl.get_layout() != h5py.h5d.CONTIGUOUS or dcpl.get_external_count():
                 kind = "in chunks" if dset.chunks else "not contiguous in the file"
-                raise ValueError(f"stores {name} {kind}, which is not read natively yet")
+                raise ValueError(f"stores {name} {kind}, which is not read natively yet (h5py "
+                                 "reads it with dataset.hdf5.chunk_dims set as the files "
+                                 "have it)")
             if dset.dtype.kind not in "biufc":
                 raise ValueError(f"has {name} of type {dset.dtype}, not numbers")
             offset = dset.id.get_offset()
@@ -418,6 +432,15 @@ class Hdf5Format:
                 raise ValueError(f"has no bytes of {name} written")
             return StoredArray(size, int(offset), tuple(int(d) for d in dset.shape),
                                dset.dtype.str)
+
+    def _read_by_h5py(self, dset) -> bool:
+        """Whether this configuration has files like `dset`'s read through h5py."""
+        spec = SampleSpec(tuple(int(d) for d in dset.shape[1:]), dset.dtype.str,
+                          int(dset.shape[0]))
+        try:
+            return bool(self.library_read_reason(spec))
+        except ConfigError:  # chunks the file's dims cannot have: the configuration's
+            return True
 
     def side_files(self, path: str) -> list[str]:
         return []
