@@ -117,6 +117,13 @@ def thread_io() -> tuple[int, int, int] | None:
     return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
 
 
+def forget_thread_io() -> None:
+    """Close the calling thread's /proc io file (a thread that ends: its id may come back)."""
+    fd = _IO_FDS.pop((os.getpid(), threading.get_native_id()), -1)
+    if fd >= 0:
+        os.close(fd)
+
+
 # Columns of the step records run_steps returns (CLOCK_MONOTONIC ns, then bytes and reads).
 START, READY, GOT, DEADLINE, COMPUTED, SYNCED, BYTES, OPS = range(8)
 

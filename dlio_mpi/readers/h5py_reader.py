@@ -41,7 +41,14 @@ from ..catalog import SplitFiles
 from ..formats import library_read_reason
 from ..formats.hdf5 import Rows
 from ..planner import ReadPlan
-from .base import BatchStats, ReaderOptions, drop_cached_pages, python_steps, thread_io
+from .base import (
+    BatchStats,
+    ReaderOptions,
+    drop_cached_pages,
+    forget_thread_io,
+    python_steps,
+    thread_io,
+)
 
 if TYPE_CHECKING:
     from ..pacing import StepSync
@@ -242,6 +249,8 @@ class H5pyReader:
                 if self._error is None:
                     self._error = exc
                 self._cond.notify_all()
+        finally:
+            forget_thread_io()
 
     def _read_batch(self, thread: int, step: int) -> _Batch | None:
         ids = self._steps[step].tolist()
