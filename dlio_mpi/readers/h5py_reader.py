@@ -32,6 +32,7 @@ from __future__ import annotations
 import faulthandler
 import threading
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -96,15 +97,17 @@ class _Watchdog:
                     faulthandler.cancel_dump_traceback_later()
 
 
+@dataclass(frozen=True, slots=True)
 class _Batch:
-    """A batch as a thread read it."""
+    """A batch as a thread read it: when it was complete, its /proc io deltas (-1: not
+    known), the files opened, each sample's latency and (keep_data) its samples."""
 
-    __slots__ = ("ready_ns", "nbytes", "reads", "opens", "lat", "samples")
-
-    def __init__(self, ready_ns: int, nbytes: int, reads: int, opens: int, lat: np.ndarray,
-                 samples: list | None) -> None:
-        self.ready_ns, self.nbytes, self.reads, self.opens = ready_ns, nbytes, reads, opens
-        self.lat, self.samples = lat, samples
+    ready_ns: int
+    nbytes: int
+    reads: int
+    opens: int
+    lat: np.ndarray
+    samples: list | None
 
 
 class H5pyReader:
