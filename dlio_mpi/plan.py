@@ -15,7 +15,7 @@ from .config import keys_set, support_notes
 from .dataset import DatasetSplit, LayoutTable, describe_dataset
 from .errors import UserError
 from .filesystems import setstripe_args
-from .formats import implemented_formats, read_refusal
+from .formats import implemented_formats, library_read_reason, read_refusal
 from .formats.loader import TF_BUFFER
 from .planner import READ_MODES
 from .readers import ALIASES, FRAMEWORK_LOADERS, engine_refusal, torch_prefetch_factor
@@ -49,6 +49,9 @@ class RunPlan:
     ranks_per_node: int            # on rank 0's node (DLIO's npernode)
     nodes: int
     notes: tuple[str, ...] = ()    # what this version does differently from the config's ask
+    # why the format's library (h5py) reads the training files instead of the C engine
+    # (formats.library_read_reason; '' when the C engine reads them at their file offsets)
+    library_read: str = ""
     # one checkpoint's sizing (checkpoint.sizing.CheckpointLayout.summary()) with
     # workflow.checkpoint, else None
     checkpoint: Mapping | None = None
@@ -88,14 +91,25 @@ def resolve_read_mode(cfg, data_loader: str | None = None) -> str:
     return "file_once" if iterates_files else "file"
 
 
-def loader_note(cfg) -> str:
+def loader_note(cfg, library_read: str = "") -> str:
     """What reader.data_loader changes in the run, as a plan note: the access pattern the
-    native engine emulates, or the real loader reader.engine framework runs."""
+    native engine emulates, or the real loader reader.engine framework runs. `library_read`:
+    why the format's library reads instead of the C engine (RunPlan.library_read)."""
     loader, fmt = cfg.reader.data_loader, cfg.dataset.format
     if cfg.reader.engine == "framework":
         return _framework_note(cfg)
     real = {"pytorch": "torch DataLoader", "tensorflow": "tf.data pipeline"}[loader]
     tail = f"the real {real} is not run (reader.engine: framework runs it)"
+    if library_read:
+        threads = max(cfg.reader.read_threads, 1)
+        kept = ("kept open per thread for the epoch (reader.read_type memory)"
+                if cfg.reader.read_type == "memory" else
+                "opened and closed for every sample (reader.read_type on_demand)")
+        return (f"reader.data_loader={loader}: {fmt} files read through h5py, not by the C "
+                f"engine, because {library_read}: {threads} reader thread(s) each read whole "
+                f"batches as DLIO's HDF5Reader reads samples (h5py.File(path, 'r') {kept}, "
+                f"row i of every records_<k>), prefetch {cfg.reader.prefetch_size} batch(es); "
+                f"{tail}")
     if cfg.reader.read_mode != "auto":
         return (f"reader.data_loader={loader}: reader.read_mode={cfg.reader.read_mode} decides "
                 f"the reads, not DLIO's {loader} reader; {tail}")
@@ -177,9 +191,13 @@ NATIVE_ONLY = ("reader.access", "reader.fd_cache_size", "reader.keep_data")
 FRAMEWORK_ONLY = ("reader.pin_memory", "reader.multiprocessing_context")
 
 
-def _engine_notes(cfg) -> list[str]:
+def _engine_notes(cfg, library_read: str = "") -> list[str]:
     """Reader keys set for the other engine than the one that runs."""
-    if cfg.reader.engine == "framework" and cfg.reader.data_loader == "tensorflow":
+    if cfg.reader.engine == "native" and library_read:
+        keys = keys_set(cfg, ("reader.access", "reader.fd_cache_size") + FRAMEWORK_ONLY)
+        why = (f"the h5py reader ({library_read}): reader.read_type decides how long files "
+               "stay open, h5py how they are read")
+    elif cfg.reader.engine == "framework" and cfg.reader.data_loader == "tensorflow":
         keys = keys_set(cfg, NATIVE_ONLY + FRAMEWORK_ONLY)
         why = ("reader.engine framework with reader.data_loader tensorflow: the tf.data "
                "pipeline reads the plan's samples with its own threads and buffers (no "
@@ -258,12 +276,13 @@ def _train_steps(cfg, train: DatasetSplit, ranks: int) -> int:
     return steps
 
 
-def _notes(cfg) -> tuple[str, ...]:
+def _notes(cfg, library_read: str = "") -> tuple[str, ...]:
     """The settings that have no effect or act differently in dlio-mpi."""
     reads = cfg.workflow.train and cfg.dataset.format in implemented_formats()
-    notes = ([loader_note(cfg)] if reads else []) + support_notes(cfg) + _sized_notes(cfg)
+    notes = ([loader_note(cfg, library_read)] if reads else []) + support_notes(cfg) \
+        + _sized_notes(cfg)
     if reads:
-        notes += _mpiio_notes(cfg.reader) + _engine_notes(cfg)
+        notes += _mpiio_notes(cfg.reader) + _engine_notes(cfg, library_read)
     return tuple(notes + _checkpoint_notes(cfg))
 
 
@@ -477,6 +496,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
     uses_data = cfg.workflow.train or cfg.workflow.generate_data or generating
     steps = eval_steps = dataset_bytes = epoch_bytes = files = samples = 0
     splits, layouts = {}, {}
+    library_read = ""
     if uses_data:
         if fmt not in implemented_formats():
             raise UserError(f"dataset.format: '{fmt}' is not implemented yet in dlio-mpi; "
@@ -491,11 +511,13 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
             refusal = read_refusal(train.format, train.spec(0))
             if refusal:
                 raise UserError(refusal)
+            library_read = library_read_reason(train.format, train.spec(0))
         layouts = {name: split.expected_layouts() for name, split in splits.items()}
         files, samples = train.num_files, train.num_samples
         dataset_bytes = sum(table.total("size") for table in layouts.values())
         if cfg.workflow.train:
-            refused = engine_refusal(cfg)  # reader.engine with what it cannot read
+            # reader.engine with what it cannot read
+            refused = engine_refusal(cfg, library_read)
             if refused:
                 raise UserError(refused)
             steps = _train_steps(cfg, train, ranks)
@@ -516,8 +538,8 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         eval_steps_per_epoch=eval_steps,
         epochs=cfg.train.epochs, dataset_bytes=dataset_bytes, bytes_per_epoch=epoch_bytes,
         memory_bytes=memory_bytes, ranks_per_node=ranks_per_node, nodes=nodes,
-        notes=_notes(cfg) + _unused_hints_note(cfg, splits, ranks), splits=splits,
-        layouts=layouts,
+        notes=_notes(cfg, library_read) + _unused_hints_note(cfg, splits, ranks),
+        library_read=library_read, splits=splits, layouts=layouts,
         checkpoint=checkpoint)
 
 
@@ -716,15 +738,21 @@ def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = 
         "warnings": list(warnings),
     }
     # Further top-level entries go here, one line each.
-    record["reader"] = reader_text(cfg) if uses_data and cfg.workflow.train else None
+    record["reader"] = (reader_text(cfg, plan.library_read) if uses_data and cfg.workflow.train
+                        else None)
     record["checkpoint"] = dict(plan.checkpoint) if plan.checkpoint is not None else None
     return record
 
 
-def reader_text(cfg) -> str:
-    """What reads the training data: the engine, the backend and the access."""
+def reader_text(cfg, library_read: str = "") -> str:
+    """What reads the training data: the engine, the backend and the access (`library_read`:
+    RunPlan.library_read)."""
     rd = cfg.reader
     access = ALIASES.get(rd.file_access, rd.file_access)
+    if rd.engine == "native" and library_read:
+        return (f"engine native: h5py in {max(rd.read_threads, 1)} reader thread(s), not the "
+                f"C engine, because {library_read}; reader.file_access {rd.file_access}, "
+                f"reader.read_type {rd.read_type}")
     if rd.engine == "framework":
         loader = FRAMEWORK_LOADERS.get(rd.data_loader, {}).get("loader", rd.data_loader)
         return (f"engine framework: a real {loader} per rank (reader.data_loader "

@@ -1,6 +1,7 @@
 """dataset.format hdf5: files written through h5py as DLIO writes them (records_<j>, labels,
 chunks, gzip/lzf), laid out where layout() says without I/O, probed when another tool wrote
-them, read natively by the C engine when contiguous, refused for training otherwise."""
+them, read natively by the C engine when contiguous (or in one-sample chunks), through
+h5py otherwise (tests/test_hdf5_h5py_reader.py)."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def test_gzip_chunks_are_zlib_streams_of_stored_blocks_zlib_can_read(tmp_path):
 def test_sample_extents_hold_what_h5py_reads_as_each_sample(tmp_path, opt, dims, dtype,
                                                               samples):
     fmt, spec = Hdf5Format(opt), SampleSpec(dims, dtype, samples)
-    assert fmt.read_refusal(spec) == ""
+    assert fmt.library_read_reason(spec) == ""
     lay = fmt.layout(spec)
     raw = _write(tmp_path, fmt, spec).read_bytes()
     assert lay.size == len(raw)
@@ -232,32 +233,28 @@ def _cfg(tmp_path: Path, *extra: str):
         tmp_path, **{k.replace(".", "__"): v for k, v in values.items()}))
 
 
-@pytest.mark.parametrize("extra,key,accepted", [
-    (["dataset.compression=gzip"], "dataset.compression: gzip", "accepted for training: none"),
-    (["dataset.compression=lzf"], "dataset.compression: lzf", "accepted for training: none"),
-    (["dataset.hdf5.chunk_dims=[2,64,64]"], "dataset.hdf5.chunk_dims: [2, 64, 64]",
-     "accepted for training: [] or [1, 64, 64]"),
-    (["dataset.hdf5.max_shape=[80,80]"], "dataset.hdf5.max_shape: [80, 80]",
-     "accepted for training: []"),
+@pytest.mark.parametrize("extra,why", [
+    (["dataset.compression=gzip"], "the datasets are compressed (dataset.compression gzip), "
+     "in chunks"),
+    (["dataset.compression=lzf"], "the datasets are compressed (dataset.compression lzf)"),
+    (["dataset.hdf5.chunk_dims=[2,64,64]"], "the datasets are stored in chunks of [2, 64, 64] "
+     "(dataset.hdf5.chunk_dims), not of one sample [1, 64, 64]"),
+    (["dataset.hdf5.max_shape=[80,80]"], "the datasets are resizable (dataset.hdf5.max_shape "
+     "[80, 80]), stored in chunks of"),
     (["dataset.record_dims=[4,32]", "dataset.hdf5.num_dset_per_record=2"],
-     "dataset.hdf5.num_dset_per_record: 2", "accepted for training: 1"),
+     "each sample is split over 2 datasets (dataset.hdf5.num_dset_per_record 2)"),
 ])
-def test_a_run_reading_what_the_engine_cannot_read_is_refused_before_io(tmp_path, extra, key,
-                                                                         accepted):
-    cfg = _cfg(tmp_path, *extra)
-    with pytest.raises(UserError) as info:
-        derive_plan(cfg, 2)
-    message = str(info.value)
-    assert message.startswith(key + ": ") and "is not implemented yet in dlio-mpi" in message
-    assert message.endswith(accepted) and "dlio-mpi generate" in message
-    plan = derive_plan(cfg, 2, generating=True)  # generating them is fine
+def test_what_the_engine_cannot_read_by_extent_is_read_through_h5py(tmp_path, extra, why):
+    plan = derive_plan(_cfg(tmp_path, *extra), 2)
+    assert plan.library_read.startswith(why), plan.library_read
     assert plan.dataset_bytes == sum(t.total("size") for t in plan.layouts.values())
     assert not any(tmp_path.iterdir())
 
 
 def test_one_sample_chunks_are_read_natively(tmp_path):
     plan = derive_plan(_cfg(tmp_path, "dataset.hdf5.chunk_dims=[1,64,64]"), 2)
-    assert plan.read_mode == "sample" and plan.layouts["train"].layout(0).sample_bytes == 4096
+    assert plan.read_mode == "sample" and plan.library_read == ""
+    assert plan.layouts["train"].layout(0).sample_bytes == 4096
 
 
 @pytest.mark.parametrize("extra,key", [

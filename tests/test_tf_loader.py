@@ -348,12 +348,9 @@ TF = ["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=t
 @pytest.mark.parametrize("overrides,message", [
     ([*TF, "reader.file_access=collective"],
      "reader.file_access must be multi (or posix), got collective"),
-    ([*TF[:2], "dataset.format=hdf5"],
-     "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
-     "jpeg, png, csv, parquet, got dataset.format hdf5"),
     ([*TF[:2], "dataset.format=indexed_binary"],
-     "reader.data_loader tensorflow reads tfrecord, npy, npz, jpeg, png, csv, parquet, "
-     "got dataset.format indexed_binary"),
+     "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
+     "hdf5, jpeg, png, csv, parquet, got dataset.format indexed_binary"),
     ([*TF, "reader.read_mode=sample"],
      "reader.read_mode: sample does not apply with reader.engine framework"),
 ])
@@ -370,8 +367,9 @@ def test_unsupported_combinations_are_refused_by_the_plan(overrides, message):
 @pytest.mark.parametrize("overrides,message", [
     (["reader.file_access=collective"], "reader.file_access must be multi (or posix), "
                                         "got collective"),
-    (["dataset.format=hdf5"], "reader.data_loader tensorflow reads tfrecord, npy, npz, jpeg, "
-                              "png, csv, parquet, got dataset.format hdf5"),
+    (["dataset.format=indexed_binary"], "reader.data_loader tensorflow reads tfrecord, npy, "
+                                        "npz, hdf5, jpeg, png, csv, parquet, got dataset.format "
+                                        "indexed_binary"),
 ])
 def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, overrides, message):
     args = _overrides(tmp_path, workflow__generate_data="true")

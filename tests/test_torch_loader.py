@@ -302,12 +302,12 @@ def test_the_loader_module_imports_no_mpi():
     (["reader.file_access=mpio"], "reader.file_access must be multi (or posix), got mpio"),
     (["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=indexed_binary"],
      "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
-     "jpeg, png, csv, parquet, got dataset.format indexed_binary"),
+     "hdf5, jpeg, png, csv, parquet, got dataset.format indexed_binary"),
     (["framework=tensorflow", "reader.data_loader=tensorflow", "reader.file_access=shared"],
      "reader.file_access must be multi (or posix), got shared"),
     (["dataset.format=tfrecord"], "reader.engine: framework with reader.data_loader pytorch "
-                                  "reads npy, npz, indexed_binary, jpeg, png, csv, parquet, got "
-                                  "dataset.format tfrecord"),
+                                  "reads npy, npz, indexed_binary, hdf5, jpeg, png, csv, "
+                                  "parquet, got dataset.format tfrecord"),
     (["reader.odirect=true"], "reader.odirect: true does not combine with reader.engine "
                               "framework"),
     (["reader.read_mode=sample"], "reader.read_mode: sample does not apply with reader.engine "
@@ -328,7 +328,7 @@ def test_unsupported_combinations_are_refused_by_the_plan(overrides, message):
                                         "got collective"),
     (["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=indexed_binary"],
      "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
-     "jpeg, png, csv, parquet, got dataset.format indexed_binary"),
+     "hdf5, jpeg, png, csv, parquet, got dataset.format indexed_binary"),
 ])
 def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, overrides, message):
     args = workload_overrides(tmp_path, workflow__generate_data="true",

@@ -60,5 +60,14 @@ def read_refusal(fmt: Format, spec: SampleSpec) -> str:
     return refusal(spec) if refusal is not None else ""
 
 
+def library_read_reason(fmt: Format, spec: SampleSpec) -> str:
+    """Why the C engine cannot read files of `fmt` like `spec` at their samples' file offsets,
+    so that reader.engine native reads them through the format's library
+    (readers.LIBRARY_BACKENDS); '' when the C engine reads them."""
+    reason = getattr(fmt, "library_read_reason", None)
+    return reason(spec) if reason is not None else ""
+
+
 __all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "UnitExtents", "format_for",
-           "get_format", "implemented_formats", "read_refusal", "sizes_recorded"]
+           "get_format", "implemented_formats", "library_read_reason", "read_refusal",
+           "sizes_recorded"]

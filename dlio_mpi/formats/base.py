@@ -163,12 +163,18 @@ class Format(Protocol):
 WHOLE_FILE_SAMPLES = ("jpeg", "png")  # every sample of a file is the whole file (an image)
 
 
-def library_load(fmt: str, path: str) -> np.ndarray:
+def library_load(fmt: str, path: str, datasets: int = 1):
     """The whole file's array, loaded as DLIO's reader of format `fmt` loads it, through the
     format's real library (the framework loaders' whole-file reads; ValueError for a format
     whose reader does not load whole files). Samples are on its first or last axis, as the
     catalog found them (SplitFiles.sample_layout), or the array is the sample (images:
-    library_sample). csv needs pandas (the framework engine refuses csv without it)."""
+    library_sample). csv needs pandas (the framework engine refuses csv without it). hdf5:
+    the file opened as DLIO's HDF5Reader opens it, its `datasets` records_<k> read row by
+    row when indexed (formats.hdf5.Rows: close() it)."""
+    if fmt == "hdf5":
+        from .hdf5 import Rows
+
+        return Rows(path, datasets)
     if fmt == "npz":
         return np.load(path, allow_pickle=True)["x"]
     if fmt == "npy":

@@ -31,8 +31,10 @@ write() compares what h5py reports (dataset offsets, every chunk's offset and si
 file's size with layout() and refuses a file that differs.
 
 The C engine reads contiguous records_0 samples, and chunked ones when a chunk is exactly one
-sample (then chunk i is sample i); other files are generated but not read natively yet
-(read_refusal)."""
+sample (then chunk i is sample i), at their file offsets. Other files (chunks of other shapes,
+compression, a max shape, num_dset_per_record > 1) are read through h5py as DLIO's HDF5Reader
+reads them (readers/h5py_reader.py); library_read_reason says which property of the file
+needs it."""
 
 from __future__ import annotations
 
@@ -58,7 +60,6 @@ MAX_CHUNK_BYTES = 2**32 - 1  # HDF5's limit on one chunk
 MAX_SLAB_BYTES = 1 << 30    # samples of one row of chunks, made at once when writing
 SLAB_BYTES = 8 << 20        # samples made at once when their rows of chunks are smaller
 COMPRESSIONS = ("none", "gzip", "lzf")
-TRAIN_HINT = "generating them is: dlio-mpi generate, or workflow.train=False"
 
 
 @dataclass(frozen=True)
@@ -293,33 +294,31 @@ class Hdf5Format:
                               "in dlio-mpi; accepted with chunks: record_length_bytes_stdev 0")
         return Hdf5Format(options)
 
-    def read_refusal(self, spec: SampleSpec) -> str:
-        """Why the C engine cannot read these files by sample extent ('' when it can)."""
+    def library_read_reason(self, spec: SampleSpec) -> str:
+        """Why the C engine cannot read these files' samples at their file offsets, so that
+        h5py reads them ('' when it can): the property of the file that needs it."""
         opt = self.options
         if opt.datasets > 1:
-            return (f"dataset.hdf5.num_dset_per_record: {opt.datasets}: reading samples split "
-                    f"over {opt.datasets} datasets is not implemented yet in dlio-mpi "
-                    f"({TRAIN_HINT}); accepted for training: 1")
+            return (f"each sample is split over {opt.datasets} datasets "
+                    f"(dataset.hdf5.num_dset_per_record {opt.datasets})")
         if opt.compression != "none":
-            return (f"dataset.compression: {opt.compression}: reading compressed hdf5 datasets "
-                    f"is not implemented yet in dlio-mpi ({TRAIN_HINT}); accepted for "
-                    "training: none")
-        if opt.max_shape:
-            return (f"dataset.hdf5.max_shape: {list(opt.max_shape)}: reading resizable "
-                    f"(chunked) hdf5 datasets is not implemented yet in dlio-mpi ({TRAIN_HINT})"
-                    "; accepted for training: []")
+            return (f"the datasets are compressed (dataset.compression {opt.compression}), "
+                    "in chunks")
         geo = geometry(spec, opt)
+        if opt.max_shape:
+            return (f"the datasets are resizable (dataset.hdf5.max_shape "
+                    f"{list(opt.max_shape)}), stored in chunks of {list(geo.chunks)}")
         one_sample = (1, *geo.shape[1:])
         if geo.chunks is not None and geo.chunks != one_sample:
-            return (f"dataset.hdf5.chunk_dims: {list(opt.chunk_dims)}: reading hdf5 chunks "
-                    f"other than one sample each is not implemented yet in dlio-mpi "
-                    f"({TRAIN_HINT}); accepted for training: [] or {list(one_sample)}")
+            return (f"the datasets are stored in chunks of {list(geo.chunks)} "
+                    f"(dataset.hdf5.chunk_dims), not of one sample {list(one_sample)}")
         return ""
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         """The file's byte layout, computed (no I/O). Samples are records_0's, on the first
         axis; with several datasets or chunks other than one sample the sample extents are
-        records_0's as if it were contiguous (such files are not read: read_refusal)."""
+        records_0's as if it were contiguous (such files are read through h5py:
+        library_read_reason)."""
         geo = geometry(spec, self.options)
         return FileLayout(geo.size, geo.data_offset, spec.sample_bytes, spec.sample_bytes,
                           spec.sample_bytes)
@@ -386,7 +385,9 @@ class Hdf5Format:
 
     def probe(self, path: str) -> StoredArray:
         """records_0 (or DLIO 2.0.0's `records`) of a file another tool wrote: contiguous and
-        uncompressed, else ValueError saying why it is not read natively."""
+        uncompressed, else ValueError saying why it is not read natively; any layout when
+        this configuration's files are read through h5py (library_read_reason), then with
+        num_dset_per_record datasets (the stored array: (samples, k, *row) of them all)."""
         import h5py
 
         with _core.open_regular(path) as fp:
@@ -400,18 +401,31 @@ class Hdf5Format:
             dset = f.get(name)
             if not isinstance(dset, h5py.Dataset):
                 raise ValueError("has no dataset records_0 (nor DLIO 2.0.0's records)")
-            if "records_1" in f:
-                count = sum(1 for key in f if key.startswith("records_"))
+            count = sum(1 for key in f if key.startswith("records_"))
+            if self._read_by_h5py(dset):
+                if count != self.options.datasets:
+                    raise ValueError(f"holds {count} record datasets, but "
+                                     "dataset.hdf5.num_dset_per_record is "
+                                     f"{self.options.datasets}; expected the files' count")
+                shape = tuple(int(d) for d in dset.shape)
+                if count > 1:
+                    shape = (shape[0], count, *shape[1:])
+                return StoredArray(size, int(dset.id.get_offset() or 0), shape,
+                                   dset.dtype.str)
+            if count > 1:
                 raise ValueError(f"holds {count} record datasets (DLIO's num_dset_per_record): "
-                                 "samples split over several datasets are not read natively "
-                                 "yet")
+                                 "samples split over several datasets are read through h5py "
+                                 f"with dataset.hdf5.num_dset_per_record: {count}")
             dcpl = dset.id.get_create_plist()
             if dset.compression or dcpl.get_nfilters():
                 raise ValueError(f"has {name} compressed ({dset.compression or 'filters'}), "
-                                 "which is not read natively yet")
+                                 "which is not read natively yet (h5py reads it with "
+                                 "dataset.compression set as the files have it)")
             if dcpl.get_layout() != h5py.h5d.CONTIGUOUS or dcpl.get_external_count():
                 kind = "in chunks" if dset.chunks else "not contiguous in the file"
-                raise ValueError(f"stores {name} {kind}, which is not read natively yet")
+                raise ValueError(f"stores {name} {kind}, which is not read natively yet (h5py "
+                                 "reads it with dataset.hdf5.chunk_dims set as the files "
+                                 "have it)")
             if dset.dtype.kind not in "biufc":
                 raise ValueError(f"has {name} of type {dset.dtype}, not numbers")
             offset = dset.id.get_offset()
@@ -419,6 +433,15 @@ class Hdf5Format:
                 raise ValueError(f"has no bytes of {name} written")
             return StoredArray(size, int(offset), tuple(int(d) for d in dset.shape),
                                dset.dtype.str)
+
+    def _read_by_h5py(self, dset) -> bool:
+        """Whether this configuration has files like `dset`'s read through h5py."""
+        spec = SampleSpec(tuple(int(d) for d in dset.shape[1:]), dset.dtype.str,
+                          int(dset.shape[0]))
+        try:
+            return bool(self.library_read_reason(spec))
+        except ConfigError:  # chunks the file's dims cannot have: the configuration's
+            return True
 
     def side_files(self, path: str) -> list[str]:
         return []
@@ -428,6 +451,40 @@ class Hdf5Format:
 
     def loader_model(self, facts, itemsize: int, samples: int) -> None:
         return None  # a whole-file read is one read of the file
+
+
+class Rows:
+    """One file opened as DLIO's HDF5Reader opens it, h5py.File(path, 'r'); rows[i] is
+    sample i read as it reads it, row i of each of records_0 .. records_<datasets-1> (HDF5
+    reads the chunks holding the row, through its chunk cache), their bytes one after the
+    other. Closed by close() or `with`."""
+
+    def __init__(self, path: str, datasets: int = 1) -> None:
+        import h5py
+
+        self.file = h5py.File(path, "r")
+        try:
+            self.dsets = [self.file[f"records_{j}"] for j in range(datasets)]
+        except KeyError:
+            self.file.close()
+            raise ValueError(f"{path} has no datasets records_0 .. records_{datasets - 1} "
+                             "(DLIO's layout for dataset.hdf5.num_dset_per_record "
+                             f"{datasets})") from None
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        rows = [dset[index] for dset in self.dsets]
+        if len(rows) == 1:
+            return rows[0]
+        return np.concatenate([row.reshape(-1).view(np.uint8) for row in rows])
+
+    def close(self) -> None:
+        self.file.close()
+
+    def __enter__(self) -> Rows:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _stored_chunks(dset, geo: Geometry) -> np.ndarray:

@@ -10,6 +10,7 @@ from importlib import import_module
 from importlib.util import find_spec
 
 from ..catalog import SplitFiles
+from ..formats import library_read_reason
 from .base import BatchStats, IoWatchdog, ReaderBackend, ReaderOptions, python_steps
 
 # reader.engine native: file_access value -> (module, class)
@@ -20,6 +21,10 @@ BACKENDS = {
 }
 ALIASES = {"posix": "multi", "mpio": "shared"}  # DLIO's names for the same access
 
+# reader.engine native with files the C engine cannot read at their samples' file offsets
+# (formats.library_read_reason): format -> the backend reading them through its library
+LIBRARY_BACKENDS = {"hdf5": ("dlio_mpi.readers.h5py_reader", "H5pyReader")}
+
 
 # Libraries a format's whole-file load needs beyond the loader's own (library_load)
 FORMAT_MODULES = {"csv": "pandas", "jpeg": "PIL", "png": "PIL"}
@@ -29,13 +34,16 @@ FORMAT_MODULES = {"csv": "pandas", "jpeg": "PIL", "png": "PIL"}
 FRAMEWORK_LOADERS = {
     "pytorch": {"backend": ("dlio_mpi.readers.torch_loader", "TorchLoaderReader"),
                 "loader": "torch.utils.data.DataLoader", "module": "torch",
-                "formats": ("npy", "npz", "indexed_binary", "jpeg", "png", "csv", "parquet"),
+                "formats": ("npy", "npz", "indexed_binary", "hdf5", "jpeg", "png", "csv",
+                            "parquet"),
                 "file_access": ("multi",),
                 # what its Dataset does per sample (DLIO's pytorch readers)
                 "reads": {"npy": "np.load(path) of the whole file for every sample",
                           "npz": "np.load(path)['x'] of the whole file for every sample",
                           "indexed_binary": "open, seek and readinto of each sample's extent "
                                             "(the index files read once per worker)",
+                          "hdf5": "h5py.File(path, 'r') and row i of every records_<k> for "
+                                  "every sample",
                           **{fmt: f"np.asarray(PIL.Image.open(path)) of the whole {fmt} file "
                                   "for every sample (the image is the sample)"
                              for fmt in ("jpeg", "png")},
@@ -45,7 +53,8 @@ FRAMEWORK_LOADERS = {
                                      "sample"}},
     "tensorflow": {"backend": ("dlio_mpi.readers.tf_loader", "open_tf_data"),
                    "loader": "tf.data pipeline", "module": "tensorflow",
-                   "formats": ("tfrecord", "npy", "npz", "jpeg", "png", "csv", "parquet"),
+                   "formats": ("tfrecord", "npy", "npz", "hdf5", "jpeg", "png", "csv",
+                               "parquet"),
                    "file_access": ("multi",),
                    # what its TFRecordDataset does (DLIO's tensorflow reader)
                    "reads": {"tfrecord": "each planned file streamed whole by "
@@ -56,6 +65,9 @@ FRAMEWORK_LOADERS = {
                             "npz": "np.load(path)['x'] of the whole file in a tf.data "
                                    "generator per reader thread, once for the file's samples "
                                    "of the epoch",
+                            "hdf5": "h5py.File(path, 'r') and row i of every records_<k> in a "
+                                    "tf.data generator per reader thread, the file kept open "
+                                    "for its samples of the epoch",
                             **{fmt: f"np.asarray(PIL.Image.open(path)) of the whole {fmt} file "
                                     "in a tf.data generator per reader thread, once for the "
                                     "file's samples of the epoch (the image is each sample)"
@@ -78,12 +90,13 @@ def torch_prefetch_factor(prefetch_size: int, workers: int) -> int | None:
     return -(-prefetch_size // workers) if prefetch_size > 0 else 2
 
 
-def engine_refusal(cfg) -> str | None:
+def engine_refusal(cfg, library_reason: str = "") -> str | None:
     """Why the run's reader.engine cannot read with this configuration (one line naming the
-    keys and what is accepted), or None when it can."""
+    keys and what is accepted), or None when it can. `library_reason`: why the format's
+    library reads the files instead of the C engine (formats.library_read_reason)."""
     rd = cfg.reader
     if rd.engine != "framework":
-        return None
+        return library_refusal(cfg, library_reason) if library_reason else None
     access = ALIASES.get(rd.file_access, rd.file_access)
     if access != "multi":
         return (f"reader.engine: framework reads through the loader's own file calls in each "
@@ -122,26 +135,62 @@ def engine_refusal(cfg) -> str | None:
     return None
 
 
-def backend_of(engine: str, data_loader: str, file_access: str) -> tuple[str, str]:
+def library_refusal(cfg, reason: str) -> str | None:
+    """Why reader.engine native cannot read files its C engine leaves to the format's library
+    (`reason`: which property of the file), or None when the library backend can."""
+    rd, fmt = cfg.reader, cfg.dataset.format
+    access = ALIASES.get(rd.file_access, rd.file_access)
+    library = {"hdf5": "h5py"}.get(fmt, fmt)
+    if fmt not in LIBRARY_BACKENDS:
+        return f"dataset.format: {fmt}: {reason}; reading such files is not implemented yet"
+    if access != "multi":
+        return (f"reader.file_access: {rd.file_access} reads samples at their file offsets "
+                f"through MPI-IO, but {reason}, so only {library} can read them; reading "
+                f"such {fmt} files through MPI-IO is not implemented yet in dlio-mpi; "
+                f"accepted: reader.file_access multi (or posix), which reads them through "
+                f"{library}")
+    if rd.read_mode not in ("auto", "sample"):
+        return (f"reader.read_mode: {rd.read_mode} does not apply to these {fmt} files: "
+                f"{reason}, so {library} reads each sample's rows as DLIO's reader does; "
+                "expected auto (or sample)")
+    if rd.odirect:
+        return (f"reader.odirect: true does not combine with these {fmt} files: {reason}, "
+                f"so {library} reads them, through the page cache; expected false "
+                "(reader.drop_page_cache: true keeps the page cache from serving the reads)")
+    return None
+
+
+def backend_of(engine: str, data_loader: str, file_access: str,
+               library: str | None = None) -> tuple[str, str]:
     """(module, class) of the backend reading for (reader.engine, reader.data_loader,
-    reader.file_access); KeyError for a combination engine_refusal refuses."""
+    reader.file_access); `library`: the format whose library reads with engine native (files
+    the C engine cannot read at their file offsets). KeyError for a combination
+    engine_refusal refuses."""
     access = ALIASES.get(file_access, file_access)
     if engine == "framework":
         loader = FRAMEWORK_LOADERS[data_loader]
         if access not in loader["file_access"]:
             raise KeyError((engine, data_loader, file_access))
         return loader["backend"]
+    if library is not None:
+        if access != "multi":
+            raise KeyError((engine, library, file_access))
+        return LIBRARY_BACKENDS[library]
     return BACKENDS[access]
 
 
 def open_reader(file_access: str, files: SplitFiles, options: ReaderOptions,
                 comm=None) -> ReaderBackend:
     """Open the backend for `file_access` (with options.engine and options.data_loader) on
-    one split's files (collectively on `comm` for backends that read together)."""
-    module, name = backend_of(options.engine, options.data_loader, file_access)
+    one split's files (collectively on `comm` for backends that read together); with engine
+    native, files the C engine cannot read at their file offsets go to the format's library
+    backend (LIBRARY_BACKENDS)."""
+    split = files.split
+    library = split.format.name if library_read_reason(split.format, split.spec(0)) else None
+    module, name = backend_of(options.engine, options.data_loader, file_access, library)
     return getattr(import_module(module), name)(files, options, comm)
 
 
-__all__ = ["BACKENDS", "FRAMEWORK_LOADERS", "BatchStats", "IoWatchdog", "ReaderBackend",
-           "ReaderOptions", "backend_of", "engine_refusal", "open_reader", "python_steps",
-           "torch_prefetch_factor"]
+__all__ = ["BACKENDS", "FRAMEWORK_LOADERS", "LIBRARY_BACKENDS", "BatchStats", "IoWatchdog",
+           "ReaderBackend", "ReaderOptions", "backend_of", "engine_refusal", "library_refusal",
+           "open_reader", "python_steps", "torch_prefetch_factor"]

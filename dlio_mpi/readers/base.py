@@ -155,6 +155,35 @@ def drop_cached_pages(paths: Iterable[str]) -> None:
             os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
+_IO_FDS: dict[tuple[int, int], int] = {}  # (pid, thread id) -> fd of its /proc io file
+
+
+def thread_io() -> tuple[int, int, int] | None:
+    """(rchar, syscr, bytes of this very read) of the calling thread, from
+    /proc/thread-self/io; None where the kernel does not say. The read itself counts in the
+    next call's figures (one read call of the returned length)."""
+    key = (os.getpid(), threading.get_native_id())
+    fd = _IO_FDS.get(key)
+    if fd is None:
+        try:
+            fd = os.open("/proc/thread-self/io", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            fd = -1
+        _IO_FDS[key] = fd
+    if fd < 0:
+        return None
+    text = os.pread(fd, 1024, 0)
+    values = dict(line.split(b":") for line in text.splitlines() if b":" in line)
+    return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
+
+
+def forget_thread_io() -> None:
+    """Close the calling thread's /proc io file (a thread that ends: its id may come back)."""
+    fd = _IO_FDS.pop((os.getpid(), threading.get_native_id()), -1)
+    if fd >= 0:
+        os.close(fd)
+
+
 # Columns of the step records run_steps returns (CLOCK_MONOTONIC ns, then bytes and reads).
 START, READY, GOT, DEADLINE, COMPUTED, SYNCED, BYTES, OPS = range(8)
 

@@ -319,6 +319,7 @@ class NpyFiles:
 
     def __init__(self, files: SplitFiles, fmt: str, keep: bool) -> None:
         self.files, self.fmt, self.keep = files, fmt, keep
+        self.datasets = getattr(getattr(files.split.format, "options", None), "datasets", 1)
         self.last_axis = files.sample_layout == "last_axis"
         self.samples_per_file = files.split.samples_per_file
         self.loads = 0
@@ -330,37 +331,44 @@ class NpyFiles:
         files, counts = np.unique(sample_ids // self.samples_per_file, return_counts=True)
         self._kept, self._left = {}, dict(zip(files.tolist(), counts.tolist(), strict=True))
 
-    def _load(self, file: int) -> np.ndarray:
+    def _load(self, file: int):
         path = self.files.path(file)
         with self._lock:
             self.loads += 1
-        return library_load(self.fmt, path)
+        return library_load(self.fmt, path, self.datasets)
 
     def sample(self, sample_id: int) -> np.ndarray:
         file, within = divmod(sample_id, self.samples_per_file)
         if not self.keep:
             array = self._load(file)
-        else:
-            with self._lock:
-                entry = self._kept.get(file)
-                mine = entry is None
-                if mine:
-                    entry = self._kept[file] = _Load()
+            sample = library_sample(self.fmt, array, within, self.last_axis)
+            if hasattr(array, "close"):  # hdf5: the file h5py opened for this sample
+                array.close()
+            return sample
+        with self._lock:
+            entry = self._kept.get(file)
+            mine = entry is None
             if mine:
-                try:
-                    entry.array = self._load(file)
-                finally:
-                    entry.done.set()
-            else:
-                entry.done.wait()
-            if entry.array is None:
-                raise RuntimeError(f"{self.files.path(file)} could not be loaded")
-            array = entry.array
-            with self._lock:
-                self._left[file] -= 1
-                if self._left[file] == 0:
-                    self._kept.pop(file, None)
-        return library_sample(self.fmt, array, within, self.last_axis)
+                entry = self._kept[file] = _Load()
+        if mine:
+            try:
+                entry.array = self._load(file)
+            finally:
+                entry.done.set()
+        else:
+            entry.done.wait()
+        if entry.array is None:
+            raise RuntimeError(f"{self.files.path(file)} could not be loaded")
+        array = entry.array
+        sample = library_sample(self.fmt, array, within, self.last_axis)
+        with self._lock:
+            self._left[file] -= 1
+            done = self._left[file] == 0
+            if done:
+                self._kept.pop(file, None)
+        if done and hasattr(array, "close"):  # hdf5: read by every thread that wanted it
+            array.close()
+        return sample
 
 
 class _Load:

@@ -42,7 +42,6 @@ first epoch's first batch, inside that epoch, as in DLIO (the step's wait includ
 from __future__ import annotations
 
 import os
-import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -68,6 +67,7 @@ from .base import (
     batch_paths,
     drop_cached_pages,
     python_steps,
+    thread_io,
 )
 
 if TYPE_CHECKING:
@@ -76,26 +76,6 @@ if TYPE_CHECKING:
 READS = FRAMEWORK_LOADERS["pytorch"]["reads"]
 STATS_HEAD = 3  # stats tensor: bytes, read calls, file opens, then each sample's load ns
 
-_IO_FDS: dict[tuple[int, int], int] = {}  # (pid, thread id) -> fd of its /proc io file
-
-
-def thread_io() -> tuple[int, int, int] | None:
-    """(rchar, syscr, bytes of this very read) of the calling thread, from
-    /proc/thread-self/io; None where the kernel does not say. The read itself counts in the
-    next call's figures (one read call of the returned length)."""
-    key = (os.getpid(), threading.get_native_id())
-    fd = _IO_FDS.get(key)
-    if fd is None:
-        try:
-            fd = os.open("/proc/thread-self/io", os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            fd = -1
-        _IO_FDS[key] = fd
-    if fd < 0:
-        return None
-    text = os.pread(fd, 1024, 0)
-    values = dict(line.split(b":") for line in text.splitlines() if b":" in line)
-    return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
 
 
 @dataclass(frozen=True)
@@ -119,8 +99,9 @@ class SampleDataset(Dataset):
 
     def __init__(self, naming: FileNaming, listed: tuple[str, ...] | None, fmt: str,
                  samples_per_file: int, sample_layout: str, item: tuple[tuple[int, ...], str],
-                 memory: bool) -> None:
+                 memory: bool, datasets: int = 1) -> None:
         self.naming, self.listed, self.fmt = naming, listed, fmt
+        self.datasets = datasets  # hdf5: records_0 .. records_<datasets-1> hold each sample
         self.samples_per_file, self.last_axis = samples_per_file, sample_layout == "last_axis"
         self.item, self.memory = item, memory
         self.opens = 0
@@ -130,10 +111,12 @@ class SampleDataset(Dataset):
 
     @staticmethod
     def of(files: SplitFiles, options: ReaderOptions) -> SampleDataset:
-        return SampleDataset(files.split.naming, files.listed, files.split.format.name,
+        fmt = files.split.format
+        return SampleDataset(files.split.naming, files.listed, fmt.name,
                              files.split.samples_per_file, files.sample_layout,
                              (options.item_shape, options.item_dtype),
-                             options.read_type == "memory")
+                             options.read_type == "memory",
+                             getattr(getattr(fmt, "options", None), "datasets", 1))
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -164,6 +147,8 @@ class SampleDataset(Dataset):
                 if self.memory:
                     self._kept[path] = array
             sample = library_sample(self.fmt, array, within, self.last_axis)
+            if not self.memory and hasattr(array, "close"):  # hdf5: the file h5py opened
+                array.close()
         return as_item(sample, *self.item)
 
     def __getitems__(self, indices: list) -> Fetched:
@@ -185,9 +170,9 @@ class SampleDataset(Dataset):
         return Fetched(items, torch.tensor([nbytes, reads, self.opens - opens, *lat],
                                            dtype=torch.int64))
 
-    def _load(self, path: str) -> np.ndarray:
+    def _load(self, path: str):
         self.opens += 1
-        return library_load(self.fmt, path)
+        return library_load(self.fmt, path, self.datasets)
 
     def _read_extent(self, path: str, within: int) -> np.ndarray:
         if path not in self._index:
