@@ -13,7 +13,9 @@ the configuration says.
 - Formats whose sizes depend on the content (jpeg, png, csv) keep one size per file: recorded
   at generation (read from the manifest's side file), or, for data another tool wrote, every
   file's size and first bytes (its kind) probed; the spot-checked files are probed whole
-  (dims, rows). Their layouts follow from the sizes (dataset.SizedLayouts).
+  (dims, rows). Their layouts follow from the sizes (dataset.SizedLayouts). Compressed
+  parquet files, or parquet files of varying sample sizes, keep a row per file instead (size,
+  row groups, footer), read from each file's metadata when another tool wrote them.
 The result is broadcast to every rank."""
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from . import _core
 from .dataset import COLUMNS, DatasetSplit, LayoutTable, ListedLayouts, ShiftedLayouts, SizedLayouts
 from .errors import UserError, on_root
-from .formats import FileLayout, sizes_recorded
+from .formats import FileLayout, probe_record, record_width, sizes_recorded
 from .manifest import differing_params, generation_params, read_manifest
 from .recorded_sizes import read_sizes
 
@@ -165,7 +167,8 @@ def _locate_on_root(cfg, split: DatasetSplit):
             spot_check_sizes(split, split.expected_layouts())
             return ("manifest", split.sample_layout, None, None)
         try:
-            sizes = read_sizes(split.root, split.name, split.num_files, manifest)
+            sizes = read_sizes(split.root, split.name, split.num_files, manifest,
+                               record_width(split.format))
         except ValueError as exc:
             raise UserError(f"{exc}: {CHANGED}") from None
         if sizes is None:
@@ -189,7 +192,7 @@ def _locate_on_root(cfg, split: DatasetSplit):
     probed = {i: lay for i, (lay, _) in found.items()}
     axes = {axis for _, axis in found.values()}
     axis = axes.pop() if len(axes) == 1 else split.sample_layout
-    if sized:  # every file's size, its first bytes checked
+    if sized:  # every file's size, its first bytes checked (parquet: its row groups read)
         sizes = np.array([_probe_size(split, os.path.join(split.root, rel)) for rel in chosen],
                          dtype=np.int64)
         return ("probed" if named else "listed", axis, None if named else tuple(chosen), sizes)
@@ -204,9 +207,9 @@ def _locate_on_root(cfg, split: DatasetSplit):
     return ("listed", axis, tuple(chosen), cols)
 
 
-def _probe_size(split: DatasetSplit, path: str) -> int:
+def _probe_size(split: DatasetSplit, path: str):
     try:
-        return split.format.probe_size(path)
+        return probe_record(split.format, path)
     except (OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UserError(why if path in why else f"{path}: {why}") from None

@@ -203,8 +203,7 @@ def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_r
         return 0
     units = layouts.units() if mode == "sample" else None
     if units is not None:  # every row group once, and the footer reads at each open
-        per_file = int(units.length.sum()) + int(units.open_length.sum())
-        return per_file * split.num_files * samples_read // split.num_samples
+        return units.total(split.num_files) * samples_read // split.num_samples
     if mode == "sample":
         per_split = layouts.total("sample_span") * split.samples_per_file
     elif mode == "file":

@@ -53,6 +53,19 @@ def sizes_recorded(fmt: Format) -> bool:
     return getattr(fmt, "sizes_recorded", False)
 
 
+def record_width(fmt: Format) -> int | None:
+    """The columns of each file's row in the record of a format that records more than the
+    size (parquet's row groups: recorded_sizes.py), else None (one size per file)."""
+    return getattr(fmt, "record_width", None)
+
+
+def probe_record(fmt: Format, path: str):
+    """What generation would have recorded of the file at `path` another tool wrote: its size
+    (its first bytes checked), or its row (record_width); ValueError when it is not one."""
+    probe = getattr(fmt, "probe_record", None)
+    return probe(path) if probe is not None and record_width(fmt) else fmt.probe_size(path)
+
+
 def read_refusal(fmt: Format, spec: SampleSpec) -> str:
     """Why files of `fmt` like `spec` cannot be read by the native engine yet ('' when they
     can): a run that trains on them is refused before any I/O."""
@@ -61,4 +74,5 @@ def read_refusal(fmt: Format, spec: SampleSpec) -> str:
 
 
 __all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "UnitExtents", "format_for",
-           "get_format", "implemented_formats", "read_refusal", "sizes_recorded"]
+           "get_format", "implemented_formats", "probe_record", "read_refusal", "record_width",
+           "sizes_recorded"]
