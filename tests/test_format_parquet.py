@@ -550,3 +550,20 @@ def test_framework_loader_reads_the_same_samples_of_recorded_files(tmp_path):
         assert _summary(out)["dlio_mpi"]["readers"]["train"]["backend"] == engine
     assert all(np.array_equal(a, b) for a, b in zip(ids["native"], ids["framework"]))
     assert sorted(np.concatenate(ids["native"]).tolist()) == list(range(32))
+
+
+def test_a_generation_that_lost_its_record_reads_the_files_found_and_writes_the_rest(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="parquet", dataset__compression="lz4",
+                              dataset__record_length_bytes_stdev=700,
+                              dataset__num_samples_per_file=3,
+                              dataset__parquet__row_group_size=2)
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    record = _record_of_run(tmp_path)
+    (tmp_path / "data" / "dlio_mpi_sizes_train.npy").unlink()  # as if it never got written
+    lost = tmp_path / "data" / "train" / "img_6_of_8.parquet"
+    lost.unlink()
+    again = run_cli(["generate", "demo", *over])
+    assert again.returncode == 0 and "1 files" in again.stdout and "7 already complete" \
+        in again.stdout, again.stdout + again.stderr
+    assert _record_of_run(tmp_path).tolist() == record.tolist() == [
+        _metadata_row(p) for p in sorted((tmp_path / "data" / "train").iterdir())]
