@@ -165,7 +165,7 @@ def _locate_on_root(cfg, split: DatasetSplit):
             manifest, generation_params(cfg)):
         if not sized:
             spot_check_sizes(split, split.expected_layouts())
-            return ("manifest", split.sample_layout, None, None)
+            return ("manifest", split.sample_layout, None, None, False)
         try:
             sizes = read_sizes(split.root, split.name, split.num_files, manifest,
                                record_width(split.format))
@@ -175,7 +175,7 @@ def _locate_on_root(cfg, split: DatasetSplit):
             raise UserError(f"the manifest under {split.root} records no sizes of the "
                             f"{split.name} files: {CHANGED}")
         spot_check_sizes(split, SizedLayouts(sizes, split.samples_per_file, split.format))
-        return ("manifest", split.sample_layout, None, sizes)
+        return ("manifest", split.sample_layout, None, sizes, True)
     try:
         listed = _list_split(split)
     except FileNotFoundError:
@@ -192,19 +192,32 @@ def _locate_on_root(cfg, split: DatasetSplit):
     probed = {i: lay for i, (lay, _) in found.items()}
     axes = {axis for _, axis in found.values()}
     axis = axes.pop() if len(axes) == 1 else split.sample_layout
-    if sized:  # every file's size, its first bytes checked (parquet: its row groups read)
+    expected = split.expected_layouts(axis)
+    # ragged files (parquet) laid out otherwise than computed: every file's record is read
+    records = sized or (expected.ragged and not _units_as_computed(split, expected, chosen,
+                                                                    spots))
+    if records:  # every file's size, its first bytes checked (parquet: its row groups read)
         sizes = np.array([_probe_size(split, os.path.join(split.root, rel)) for rel in chosen],
                          dtype=np.int64)
-        return ("probed" if named else "listed", axis, None if named else tuple(chosen), sizes)
+        return ("probed" if named else "listed", axis, None if named else tuple(chosen), sizes,
+                True)
     if named:
-        expected = split.expected_layouts(axis)
         deltas = {_delta(expected.layout(i), lay) for i, lay in probed.items()}
         if len(deltas) == 1 and None not in deltas:
-            return ("probed", axis, None, next(iter(deltas)))
+            return ("probed", axis, None, next(iter(deltas)), False)
     layouts = [probed.get(i) or probe_file(cfg, split, i, os.path.join(split.root, rel))[0]
                for i, rel in enumerate(chosen)]
     cols = np.array([[getattr(lay, c) for c in COLUMNS] for lay in layouts], dtype=np.int64)
-    return ("listed", axis, tuple(chosen), cols)
+    return ("listed", axis, tuple(chosen), cols, False)
+
+
+def _units_as_computed(split: DatasetSplit, expected: LayoutTable, chosen: list[str],
+                       spots: list[int]) -> bool:
+    """Whether the spot-checked files' read units are the computed ones (files alike)."""
+    units = expected.units()
+    return units is not None and all(
+        split.format.matches(_probe_size(split, os.path.join(split.root, chosen[i])), units)
+        for i in spots)
 
 
 def _probe_size(split: DatasetSplit, path: str):
@@ -226,8 +239,8 @@ def _delta(expected: FileLayout, probed: FileLayout) -> tuple[int, int] | None:
 
 def locate_split(comm, cfg, split: DatasetSplit) -> SplitFiles:
     """Collectively find `split`'s files (rank 0 looks, everyone gets the answer)."""
-    source, axis, listed, extra = on_root(comm, lambda: _locate_on_root(cfg, split))
-    if sizes_recorded(split.format):
+    source, axis, listed, extra, recorded = on_root(comm, lambda: _locate_on_root(cfg, split))
+    if recorded:
         return SplitFiles(split, SizedLayouts(extra, split.samples_per_file, split.format),
                           source, axis, listed)
     expected = split.expected_layouts(axis)

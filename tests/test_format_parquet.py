@@ -138,7 +138,7 @@ def test_probe_takes_our_layout_and_refuses_others(tmp_path):
     assert stored.shape == (10, 100) and stored.layout(stored.as_samples(10, "first_axis")) \
         == fmt.layout(spec)
     with pytest.raises(ValueError, match="row_group_size=5"):
-        ParquetFormat(ParquetOptions(row_group_size=5)).probe(str(path))
+        ParquetFormat(ParquetOptions(row_group_size=5, samples=10)).probe(str(path))
     listed = tmp_path / "list.parquet"  # DLIO's own writer: a list column, compressed
     pq.write_table(pa.table({"data": [[1, 2, 3]] * 4}), listed)
     with pytest.raises(ValueError, match="one fixed_size_binary column 'data'"):
@@ -567,3 +567,24 @@ def test_a_generation_that_lost_its_record_reads_the_files_found_and_writes_the_
         in again.stdout, again.stdout + again.stderr
     assert _record_of_run(tmp_path).tolist() == record.tolist() == [
         _metadata_row(p) for p in sorted((tmp_path / "data" / "train").iterdir())]
+
+
+def test_uncompressed_data_laid_out_otherwise_is_read_by_its_own_row_groups(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="parquet",
+                              dataset__num_samples_per_file=4,
+                              dataset__parquet__row_group_size=3, output__access_log="true")
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    (tmp_path / "data" / "dlio_mpi_manifest.json").unlink()
+    for path in sorted((tmp_path / "data" / "train").iterdir())[::3]:  # pages of 1 row
+        pq.write_table(pq.read_table(path), path, row_group_size=3, compression="none",
+                       use_dictionary=False, write_statistics=False, data_page_size=1,
+                       write_batch_size=1)
+    files = sorted((tmp_path / "data" / "train").iterdir())
+    rows = np.array([_metadata_row(p) for p in files], dtype=np.int64)
+    assert len({r[0] for r in rows.tolist()}) == 2  # two layouts
+    res = run_cli(["run", "demo", *over, "workflow.generate_data=false"])
+    assert res.returncode == 0, res.stderr
+    logs = access_logs(tmp_path / "out", [1, 2], 2)
+    metric = _summary(tmp_path / "out")["metric"]
+    assert metric["train_bytes_transferred"] == sum(_unit_bytes(rows, ids, 4, 3)
+                                                    for ids in logs)

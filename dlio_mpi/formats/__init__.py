@@ -60,10 +60,10 @@ def record_width(fmt: Format) -> int | None:
 
 
 def probe_record(fmt: Format, path: str):
-    """What generation would have recorded of the file at `path` another tool wrote: its size
-    (its first bytes checked), or its row (record_width); ValueError when it is not one."""
+    """What generation records of the file at `path`, read from it: its size (its first bytes
+    checked), or its row (formats with probe_record); ValueError when it is not one."""
     probe = getattr(fmt, "probe_record", None)
-    return probe(path) if probe is not None and record_width(fmt) else fmt.probe_size(path)
+    return probe(path) if probe is not None else fmt.probe_size(path)
 
 
 def read_refusal(fmt: Format, spec: SampleSpec) -> str:

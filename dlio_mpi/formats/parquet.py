@@ -388,14 +388,22 @@ class ParquetFormat:
         its metadata; ValueError when it is not laid out as dlio-mpi reads them."""
         size, meta, tail = self._metadata(path)
         offsets, lengths, rows = _chunks(meta)
+        if sum(rows) != self.options.samples:
+            raise ValueError(f"holds {sum(rows)} rows where dataset.num_samples_per_file="
+                             f"{self.options.samples}")
         return np.array(self._record(path, size, int(meta.schema.column(0).length), rows,
                                      tail, offsets, lengths), dtype=np.int64)
 
+    def matches(self, row: np.ndarray, units: UnitExtents) -> bool:
+        """Whether a file's record row is the computed layout `units` (files alike)."""
+        return (row[HEAD:HEAD + units.count].tolist() == units.offset.tolist()
+                and row[HEAD + units.count:].tolist() == units.length.tolist())
+
     def probe(self, path: str) -> StoredParquet:
-        """A parquet file another tool wrote: read natively only when laid out exactly as
-        dlio-mpi writes them (one uncompressed fixed_size_binary column `data` in row groups
-        of dataset.parquet.row_group_size rows; recorded files: compressed, or of other
-        sizes, their layout recorded by probe_record), else ValueError saying why."""
+        """A parquet file another tool wrote: one fixed_size_binary column `data` in row groups
+        of dataset.parquet.row_group_size rows, its column chunks back to back (uncompressed
+        unless dataset.compression says otherwise), else ValueError saying why. Laid out
+        otherwise than computed, the catalog reads every file's record (probe_record)."""
         if self.options.recorded:
             row = self.probe_record(path)
             return StoredParquet(int(row[0]), int(row[HEAD]),
@@ -410,11 +418,8 @@ class ParquetFormat:
         want = geometry(width, rows, self.options.row_group_size)
         offsets, sizes, _ = _chunks(meta)
         if (size, offsets, sizes) != (want.size, want.offset, want.length):
-            raise ValueError(f"is not laid out as dlio-mpi writes parquet files with "
-                             f"dataset.parquet.row_group_size={self.options.row_group_size} "
-                             f"(row groups of {meta.row_group(0).num_rows} rows); reading other "
-                             "layouts natively is not implemented yet")
-        return StoredParquet(size, want.offset[0], (rows, width), "|u1")
+            self.probe_record(path)  # ValueError unless its own layout can be read
+        return StoredParquet(size, offsets[0], (rows, width), "|u1")
 
     def side_files(self, path: str) -> list[str]:
         return []
