@@ -13,7 +13,9 @@ the configuration says.
 - Formats whose sizes depend on the content (jpeg, png, csv) keep one size per file: recorded
   at generation (read from the manifest's side file), or, for data another tool wrote, every
   file's size and first bytes (its kind) probed; the spot-checked files are probed whole
-  (dims, rows). Their layouts follow from the sizes (dataset.SizedLayouts).
+  (dims, rows). Their layouts follow from the sizes (dataset.SizedLayouts). Compressed
+  parquet files, or parquet files of varying sample sizes, keep a row per file instead (size,
+  row groups, footer), read from each file's metadata when another tool wrote them.
 The result is broadcast to every rank."""
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 from . import _core
 from .dataset import COLUMNS, DatasetSplit, LayoutTable, ListedLayouts, ShiftedLayouts, SizedLayouts
 from .errors import UserError, on_root
-from .formats import FileLayout, sizes_recorded
+from .formats import FileLayout, probe_record, record_width, sizes_recorded
 from .manifest import differing_params, generation_params, read_manifest
 from .recorded_sizes import read_sizes
 
@@ -163,16 +165,17 @@ def _locate_on_root(cfg, split: DatasetSplit):
             manifest, generation_params(cfg)):
         if not sized:
             spot_check_sizes(split, split.expected_layouts())
-            return ("manifest", split.sample_layout, None, None)
+            return ("manifest", split.sample_layout, None, None, False)
         try:
-            sizes = read_sizes(split.root, split.name, split.num_files, manifest)
+            sizes = read_sizes(split.root, split.name, split.num_files, manifest,
+                               record_width(split.format))
         except ValueError as exc:
             raise UserError(f"{exc}: {CHANGED}") from None
         if sizes is None:
             raise UserError(f"the manifest under {split.root} records no sizes of the "
                             f"{split.name} files: {CHANGED}")
         spot_check_sizes(split, SizedLayouts(sizes, split.samples_per_file, split.format))
-        return ("manifest", split.sample_layout, None, sizes)
+        return ("manifest", split.sample_layout, None, sizes, True)
     try:
         listed = _list_split(split)
     except FileNotFoundError:
@@ -189,24 +192,37 @@ def _locate_on_root(cfg, split: DatasetSplit):
     probed = {i: lay for i, (lay, _) in found.items()}
     axes = {axis for _, axis in found.values()}
     axis = axes.pop() if len(axes) == 1 else split.sample_layout
-    if sized:  # every file's size, its first bytes checked
+    expected = split.expected_layouts(axis)
+    # ragged files (parquet) laid out otherwise than computed: every file's record is read
+    records = sized or (expected.ragged and not _units_as_computed(split, expected, chosen,
+                                                                    spots))
+    if records:  # every file's size, its first bytes checked (parquet: its row groups read)
         sizes = np.array([_probe_size(split, os.path.join(split.root, rel)) for rel in chosen],
                          dtype=np.int64)
-        return ("probed" if named else "listed", axis, None if named else tuple(chosen), sizes)
+        return ("probed" if named else "listed", axis, None if named else tuple(chosen), sizes,
+                True)
     if named:
-        expected = split.expected_layouts(axis)
         deltas = {_delta(expected.layout(i), lay) for i, lay in probed.items()}
         if len(deltas) == 1 and None not in deltas:
-            return ("probed", axis, None, next(iter(deltas)))
+            return ("probed", axis, None, next(iter(deltas)), False)
     layouts = [probed.get(i) or probe_file(cfg, split, i, os.path.join(split.root, rel))[0]
                for i, rel in enumerate(chosen)]
     cols = np.array([[getattr(lay, c) for c in COLUMNS] for lay in layouts], dtype=np.int64)
-    return ("listed", axis, tuple(chosen), cols)
+    return ("listed", axis, tuple(chosen), cols, False)
 
 
-def _probe_size(split: DatasetSplit, path: str) -> int:
+def _units_as_computed(split: DatasetSplit, expected: LayoutTable, chosen: list[str],
+                       spots: list[int]) -> bool:
+    """Whether the spot-checked files' read units are the computed ones (files alike)."""
+    units = expected.units()
+    return units is not None and all(
+        split.format.matches(_probe_size(split, os.path.join(split.root, chosen[i])), units)
+        for i in spots)
+
+
+def _probe_size(split: DatasetSplit, path: str):
     try:
-        return split.format.probe_size(path)
+        return probe_record(split.format, path)
     except (OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UserError(why if path in why else f"{path}: {why}") from None
@@ -223,8 +239,8 @@ def _delta(expected: FileLayout, probed: FileLayout) -> tuple[int, int] | None:
 
 def locate_split(comm, cfg, split: DatasetSplit) -> SplitFiles:
     """Collectively find `split`'s files (rank 0 looks, everyone gets the answer)."""
-    source, axis, listed, extra = on_root(comm, lambda: _locate_on_root(cfg, split))
-    if sizes_recorded(split.format):
+    source, axis, listed, extra, recorded = on_root(comm, lambda: _locate_on_root(cfg, split))
+    if recorded:
         return SplitFiles(split, SizedLayouts(extra, split.samples_per_file, split.format),
                           source, axis, listed)
     expected = split.expected_layouts(axis)

@@ -81,10 +81,12 @@ class Layouts:
     sample_step: np.ndarray
     sample_span: np.ndarray
     sample_bytes: np.ndarray
+    units: UnitExtents | None = None  # the read units of each file, when recorded per file
 
     @staticmethod
-    def from_columns(cols: np.ndarray) -> Layouts:
-        return Layouts(*(np.ascontiguousarray(cols[:, k]) for k in range(len(COLUMNS))))
+    def from_columns(cols: np.ndarray, units: UnitExtents | None = None) -> Layouts:
+        return Layouts(*(np.ascontiguousarray(cols[:, k]) for k in range(len(COLUMNS))),
+                       units=units)
 
 
 class LayoutTable:
@@ -161,9 +163,8 @@ class ComputedLayouts(LayoutTable):
     def units(self) -> UnitExtents | None:
         if not self.ragged:
             return None
-        if len(self.dims) != 1:
-            raise ValueError(f"{self.format.name} files of different sample sizes: reading "
-                             "them by read units is not implemented yet")
+        if len(self.dims) != 1:  # such files' units are recorded (SizedLayouts), not computed
+            return None
         return self.format.unit_extents(self._spec(self.dims[0]))
 
     def _spec(self, dims) -> SampleSpec:
@@ -269,15 +270,25 @@ class ComputedLayouts(LayoutTable):
 class SizedLayouts(LayoutTable):
     """Layouts of files whose sizes depend on their content (jpeg, png, csv), held as one
     int64 size per file (recorded at generation, or probed): the columns are derived from the
-    sizes for the files taken (the format's size_columns)."""
+    sizes for the files taken (the format's size_columns). A format recording a row per file
+    (recorded_sizes.py; parquet) derives the columns from the rows, and its read units too
+    (the format's recorded_units)."""
 
     def __init__(self, sizes: np.ndarray, samples_per_file: int, fmt: Format) -> None:
         self.sizes = np.ascontiguousarray(sizes, dtype=np.int64)
         self.count, self.samples, self.format = len(self.sizes), samples_per_file, fmt
+        self.ragged = hasattr(fmt, "recorded_units")
+        self._units: UnitExtents | None = None
+
+    def units(self) -> UnitExtents | None:
+        if self.ragged and self._units is None:
+            self._units = self.format.recorded_units(self.sizes)
+        return self._units
 
     def take(self, files: np.ndarray) -> Layouts:
-        return Layouts.from_columns(self.format.size_columns(self.sizes[np.asarray(files)],
-                                                             self.samples))
+        files = np.asarray(files)
+        return Layouts.from_columns(self.format.size_columns(self.sizes[files], self.samples),
+                                    self.units().of(files) if self.ragged else None)
 
     def total(self, column: str) -> int:
         # chunk by chunk: int64 sums of a chunk cannot overflow, the chunks add up as ints

@@ -230,8 +230,7 @@ def _epoch_bytes(split: DatasetSplit, layouts: LayoutTable, mode: str, samples_r
         return 0
     units = layouts.units() if mode == "sample" else None
     if units is not None:  # every row group once, and the footer reads at each open
-        per_file = int(units.length.sum()) + int(units.open_length.sum())
-        return per_file * split.num_files * samples_read // split.num_samples
+        return units.total(split.num_files) * samples_read // split.num_samples
     if mode == "sample":
         per_split = layouts.total("sample_span") * split.samples_per_file
     elif mode == "file":
@@ -288,11 +287,19 @@ def _notes(cfg, library_read: str = "") -> tuple[str, ...]:
 
 def _sized_notes(cfg) -> list[str]:
     """Formats whose sizes depend on the content: the plan's bytes are estimates."""
-    from .formats import get_format, sizes_recorded
+    from .formats import format_for, sizes_recorded
 
     fmt = cfg.dataset.format
-    if fmt not in implemented_formats() or not sizes_recorded(get_format(fmt)):
+    if fmt not in implemented_formats() or not sizes_recorded(configured := format_for(
+            cfg.dataset)):
         return []
+    if getattr(configured, "record_width", None):  # parquet, compressed or of varying sizes
+        return [f"dataset.format={fmt} with dataset.compression={cfg.dataset.compression} and "
+                f"dataset.record_length_bytes_stdev={cfg.dataset.record_length_bytes_stdev:g}: "
+                "the files' row groups depend on the content or differ from file to file, so "
+                "the plan's dataset and epoch bytes are estimates (the uncompressed files'); "
+                "generation records each file's row groups and footer (beside its manifest) "
+                "and the run reads exactly those"]
     return [f"dataset.format={fmt}: file sizes depend on the content, so the plan's dataset "
             "and epoch bytes are estimates; generation records each file's size (beside its "
             "manifest) and the run reads exactly those files whole"]

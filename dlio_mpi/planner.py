@@ -201,24 +201,25 @@ def _unit_plan(ids: np.ndarray, files: np.ndarray, step_of: np.ndarray, steps: i
     needs, in the step of its first planned sample, preceded at the file's first unit by the
     loader's footer reads (the first one fstats again: pyarrow fstats twice when it opens).
     A unit's load delivers all its samples' payload (as file_once's whole-file loads do)."""
-    nunits = len(units.offset)
+    nunits = units.count
     unit = (ids % samples_per_file) // units.per_unit
     first, load_of = first_uses(files * nunits + unit)
     lfile, lunit, lstep = files[first], unit[first], step_of[first]
+    mine = units.of(lfile)  # each load's file's extents (shared ones: the same row for all)
     opens = np.zeros(len(first), dtype=bool)
-    footer = len(units.open_offset) if policy.access == "loader" else 0
-    if footer:
+    if policy.access == "loader":  # the file's footer reads before its first unit
         opens[np.unique(lfile, return_index=True)[1]] = True
-    count = 1 + opens * footer
+    count = 1 + opens * (mine.open_length > 0).sum(axis=1)
     owner = np.repeat(np.arange(len(first)), count)
     start = np.concatenate(([0], np.cumsum(count)))
     within = np.arange(start[-1]) - start[owner]
     is_unit = within == count[owner] - 1
-    head = np.minimum(within, max(footer - 1, 0))
-    offset = np.where(is_unit, units.offset[lunit[owner]],
-                      units.open_offset[head] if footer else 0)
-    length = np.where(is_unit, units.length[lunit[owner]],
-                      units.open_length[head] if footer else 0)
+    head = np.minimum(within, max(mine.open_offset.shape[1] - 1, 0))
+    opened = mine.open_offset.shape[1] > 0
+    offset = np.where(is_unit, mine.offset[owner, lunit[owner]],
+                      mine.open_offset[owner, head] if opened else 0)
+    length = np.where(is_unit, mine.length[owner, lunit[owner]],
+                      mine.open_length[owner, head] if opened else 0)
     flags = np.zeros(len(owner), dtype=np.uint32)
     flags[(within == 0) & ~is_unit] = _core.REQ_FSTAT
     if policy.mmap:
@@ -228,7 +229,7 @@ def _unit_plan(ids: np.ndarray, files: np.ndarray, step_of: np.ndarray, steps: i
         per_load = np.bincount(load_of, weights=sample_delay_ns[:len(ids)],
                                minlength=len(first)).astype(np.int64)
         delay = np.where(is_unit, per_load[owner], 0).astype(np.int64)
-    payload = units.rows(samples_per_file)[lunit] * units.sample_bytes
+    payload = units.rows(samples_per_file)[lunit] * mine.sample_bytes
     batch_payload = np.bincount(lstep, weights=payload, minlength=steps).astype(np.int64)
     return ReadPlan(ids, _batches_of(lstep[owner], steps),
                     np.ascontiguousarray(lfile[owner], dtype=np.int64),

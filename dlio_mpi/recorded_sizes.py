@@ -1,9 +1,12 @@
 """The sizes of generated files whose sizes depend on their content (jpeg, png, csv), recorded
 by generation in a side file of the manifest, one per split: `dlio_mpi_sizes_<split>.npy`
 under the data folder, an int64 array of one entry per file (-1: not known), named in the
-manifest (`sizes`). Written like the manifest (an exclusive temporary carrying the job's tag,
-then a rename over the previous one, which the manifest names as ours); read by the catalog
-(layouts of the split) and by generation (what each existing file should weigh)."""
+manifest (`sizes`). A format that needs more of each file than its size (parquet's row groups
+when their bytes depend on the content: its `record_width`) records a row per file instead,
+(files, record_width) int64, whose first column is the size (a row of -1: not known).
+Written like the manifest (an exclusive temporary carrying the job's tag, then a rename over
+the previous one, which the manifest names as ours); read by the catalog (layouts of the
+split) and by generation (what each existing file should weigh)."""
 
 from __future__ import annotations
 
@@ -48,9 +51,20 @@ def write_sizes(root: str, split: str, sizes: np.ndarray, tag: str, replace: boo
     return sizes_name(split)
 
 
-def read_sizes(root: str, split: str, count: int, manifest: dict | None) -> np.ndarray | None:
-    """`split`'s recorded sizes when the manifest names a file of `count` of them, else None
-    (ValueError when the named file is not one)."""
+def size_column(records: np.ndarray) -> np.ndarray:
+    """The sizes of recorded files (the first column of per-file rows)."""
+    return records if records.ndim == 1 else records[:, 0]
+
+
+def unknown_records(count: int, width: int | None) -> np.ndarray:
+    """`count` records of nothing known (one size each, or rows of `width`)."""
+    return np.full(count if width is None else (count, width), UNKNOWN, dtype=np.int64)
+
+
+def read_sizes(root: str, split: str, count: int, manifest: dict | None,
+               width: int | None = None) -> np.ndarray | None:
+    """`split`'s recorded sizes (rows of `width` when given) when the manifest names a file of
+    `count` of them, else None (ValueError when the named file is not one)."""
     if not manifest or sizes_name(split) != (manifest.get("sizes") or {}).get(split):
         return None
     path = sizes_path(root, split)
@@ -60,7 +74,8 @@ def read_sizes(root: str, split: str, count: int, manifest: dict | None) -> np.n
         return None
     except (OSError, ValueError) as exc:
         raise ValueError(f"{path} is not dlio-mpi's record of file sizes ({exc})") from None
-    if sizes.dtype != np.int64 or sizes.shape != (count,):
+    want = (count,) if width is None else (count, width)
+    if sizes.dtype != np.int64 or sizes.shape != want:
         raise ValueError(f"{path} records {sizes.shape} sizes of {sizes.dtype}, not the "
-                         f"{count} int64 sizes of the {split} files")
+                         f"{want} int64 records of the {split} files")
     return sizes

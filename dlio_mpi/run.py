@@ -31,7 +31,7 @@ from .config import TimeSpec
 from .dataset import DatasetSplit, decoded_item, dlio_record_length
 from .errors import JobError, Stopped, UserError, check_all, on_root
 from .filesystems import check_striping, describe_filesystems
-from .formats import sizes_recorded
+from .formats import record_width, sizes_recorded
 from .generate import (
     GenerationResult,
     check_dataset_space,
@@ -47,7 +47,7 @@ from .pacing import Pacing, make_pacing
 from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .planner import AccessPolicy, plan_reads
 from .readers import ReaderBackend, ReaderOptions, open_reader
-from .recorded_sizes import read_sizes, sizes_path
+from .recorded_sizes import read_sizes, size_column, sizes_path
 from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_shard
 from .topology import Topology, discover, emulated_ranks_per_node
 from .training import run_epoch
@@ -416,7 +416,8 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
 def _recorded(root: str, splits, sized: list[str]) -> dict:
     """The recorded sizes of the `sized` splits' files (None for a split without them)."""
     manifest = read_manifest(root)
-    return {name: read_sizes(root, name, splits[name].num_files, manifest) for name in sized}
+    return {name: read_sizes(root, name, splits[name].num_files, manifest,
+                             record_width(splits[name].format)) for name in sized}
 
 
 def remove_dataset(comm, plan: RunPlan) -> int:
@@ -434,7 +435,7 @@ def remove_dataset(comm, plan: RunPlan) -> int:
         if name not in sized:
             expected = plan.layouts[name].take(mine).size
         elif recorded[name] is not None:
-            expected = recorded[name][mine]
+            expected = size_column(recorded[name])[mine]
         else:  # no record of the sizes: none of the files can be told ours
             kept += len(mine)
             continue

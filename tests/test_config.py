@@ -486,8 +486,8 @@ def test_default_settings_have_no_notes():
     ("reader.data_loader=synthetic", "tensorflow, pytorch"),
     ("reader.data_loader_classname=plugins.MyLoader", "null"),
     ("reader.reader_classname=plugins.MyReader", "null"),
-    ("dataset.compression=bz2", "none, gzip, lzf"),
-    ("dataset.compression=xz", "none, gzip, lzf"),
+    ("dataset.compression=bz2", "none, gzip, lzf, snappy, lz4, zstd"),
+    ("dataset.compression=xz", "none, gzip, lzf, snappy, lz4, zstd"),
 ])
 def test_values_not_implemented_yet_are_refused(override, accepted):
     key, _, value = override.partition("=")

@@ -138,7 +138,7 @@ def test_probe_takes_our_layout_and_refuses_others(tmp_path):
     assert stored.shape == (10, 100) and stored.layout(stored.as_samples(10, "first_axis")) \
         == fmt.layout(spec)
     with pytest.raises(ValueError, match="row_group_size=5"):
-        ParquetFormat(ParquetOptions(row_group_size=5)).probe(str(path))
+        ParquetFormat(ParquetOptions(row_group_size=5, samples=10)).probe(str(path))
     listed = tmp_path / "list.parquet"  # DLIO's own writer: a list column, compressed
     pq.write_table(pa.table({"data": [[1, 2, 3]] * 4}), listed)
     with pytest.raises(ValueError, match="one fixed_size_binary column 'data'"):
@@ -154,11 +154,9 @@ def _cfg(tmp_path, *extra, **values):
     return load_config("demo", [*over, *extra])
 
 
-def test_compression_and_varying_sizes_are_refused_naming_the_key(tmp_path):
-    for values, key in (({"dataset__compression": "gzip"}, "dataset.compression: 'gzip' is "
+def test_codecs_pyarrow_lacks_and_other_sample_layouts_are_refused_naming_the_key(tmp_path):
+    for values, key in (({"dataset__compression": "lzf"}, "dataset.compression: 'lzf' is "
                          "not implemented yet in dlio-mpi for parquet"),
-                        ({"dataset__record_length_bytes_stdev": 100},
-                         "dataset.record_length_bytes_stdev: parquet files of varying"),
                         ({"dataset__sample_layout": "last_axis"}, "dataset.sample_layout")):
         with pytest.raises(UserError, match=key):
             derive_plan(_cfg(tmp_path, **values), 2, generating=True)
@@ -166,6 +164,12 @@ def test_compression_and_varying_sizes_are_refused_naming_the_key(tmp_path):
     with pytest.raises(UserError, match="dataset.parquet.row_group_size: 1048576 rows"):
         derive_plan(_cfg(tmp_path, dataset__record_length_bytes=1048576,
                          dataset__num_samples_per_file=2000), 2, generating=True)
+    for codec in ("snappy", "lz4", "zstd"):  # pyarrow's codecs: parquet's alone
+        with pytest.raises(UserError, match=f"dataset.compression: '{codec}' is not accepted"):
+            load_config("demo", [f"dataset.compression={codec}"])
+    plan = derive_plan(_cfg(tmp_path, dataset__compression="zstd",
+                            dataset__record_length_bytes_stdev=100), 2, generating=True)
+    assert any("records each file's row groups and footer" in n for n in plan.notes)
 
 
 def test_parquet_keys_act_for_parquet_and_are_noted_for_other_formats(tmp_path):
@@ -374,3 +378,213 @@ def test_manifest_records_the_row_group_size_and_pyarrows_version(tmp_path):
     assert params["parquet"] == {"row_group_size": 5, "compression": "none",
                                  "pyarrow": pyarrow.__version__}
     assert "parquet" not in generation_params(load_config("demo", []))
+
+
+# ------------------------------------------ compressed files, files of varying sample sizes
+
+RECORDED = [("snappy", 0), ("gzip", 0), ("lz4", 0), ("zstd", 0), ("none", 1000),
+            ("zstd", 1000)]
+
+
+def _recorded_format(codec: str, group: int, samples: int) -> ParquetFormat:
+    return ParquetFormat(ParquetOptions(group, codec, True, samples))
+
+
+def _metadata_row(path: Path) -> list[int]:
+    """What the record should say of the file at `path`, from pyarrow and its last bytes."""
+    meta = pq.ParquetFile(path).metadata
+    data = path.read_bytes()
+    extents, _ = _metadata_extents(path)
+    return [len(data), meta.schema.column(0).length, int.from_bytes(data[-8:-4], "little"),
+            *(o for o, _ in extents), *(n for _, n in extents)]
+
+
+@pytest.mark.parametrize("codec", ["snappy", "gzip", "lz4", "zstd", "none"])
+def test_recorded_files_are_written_with_the_codec_and_recorded_as_pyarrow_reports(tmp_path,
+                                                                                   codec):
+    fmt = _recorded_format(codec, 3, 10)
+    spec = SampleSpec((700,), "|u1", 10)
+    staged = StagedWrites("test")
+    row = fmt.write_recorded(str(tmp_path / "f.parquet"), spec, SEED, staged)
+    staged.commit()
+    path = tmp_path / "f.parquet"
+    assert len(row) == fmt.record_width == 3 + 2 * 4
+    assert row.tolist() == _metadata_row(path) == fmt.probe_record(str(path)).tolist()
+    meta = pq.ParquetFile(path).metadata
+    assert {meta.row_group(g).column(0).compression for g in range(4)} == {
+        "UNCOMPRESSED" if codec == "none" else codec.upper()}
+    assert library_load("parquet", str(path)).tobytes() == _stream(7000)
+    units = fmt.recorded_units(row[None, :])
+    assert units.per_file and units.per_unit == 3 and units.sample_bytes.tolist() == [700]
+    assert units.open_length.tolist() == [[row[0], 0]]  # a small file: its tail is all of it
+    stored = fmt.probe(str(path))
+    assert stored.shape == (10, 700) and stored.size == row[0]
+    with pytest.raises(ValueError, match="row groups of"):
+        _recorded_format(codec, 4, 10).probe_record(str(path))
+
+
+def test_recorded_footer_reads_add_the_metadata_when_over_the_tail():
+    fmt = _recorded_format("zstd", 1, 2)
+    rows = np.array([[100000, 10, 70000, 4, 500, 496, 500],
+                     [5000, 10, 300, 4, 2000, 2000, 2000]], dtype=np.int64)
+    units = fmt.recorded_units(rows)
+    tail = parquet_module.FOOTER_READ
+    assert units.open_offset.tolist() == [[100000 - tail, 100000 - 8 - 70000], [0, 0]]
+    assert units.open_length.tolist() == [[tail, 70000], [5000, 0]]
+    assert units.total(2) == 496 + 500 + tail + 70000 + 4000 + 5000
+
+
+def _record_of_run(tmp_path: Path, split: str = "train") -> np.ndarray:
+    return np.load(tmp_path / "data" / f"dlio_mpi_sizes_{split}.npy")
+
+
+def _unit_bytes(record: np.ndarray, ids: np.ndarray, samples: int, group: int) -> int:
+    """Bytes of one rank's epoch read by row group: the footer of each file its samples are
+    in, and each row group they live in once."""
+    groups = (record.shape[1] - 3) // 2
+    total = 0
+    for f in np.unique(ids // samples):
+        size, meta = record[f, 0], record[f, 2]
+        tail = min(size, parquet_module.FOOTER_READ)
+        total += tail + (meta if meta + 8 > tail else 0)
+    for key in np.unique(ids // samples * groups + ids % samples // group):
+        total += record[key // groups, 3 + groups + key % groups]
+    return int(total)
+
+
+@pytest.mark.parametrize("codec,stdev", RECORDED)
+def test_recorded_runs_read_the_recorded_row_groups_and_regenerate_nothing(tmp_path, codec,
+                                                                          stdev):
+    samples, group = 5, 2
+    over = workload_overrides(tmp_path, dataset__format="parquet", dataset__compression=codec,
+                              dataset__record_length_bytes_stdev=stdev,
+                              dataset__num_samples_per_file=samples,
+                              dataset__parquet__row_group_size=group, dataset__num_files_eval=2,
+                              output__access_log="true", reader__sample_shuffle="seed")
+    res = run_cli(["run", "demo", *over])
+    assert res.returncode == 0, res.stderr
+    record = _record_of_run(tmp_path)
+    files = sorted((tmp_path / "data" / "train").iterdir())
+    assert record.shape == (8, 3 + 2 * 3)
+    assert [_metadata_row(p) for p in files] == record.tolist()
+    assert [_metadata_row(p) for p in sorted((tmp_path / "data" / "valid").iterdir())] == \
+        _record_of_run(tmp_path, "valid").tolist()
+    if stdev:
+        assert len(set(record[:, 1].tolist())) > 1  # samples of several sizes
+    logs = access_logs(tmp_path / "out", [1, 2], 2)
+    metric = _summary(tmp_path / "out")["metric"]
+    want = sum(_unit_bytes(record, ids, samples, group) for ids in logs)
+    assert metric["train_bytes_transferred"] == metric["train_bytes_requested"] == want
+    manifest = json.loads((tmp_path / "data" / "dlio_mpi_manifest.json").read_text())
+    assert manifest["sizes"] == {"train": "dlio_mpi_sizes_train.npy",
+                                 "valid": "dlio_mpi_sizes_valid.npy"}
+    assert manifest["bytes"]["train"] == int(record[:, 0].sum())
+    mtimes = [p.stat().st_mtime_ns for p in files]
+    again = run_cli(["generate", "demo", *over])
+    assert again.returncode == 0 and "0 files" in again.stdout and "10 already complete" \
+        in again.stdout, again.stdout + again.stderr
+    assert [p.stat().st_mtime_ns for p in files] == mtimes
+    assert _record_of_run(tmp_path).tolist() == record.tolist()
+
+
+def test_recorded_whole_file_reads_are_read_table_of_each_file(tmp_path):
+    samples, group = 6, 2
+    over = workload_overrides(tmp_path, dataset__format="parquet", dataset__compression="gzip",
+                              dataset__record_length_bytes_stdev=1000,
+                              dataset__num_samples_per_file=samples,
+                              dataset__parquet__row_group_size=group,
+                              reader__read_mode="file_once", output__access_log="true")
+    res = run_cli(["run", "demo", *over])
+    assert res.returncode == 0, res.stderr
+    record = _record_of_run(tmp_path)
+    per_file = []
+    for row in record:  # the footer's read, then every chunk (under 32 MiB: one read)
+        size, meta = row[0], row[2]
+        tail = min(size, parquet_module.FOOTER_READ)
+        per_file.append(tail + (meta if meta + 8 > tail else 0) + row[3 + 3:].sum())
+    logs = access_logs(tmp_path / "out", [1, 2], 2)
+    metric = _summary(tmp_path / "out")["metric"]
+    assert metric["train_bytes_transferred"] == sum(
+        sum(per_file[f] for f in np.unique(ids // samples)) for ids in logs)
+    assert metric["train_bytes_read"] == sum(
+        sum(int(record[f, 1]) * samples for f in np.unique(ids // samples)) for ids in logs)
+
+
+def test_data_another_tool_wrote_compressed_is_probed_file_by_file(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="parquet", dataset__compression="snappy",
+                              dataset__num_samples_per_file=4,
+                              dataset__parquet__row_group_size=3, output__access_log="true")
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    record = _record_of_run(tmp_path)
+    for name in ("dlio_mpi_manifest.json", "dlio_mpi_sizes_train.npy",
+                 "dlio_mpi_sizes_valid.npy"):
+        (tmp_path / "data" / name).unlink()
+    res = run_cli(["run", "demo", *over, "workflow.generate_data=false"])
+    assert res.returncode == 0, res.stderr
+    logs = access_logs(tmp_path / "out", [1, 2], 2)
+    metric = _summary(tmp_path / "out")["metric"]
+    assert metric["train_bytes_transferred"] == sum(_unit_bytes(record, ids, 4, 3)
+                                                    for ids in logs)
+    other = tmp_path / "data" / "train" / "img_3_of_8.parquet"  # row groups of 2 rows
+    pq.write_table(pq.read_table(other), other, row_group_size=2, compression="snappy",
+                   use_dictionary=False, write_statistics=False)
+    res = run_cli(["run", "demo", *over, "workflow.generate_data=false"])
+    assert res.returncode == 2 and "img_3_of_8.parquet" in res.stderr \
+        and "row_group_size=3" in res.stderr, res.stderr
+
+
+def test_framework_loader_reads_the_same_samples_of_recorded_files(tmp_path):
+    base = dict(dataset__format="parquet", dataset__num_samples_per_file=4,
+                dataset__compression="zstd", dataset__record_length_bytes_stdev=500,
+                dataset__parquet__row_group_size=3, output__access_log="true",
+                reader__data_loader="pytorch", framework="pytorch",
+                reader__sample_shuffle="seed", reader__read_threads=1, train__epochs=1)
+    ids = {}
+    for engine in ("native", "framework"):
+        out = tmp_path / engine
+        over = workload_overrides(tmp_path, **base, reader__engine=engine,
+                                  output__folder=str(out))
+        res = run_cli(["run", "demo", *over], timeout=300)
+        assert res.returncode == 0, res.stderr
+        ids[engine] = access_logs(str(out), [1], 2)
+        assert _summary(out)["dlio_mpi"]["readers"]["train"]["backend"] == engine
+    assert all(np.array_equal(a, b) for a, b in zip(ids["native"], ids["framework"]))
+    assert sorted(np.concatenate(ids["native"]).tolist()) == list(range(32))
+
+
+def test_a_generation_that_lost_its_record_reads_the_files_found_and_writes_the_rest(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="parquet", dataset__compression="lz4",
+                              dataset__record_length_bytes_stdev=700,
+                              dataset__num_samples_per_file=3,
+                              dataset__parquet__row_group_size=2)
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    record = _record_of_run(tmp_path)
+    (tmp_path / "data" / "dlio_mpi_sizes_train.npy").unlink()  # as if it never got written
+    lost = tmp_path / "data" / "train" / "img_6_of_8.parquet"
+    lost.unlink()
+    again = run_cli(["generate", "demo", *over])
+    assert again.returncode == 0 and "1 files" in again.stdout and "7 already complete" \
+        in again.stdout, again.stdout + again.stderr
+    assert _record_of_run(tmp_path).tolist() == record.tolist() == [
+        _metadata_row(p) for p in sorted((tmp_path / "data" / "train").iterdir())]
+
+
+def test_uncompressed_data_laid_out_otherwise_is_read_by_its_own_row_groups(tmp_path):
+    over = workload_overrides(tmp_path, dataset__format="parquet",
+                              dataset__num_samples_per_file=4,
+                              dataset__parquet__row_group_size=3, output__access_log="true")
+    assert run_cli(["generate", "demo", *over]).returncode == 0
+    (tmp_path / "data" / "dlio_mpi_manifest.json").unlink()
+    for path in sorted((tmp_path / "data" / "train").iterdir())[::3]:  # pages of 1 row
+        pq.write_table(pq.read_table(path), path, row_group_size=3, compression="none",
+                       use_dictionary=False, write_statistics=False, data_page_size=1,
+                       write_batch_size=1)
+    files = sorted((tmp_path / "data" / "train").iterdir())
+    rows = np.array([_metadata_row(p) for p in files], dtype=np.int64)
+    assert len({r[0] for r in rows.tolist()}) == 2  # two layouts
+    res = run_cli(["run", "demo", *over, "workflow.generate_data=false"])
+    assert res.returncode == 0, res.stderr
+    logs = access_logs(tmp_path / "out", [1, 2], 2)
+    metric = _summary(tmp_path / "out")["metric"]
+    assert metric["train_bytes_transferred"] == sum(_unit_bytes(rows, ids, 4, 3)
+                                                    for ids in logs)

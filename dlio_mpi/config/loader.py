@@ -19,7 +19,15 @@ from typing import Any
 import yaml
 
 from ..ownership import read_regular
-from .schema import Config, ConfigError, build_section, check_support, short_repr
+from .schema import (
+    PARQUET_CODECS,
+    Config,
+    ConfigError,
+    Dataset,
+    build_section,
+    check_support,
+    short_repr,
+)
 
 log = logging.getLogger(__name__)
 
@@ -407,6 +415,12 @@ def check_consistency(cfg: Config) -> None:
     if ds.record_dims and ds.record_dims[0] % ds.hdf5.num_dset_per_record:
         raise ConfigError(f"dataset.hdf5.num_dset_per_record: must divide record_dims[0] "
                           f"({ds.record_dims[0]}), got {ds.hdf5.num_dset_per_record}")
+    if ds.compression in PARQUET_CODECS and ds.format != "parquet":
+        rule = next(f for f in fields(Dataset) if f.name == "compression").metadata["rule"]
+        accepted = ", ".join(c for c in rule.choices if c not in PARQUET_CODECS)
+        raise ConfigError(f"dataset.compression: {ds.compression!r} is not accepted; expected "
+                          f"one of: {accepted} ({', '.join(PARQUET_CODECS)}: dataset.format "
+                          "parquet only)")
     if ds.format in ("jpeg", "png", "csv"):
         if ds.record_element_type != "uint8":
             raise ConfigError(f"dataset.record_element_type: {ds.format} stores uint8 only "

@@ -55,6 +55,7 @@ RELEASED_UNREAD = ("as in DLIO 2.0.0 (set in its dlrm.yaml, never read by its co
                    "loader)")
 HDF5_ONLY = "dataset.format is not hdf5 (DLIO uses them for hdf5 files only)"
 PARQUET_ONLY = "dataset.format is not parquet (they shape parquet files only)"
+PARQUET_CODECS = ("snappy", "lz4", "zstd")  # dataset.compression values of parquet alone
 # Where the framework loaders hand over decoded items (Rule.acts_if of the keys shaping them)
 FRAMEWORK = (("reader.engine", ("framework",)),)
 BATCH_COPY = ("it shapes the decoded sample DLIO's readers hand to the framework loader "
@@ -381,9 +382,11 @@ class Dataset:
     num_subfolders_eval: int = key(0, "int", minimum=0)
     file_prefix: str = key("img", "str")
     format: str = key("tfrecord", "str", choices=FORMATS)
-    # hdf5 files are generated compressed (gzip, lzf) as DLIO writes them; other formats'
-    # compression (npz: zip; csv; parquet) is not implemented yet
-    compression: str = key("none", "str", choices=("none", "gzip", "lzf", "bz2", "zip", "xz"),
+    # hdf5 files are generated compressed (gzip, lzf) as DLIO writes them, parquet files with
+    # pyarrow's codecs (PARQUET_CODECS: parquet only, refused for other formats by
+    # loader.check_consistency); other formats' compression (npz: zip; csv) is not implemented
+    compression: str = key("none", "str", choices=("none", "gzip", "lzf", "bz2", "zip", "xz",
+                                                   *PARQUET_CODECS),
                            unimplemented=("bz2", "zip", "xz"), inert=HDF5_ONLY,
                            acts_if=(("dataset.format", ("hdf5", "parquet")),))
     compression_level: int = key(4, "int", minimum=0, maximum=9,

@@ -4,7 +4,9 @@ A format knows two things: how to write one file of samples (header bytes from P
 streamed by the C core) and where each sample's bytes sit in such a file (a `FileLayout`), either
 computed from the generation parameters or probed from an existing file's header. Formats whose
 sizes depend on the content (jpeg, png, csv: formats/sized.py) have their sizes recorded at
-generation (recorded_sizes.py) or probed, and their layouts follow from the sizes.
+generation (recorded_sizes.py) or probed, and their layouts follow from the sizes; parquet
+files whose row groups depend on the content (compressed) or differ by file (varying sample
+sizes) have a row per file recorded the same way (record_width, write_recorded, probe_record).
 """
 
 from __future__ import annotations
@@ -53,6 +55,19 @@ def sizes_recorded(fmt: Format) -> bool:
     return getattr(fmt, "sizes_recorded", False)
 
 
+def record_width(fmt: Format) -> int | None:
+    """The columns of each file's row in the record of a format that records more than the
+    size (parquet's row groups: recorded_sizes.py), else None (one size per file)."""
+    return getattr(fmt, "record_width", None)
+
+
+def probe_record(fmt: Format, path: str):
+    """What generation records of the file at `path`, read from it: its size (its first bytes
+    checked), or its row (formats with probe_record); ValueError when it is not one."""
+    probe = getattr(fmt, "probe_record", None)
+    return probe(path) if probe is not None else fmt.probe_size(path)
+
+
 def read_refusal(fmt: Format, spec: SampleSpec) -> str:
     """Why files of `fmt` like `spec` cannot be read by the native engine yet ('' when they
     can): a run that trains on them is refused before any I/O."""
@@ -69,5 +84,6 @@ def library_read_reason(fmt: Format, spec: SampleSpec) -> str:
 
 
 __all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "UnitExtents", "format_for",
-           "get_format", "implemented_formats", "library_read_reason", "read_refusal",
+           "get_format", "implemented_formats", "library_read_reason", "probe_record",
+           "read_refusal", "record_width",
            "sizes_recorded"]

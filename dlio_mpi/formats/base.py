@@ -69,22 +69,55 @@ class FileLayout:
 
 @dataclass(frozen=True)
 class UnitExtents:
-    """The read units of files alike whose samples do not sit at affine offsets (parquet's
-    row groups): unit k holds samples [k*per_unit, (k+1)*per_unit) (the last unit the rest)
+    """The read units of files whose samples do not sit at affine offsets (parquet's row
+    groups): unit k holds samples [k*per_unit, (k+1)*per_unit) (the last unit the rest)
     and spans [offset[k], offset[k] + length[k]); a loader opening the file first reads
-    (open_offset[j], open_length[j]) (its footer reads)."""
+    (open_offset[j], open_length[j]) (its footer reads).
+
+    Files alike share one set of 1-D arrays. Files laid out each its own way (recorded at
+    generation: compressed, or of different sample sizes) have one row per file of the split:
+    offset and length (files, units), open_offset and open_length (files, reads; a read of
+    length 0 is none, after the real ones), sample_bytes (files,)."""
 
     per_unit: int
-    sample_bytes: int
+    sample_bytes: int | np.ndarray
     offset: np.ndarray
     length: np.ndarray
     open_offset: np.ndarray
     open_length: np.ndarray
 
+    @property
+    def per_file(self) -> bool:
+        return self.offset.ndim == 2
+
+    @property
+    def count(self) -> int:
+        """Units in a file."""
+        return self.offset.shape[-1]
+
     def rows(self, samples: int) -> np.ndarray:
         """Samples in each unit of a file of `samples` samples."""
-        first = np.arange(len(self.offset), dtype=np.int64) * self.per_unit
+        first = np.arange(self.count, dtype=np.int64) * self.per_unit
         return np.minimum(self.per_unit, samples - first)
+
+    def of(self, files: np.ndarray) -> UnitExtents:
+        """The extents of `files` (file indices), one row each."""
+        files = np.asarray(files, dtype=np.int64)
+        if self.per_file:
+            return UnitExtents(self.per_unit, self.sample_bytes[files], self.offset[files],
+                               self.length[files], self.open_offset[files],
+                               self.open_length[files])
+        n = len(files)
+        return UnitExtents(self.per_unit, np.full(n, self.sample_bytes, dtype=np.int64),
+                           *(np.broadcast_to(a, (n, len(a))) for a in
+                             (self.offset, self.length, self.open_offset, self.open_length)))
+
+    def total(self, files: int) -> int:
+        """Bytes of every unit and open read of `files` files (all of the split's when per
+        file), as exact Python ints."""
+        if self.per_file:
+            return int(self.length.sum()) + int(self.open_length.sum())
+        return (int(self.length.sum()) + int(self.open_length.sum())) * files
 
 
 @dataclass(frozen=True)

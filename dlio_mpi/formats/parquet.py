@@ -28,8 +28,14 @@ above and closes it, opens it again (two fstats) and reads every column chunk, a
 chunks coalesced into reads of at most 32 MiB (Arrow's range_size_limit; a chunk over that
 is one read of its own), and closes it.
 
-Compressed files (dataset.compression) have sizes that depend on their content, which the
-dataset's size checks need before any I/O: not implemented yet."""
+Compressed files (dataset.compression: pyarrow's snappy, gzip, lz4 or zstd codecs, at their
+default levels) have extents that depend on their content, and files of different sample sizes
+(dataset.record_length_bytes_stdev) would need a layout computed per file, which costs what
+writing it does. Such files are recorded instead (`recorded`): write_recorded() writes the file
+and returns its row of the split's record (recorded_sizes.py): [size, sample bytes, footer
+metadata length, the row groups' offsets, their lengths], read from what the writer reports
+and the file's last 8 bytes; recorded_units() turns the record into per-file read units, and
+probe_record() reads the same row from a file another tool wrote."""
 
 from __future__ import annotations
 
@@ -52,7 +58,8 @@ MAX_GROUP_BYTES = 1 << 30       # one row group is made in memory when written
 MAX_SAMPLE_BYTES = 2**31 - 2**20  # fixed_size_binary widths and page sizes are int32
 SIMULATE_BYTES = 256 << 20      # zero rows handed to the layout's writer at once
 ROW_GROUP_DEFAULT = 1 << 20     # pyarrow's default row group length (what DLIO's writer gets)
-COMPRESSIONS = ("none",)
+COMPRESSIONS = ("none", "snappy", "gzip", "lz4", "zstd")  # pyarrow's codec names
+HEAD = 3  # record columns before the row groups' offsets: size, sample bytes, metadata
 COLUMN = "data"
 
 
@@ -77,8 +84,8 @@ class Geometry:
         return reads
 
 
-def _writer_options(sample_bytes: int) -> dict:
-    return dict(compression="none", use_dictionary=False, write_statistics=False,
+def _writer_options(sample_bytes: int, compression: str = "none") -> dict:
+    return dict(compression=compression, use_dictionary=False, write_statistics=False,
                 column_encoding={COLUMN: "PLAIN"}, data_page_size=PAGE_BYTES,
                 write_batch_size=max(1, min(1024, PAGE_BYTES // max(sample_bytes, 1))))
 
@@ -99,16 +106,20 @@ def _table(buffer, rows: int, sample_bytes: int):
 
 
 class _CountingSink:
-    """A writable file that keeps nothing but its length and last bytes."""
+    """A writable file that keeps nothing but its length and last bytes, and hands the bytes
+    on to `target` when given (the footer's length is in the last 8)."""
 
     closed = False
 
-    def __init__(self) -> None:
+    def __init__(self, target=None) -> None:
         self.pos = 0
         self.tail = b""
+        self.target = target
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
+        if self.target is not None:
+            self.target.write(view)
         self.pos += view.nbytes
         self.tail = (self.tail + bytes(view[-8:]))[-8:]
         return view.nbytes
@@ -120,7 +131,8 @@ class _CountingSink:
         return True
 
     def flush(self) -> None:
-        pass
+        if self.target is not None:
+            self.target.flush()
 
     def close(self) -> None:
         self.closed = True
@@ -202,6 +214,12 @@ class ParquetOptions:
 
     row_group_size: int = ROW_GROUP_DEFAULT
     compression: str = "none"
+    recorded: bool = False  # extents recorded at generation (compressed, or sizes vary)
+    samples: int = 1        # dataset.num_samples_per_file (the recorded row groups' count)
+
+    @property
+    def groups(self) -> int:
+        return -(-self.samples // max(1, min(self.row_group_size, self.samples)))
 
 
 @dataclass(frozen=True)
@@ -228,23 +246,24 @@ class ParquetFormat:
 
     def __init__(self, options: ParquetOptions = ParquetOptions()) -> None:
         self.options = options
+        # recorded files: generation records each file's row (see the module)
+        self.sizes_recorded = options.recorded
+        self.record_width = HEAD + 2 * options.groups if options.recorded else None
 
     def configure(self, dataset) -> ParquetFormat:
         """This format for the `dataset` section (dataset.parquet.row_group_size,
         dataset.compression); ConfigError for what dlio-mpi does not do yet."""
-        options = ParquetOptions(dataset.parquet.row_group_size, dataset.compression)
+        options = ParquetOptions(dataset.parquet.row_group_size, dataset.compression,
+                                 dataset.compression != "none"
+                                 or dataset.record_length_bytes_stdev > 0,
+                                 dataset.num_samples_per_file)
         if options.compression not in COMPRESSIONS:
             raise ConfigError(f"dataset.compression: {options.compression!r} is not "
-                              "implemented yet in dlio-mpi for parquet (compressed files' "
-                              "sizes depend on their content, and dlio-mpi checks a dataset's "
-                              "sizes before any I/O); accepted: none")
+                              "implemented yet in dlio-mpi for parquet (pyarrow has no such "
+                              f"codec); accepted: {', '.join(COMPRESSIONS)}")
         if dataset.sample_layout != "first_axis":
             raise ConfigError(f"dataset.sample_layout: {dataset.sample_layout!r} does not apply "
                               "to parquet, whose rows are the samples; accepted: first_axis")
-        if dataset.record_length_bytes_stdev > 0:
-            raise ConfigError(f"dataset.record_length_bytes_stdev: parquet files of varying "
-                              f"sample sizes ({dataset.record_length_bytes_stdev:g}) are not "
-                              "implemented yet in dlio-mpi; accepted for parquet: 0")
         return ParquetFormat(options)
 
     def _geometry(self, spec: SampleSpec) -> Geometry:
@@ -253,7 +272,7 @@ class ParquetFormat:
     def layout(self, spec: SampleSpec) -> FileLayout:
         """The file's size and where its first row group starts; samples are not at affine
         offsets (page headers sit between them): unit_extents gives the row groups, which
-        readers read."""
+        readers read. Recorded files: the uncompressed file's, an estimate for the plan."""
         geo = self._geometry(spec)
         return FileLayout(geo.size, geo.offset[0], spec.sample_bytes, spec.sample_bytes,
                           spec.sample_bytes)
@@ -263,6 +282,8 @@ class ParquetFormat:
         return _units(spec.sample_bytes, spec.samples, self.options.row_group_size)
 
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
+        if self.options.recorded:
+            return int(self.write_recorded(path, spec, seed, staged)[0])
         geo = self._geometry(spec)
 
         def fill(fd: int) -> None:
@@ -272,16 +293,76 @@ class ParquetFormat:
 
         return staged.write(path, fill)
 
+    def write_recorded(self, path: str, spec: SampleSpec, seed: int,
+                       staged: StagedWrites) -> np.ndarray:
+        """Write the file (recorded files) and return its row of the record (the module)."""
+        check_geometry(spec.sample_bytes, spec.samples, self.options.row_group_size)
+        row = []
+
+        def fill(fd: int) -> None:
+            found = _write_groups(fd, spec, seed, self.options.row_group_size,
+                                  self.options.compression)
+            size = os.fstat(fd).st_size
+            try:
+                row.extend(self._record(path, size, spec.sample_bytes, found["rows"],
+                                        found["tail"], found["offset"], found["length"]))
+            except ValueError as exc:
+                import pyarrow as pa
+
+                raise RuntimeError(f"pyarrow {pa.__version__} did not lay the file out as "
+                                   f"dlio-mpi reads parquet files: {exc}; the file is not "
+                                   "kept") from None
+
+        staged.write(path, fill)
+        return np.array(row, dtype=np.int64)
+
+    def _record(self, path: str, size: int, sample_bytes: int, rows, tail: bytes, offsets,
+                lengths) -> list[int]:
+        """A file's record row, after checking it is laid out as recorded files are (one
+        column's chunks back to back, in row groups of row_group_size rows, then the footer);
+        ValueError saying why not."""
+        metadata = int.from_bytes(tail[:4], "little")
+        group = min(self.options.row_group_size, self.options.samples)
+        want = [min(group, self.options.samples - g) for g in
+                range(0, self.options.samples, group)]
+        if list(rows) != want:
+            raise ValueError(f"holds row groups of {list(rows)[:8]} rows where dlio-mpi reads "
+                             f"row groups of dataset.parquet.row_group_size={group} rows of "
+                             f"dataset.num_samples_per_file={self.options.samples}")
+        ends = [o + n for o, n in zip(offsets, lengths)]
+        if tail[4:] != MAGIC or offsets[0] != len(MAGIC) or list(offsets[1:]) != ends[:-1] \
+                or ends[-1] + metadata + 8 != size:
+            raise ValueError(f"{path}: its column chunks and footer are not laid out back to "
+                             "back (one column 'data', no dictionary page), as dlio-mpi reads "
+                             "parquet files by row group")
+        return [size, sample_bytes, metadata, *offsets, *lengths]
+
+    def size_columns(self, records: np.ndarray, samples: int) -> np.ndarray:
+        """Layout columns of recorded files (their rows): size, first row group, sample bytes
+        as step, span and bytes (the samples are read by unit: recorded_units)."""
+        n = records[:, 1]
+        return np.stack([records[:, 0], records[:, HEAD], n, n, n], axis=1)
+
+    def recorded_units(self, records: np.ndarray) -> UnitExtents:
+        """Each recorded file's row groups and footer reads (UnitExtents per file)."""
+        size, metadata, groups = records[:, 0], records[:, 2], self.options.groups
+        tail = np.minimum(size, FOOTER_READ)
+        more = metadata + 8 > tail
+        open_offset = np.stack([size - tail, np.where(more, size - 8 - metadata, 0)], axis=1)
+        open_length = np.stack([tail, np.where(more, metadata, 0)], axis=1)
+        return UnitExtents(min(self.options.row_group_size, self.options.samples),
+                           records[:, 1], records[:, HEAD:HEAD + groups],
+                           records[:, HEAD + groups:], open_offset, open_length)
+
     def payload_extent(self, spec: SampleSpec) -> None:
         return None  # page headers between the samples, the footer after them
 
     def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
         return None
 
-    def probe(self, path: str) -> StoredParquet:
-        """A parquet file another tool wrote: read natively only when laid out exactly as
-        dlio-mpi writes them (one uncompressed fixed_size_binary column `data` in row groups
-        of dataset.parquet.row_group_size rows), else ValueError saying why."""
+    def _metadata(self, path: str):
+        """(size, pyarrow's metadata, last 8 bytes) of the parquet file at `path`, when it holds
+        one fixed_size_binary column `data`; ValueError otherwise."""
         import pyarrow.parquet as pq
 
         with _core.open_regular(path) as fp:
@@ -290,6 +371,7 @@ class ParquetFormat:
                 meta = pq.ParquetFile(fp).metadata
             except Exception as exc:  # pyarrow's ArrowInvalid and friends
                 raise ValueError(f"is not a parquet file pyarrow can open ({exc})") from None
+            tail = os.pread(fp.fileno(), 8, max(size - 8, 0))
         schema = meta.schema
         column = schema.column(0) if meta.num_columns else None
         if (meta.num_columns != 1 or column.name != COLUMN
@@ -297,21 +379,47 @@ class ParquetFormat:
             raise ValueError("does not hold one fixed_size_binary column 'data' (one sample a "
                              "row), the parquet layout dlio-mpi reads natively; reading other "
                              "parquet layouts is not implemented yet")
-        chunk = meta.row_group(0).column(0) if meta.num_row_groups else None
-        if chunk is None:
+        if not meta.num_row_groups:
             raise ValueError("holds no row groups")
+        return size, meta, tail
+
+    def probe_record(self, path: str) -> np.ndarray:
+        """The record row (see the module) of a parquet file another tool wrote, read from
+        its metadata; ValueError when it is not laid out as dlio-mpi reads them."""
+        size, meta, tail = self._metadata(path)
+        offsets, lengths, rows = _chunks(meta)
+        if sum(rows) != self.options.samples:
+            raise ValueError(f"holds {sum(rows)} rows where dataset.num_samples_per_file="
+                             f"{self.options.samples}")
+        return np.array(self._record(path, size, int(meta.schema.column(0).length), rows,
+                                     tail, offsets, lengths), dtype=np.int64)
+
+    def matches(self, row: np.ndarray, units: UnitExtents) -> bool:
+        """Whether a file's record row is the computed layout `units` (files alike)."""
+        return (row[HEAD:HEAD + units.count].tolist() == units.offset.tolist()
+                and row[HEAD + units.count:].tolist() == units.length.tolist())
+
+    def probe(self, path: str) -> StoredParquet:
+        """A parquet file another tool wrote: one fixed_size_binary column `data` in row groups
+        of dataset.parquet.row_group_size rows, its column chunks back to back (uncompressed
+        unless dataset.compression says otherwise), else ValueError saying why. Laid out
+        otherwise than computed, the catalog reads every file's record (probe_record)."""
+        if self.options.recorded:
+            row = self.probe_record(path)
+            return StoredParquet(int(row[0]), int(row[HEAD]),
+                                 (self.options.samples, int(row[1])), "|u1")
+        size, meta, _ = self._metadata(path)
+        column = meta.schema.column(0)
+        chunk = meta.row_group(0).column(0)
         if chunk.compression != "UNCOMPRESSED":
-            raise ValueError(f"is compressed ({chunk.compression}), which is not read natively "
-                             "yet")
+            raise ValueError(f"is compressed ({chunk.compression}) where dataset.compression is "
+                             "none")
         rows, width = int(meta.num_rows), int(column.length)
         want = geometry(width, rows, self.options.row_group_size)
         offsets, sizes, _ = _chunks(meta)
         if (size, offsets, sizes) != (want.size, want.offset, want.length):
-            raise ValueError(f"is not laid out as dlio-mpi writes parquet files with "
-                             f"dataset.parquet.row_group_size={self.options.row_group_size} "
-                             f"(row groups of {meta.row_group(0).num_rows} rows); reading other "
-                             "layouts natively is not implemented yet")
-        return StoredParquet(size, want.offset[0], (rows, width), "|u1")
+            self.probe_record(path)  # ValueError unless its own layout can be read
+        return StoredParquet(size, offsets[0], (rows, width), "|u1")
 
     def side_files(self, path: str) -> list[str]:
         return []
@@ -323,7 +431,8 @@ class ParquetFormat:
         return ReadTables(self.options.row_group_size, samples)
 
 
-def _write_groups(fd: int, spec: SampleSpec, seed: int, group_rows: int) -> dict:
+def _write_groups(fd: int, spec: SampleSpec, seed: int, group_rows: int,
+                  compression: str = "none") -> dict:
     """Write the file through pyarrow onto `fd`, one row group at a time; return where its
     column chunks went."""
     import pyarrow as pa
@@ -333,8 +442,9 @@ def _write_groups(fd: int, spec: SampleSpec, seed: int, group_rows: int) -> dict
     group_rows = min(group_rows, rows)
     buffer = np.empty(group_rows * n, dtype=np.uint8)
     with os.fdopen(os.dup(fd), "wb") as raw:
-        writer = pq.ParquetWriter(pa.PythonFile(raw, mode="w"), _schema(n),
-                                  **_writer_options(n))
+        sink = _CountingSink(raw)
+        writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), _schema(n),
+                                  **_writer_options(n, compression))
         for start in range(0, rows, group_rows):
             count = min(group_rows, rows - start)
             part = buffer[:count * n]
@@ -342,8 +452,8 @@ def _write_groups(fd: int, spec: SampleSpec, seed: int, group_rows: int) -> dict
             writer.write_table(_table(part, count, n), row_group_size=group_rows)
         writer.close()
         raw.flush()
-    offsets, sizes, _ = _chunks(writer.writer.metadata)
-    return {"offset": offsets, "length": sizes}
+    offsets, sizes, rows = _chunks(writer.writer.metadata)
+    return {"offset": offsets, "length": sizes, "rows": rows, "tail": sink.tail}
 
 
 def _check_placement(path: str, geo: Geometry, found: dict) -> None:
@@ -360,9 +470,32 @@ def _check_placement(path: str, geo: Geometry, found: dict) -> None:
                 "not kept, since its row groups could not be read where planned")
 
 
+def _load_reads(footer: list[tuple[int, int]], offsets, lengths
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(offset, length, flags) of pq.read_table's load of a file whose footer reads and column
+    chunks these are (see the module)."""
+    reads = list(footer)
+    first_chunk = len(reads)
+    start, end = offsets[0], offsets[0] + lengths[0]
+    for offset, length in zip(offsets[1:], lengths[1:]):
+        if offset + length - start > COALESCE_LIMIT:
+            reads.append((start, end - start))
+            start = offset
+        end = offset + length
+    reads.append((start, end - start))
+    flags = np.zeros(len(reads), dtype=np.uint32)
+    for first, last in ((0, first_chunk - 1), (first_chunk, len(reads) - 1)):
+        flags[first] |= _core.REQ_OPEN | _core.REQ_FSTAT
+        flags[last] |= _core.REQ_CLOSE
+    arr = np.array(reads, dtype=np.int64)
+    return arr[:, 0], arr[:, 1], flags
+
+
 class ReadTables:
     """pq.read_table(path) of whole files (see the module): per file two accesses, the
-    footer's and the column chunks' (coalesced), each opened with two fstats."""
+    footer's and the column chunks' (coalesced), each opened with two fstats. Files alike
+    are computed once per sample size; recorded files (Layouts.units per file) each from
+    its own row."""
 
     def __init__(self, group_rows: int, samples: int) -> None:
         self.group_rows, self.samples = group_rows, samples
@@ -372,30 +505,25 @@ class ReadTables:
         """(offset, length, flags) of one file's load."""
         if sample_bytes not in self.cache:
             geo = geometry(sample_bytes, self.samples, self.group_rows)
-            reads = geo.footer_reads()
-            first_chunk = len(reads)
-            start, end = geo.offset[0], geo.offset[0] + geo.length[0]
-            for offset, length in zip(geo.offset[1:], geo.length[1:]):
-                if offset + length - start > COALESCE_LIMIT:
-                    reads.append((start, end - start))
-                    start = offset
-                end = offset + length
-            reads.append((start, end - start))
-            flags = np.zeros(len(reads), dtype=np.uint32)
-            for first, last in ((0, first_chunk - 1), (first_chunk, len(reads) - 1)):
-                flags[first] |= _core.REQ_OPEN | _core.REQ_FSTAT
-                flags[last] |= _core.REQ_CLOSE
-            arr = np.array(reads, dtype=np.int64)
-            self.cache[sample_bytes] = (arr[:, 0], arr[:, 1], flags)
+            self.cache[sample_bytes] = _load_reads(geo.footer_reads(), geo.offset, geo.length)
         return self.cache[sample_bytes]
 
     def __call__(self, lay, blksize: int) -> WholeFileReads:
-        sizes, inverse = np.unique(lay.sample_bytes, return_inverse=True)
-        per = [self.reads_of(int(n)) for n in sizes]
-        counts = np.array([len(p[0]) for p in per], dtype=np.int64)[inverse.reshape(-1)]
+        units = lay.units
+        if units is not None and units.per_file:
+            per = [_load_reads([(o, n) for o, n in zip(units.open_offset[i],
+                                                       units.open_length[i]) if n > 0],
+                               units.offset[i].tolist(), units.length[i].tolist())
+                   for i in range(len(lay.size))]
+            inverse = np.arange(len(per))
+        else:
+            sizes, inverse = np.unique(lay.sample_bytes, return_inverse=True)
+            per = [self.reads_of(int(n)) for n in sizes]
+            inverse = inverse.reshape(-1)
+        counts = np.array([len(p[0]) for p in per], dtype=np.int64)[inverse]
         first = np.concatenate(([0], np.cumsum([len(p[0]) for p in per])))
         start = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
-        take = np.repeat(first[inverse.reshape(-1)] - start[:-1], counts) + np.arange(start[-1])
+        take = np.repeat(first[inverse] - start[:-1], counts) + np.arange(start[-1])
         offset, length, flags = (np.concatenate([p[k] for p in per])[take] if per else
                                  np.zeros(0, dtype=np.int64 if k < 2 else np.uint32)
                                  for k in range(3))
