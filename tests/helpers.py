@@ -139,3 +139,15 @@ def access_logs(out, epochs, ranks: int) -> list:
 
     return [np.load(os.path.join(out, "access_log", f"epoch{e}_rank{r}.npy"))
             for e in epochs for r in range(ranks)]
+
+
+def write_one(path: Path, fmt, spec, seed: int) -> Path:
+    """One file of `fmt` written through StagedWrites at `path` (side files too), completed;
+    its size as write() reports it checked against the file's."""
+    from dlio_mpi.formats.base import StagedWrites
+
+    staged = StagedWrites("test")
+    size = fmt.write(str(path), spec, seed, staged)
+    staged.commit()
+    assert size == os.path.getsize(path)
+    return path

@@ -23,18 +23,13 @@ from dlio_mpi.formats import hdf5 as hdf5_module
 from dlio_mpi.formats.base import StagedWrites
 from dlio_mpi.formats.hdf5 import Hdf5Format, Hdf5Options
 from dlio_mpi.plan import derive_plan
-from helpers import run_cli, workload_overrides
+from helpers import run_cli, workload_overrides, write_one
 
 SEED = 1234
 
 
 def _write(tmp_path: Path, fmt: Hdf5Format, spec: SampleSpec, name: str = "f.hdf5") -> Path:
-    path = tmp_path / name
-    staged = StagedWrites("test")
-    size = fmt.write(str(path), spec, SEED, staged)
-    staged.commit()
-    assert size == os.path.getsize(path)
-    return path
+    return write_one(tmp_path / name, fmt, spec, SEED)
 
 
 def _stream(shape: tuple[int, ...], dtype: str) -> bytes:

@@ -28,19 +28,14 @@ from dlio_mpi.formats.parquet import ParquetFormat, ParquetOptions, geometry
 from dlio_mpi.generate import file_seed
 from dlio_mpi.plan import derive_plan
 from dlio_mpi.planner import AccessPolicy, plan_reads
-from helpers import access_logs, run_cli, workload_overrides
+from helpers import access_logs, run_cli, workload_overrides, write_one
 
 SEED = 4321
 
 
 def _write(tmp_path: Path, fmt: ParquetFormat, spec: SampleSpec, name: str = "f.parquet",
            seed: int = SEED) -> Path:
-    path = tmp_path / name
-    staged = StagedWrites("test")
-    size = fmt.write(str(path), spec, seed, staged)
-    staged.commit()
-    assert size == os.path.getsize(path)
-    return path
+    return write_one(tmp_path / name, fmt, spec, seed)
 
 
 def _stream(nbytes: int, seed: int = SEED) -> bytes:
@@ -281,12 +276,10 @@ def test_two_ranks_generate_and_train_reading_whole_files(tmp_path, mode):
     assert [p.stat().st_mtime_ns for p in files] == mtimes
 
 
-@pytest.mark.parametrize("loader", ["pytorch", "tensorflow"])
-def test_framework_loaders_read_the_same_samples_as_the_native_engine(tmp_path, loader):
-    base = dict(dataset__format="parquet", dataset__num_samples_per_file=4,
-                dataset__parquet__row_group_size=3, output__access_log="true",
-                reader__data_loader=loader, framework=loader,
-                reader__sample_shuffle="seed", reader__read_threads=1, train__epochs=1)
+def _ids_by_engine(tmp_path: Path, base: dict) -> tuple[dict[str, list], dict]:
+    """The demo workload run with `base` by the native and the framework engine: each run's
+    sample ids per rank (access logs, epoch 1), after checking it read parquet with it; and
+    the framework run's summary."""
     ids = {}
     for engine in ("native", "framework"):
         out = tmp_path / engine
@@ -298,7 +291,17 @@ def test_framework_loaders_read_the_same_samples_as_the_native_engine(tmp_path, 
         summary = _summary(out)
         assert summary["dlio_mpi"]["format"] == "parquet"
         assert summary["dlio_mpi"]["readers"]["train"]["backend"] == engine
-    assert summary["dlio_mpi"]["read_mode"] == "file_once" if loader == "tensorflow" else "file"
+    return ids, summary
+
+
+@pytest.mark.parametrize("loader", ["pytorch", "tensorflow"])
+def test_framework_loaders_read_the_same_samples_as_the_native_engine(tmp_path, loader):
+    base = dict(dataset__format="parquet", dataset__num_samples_per_file=4,
+                dataset__parquet__row_group_size=3, output__access_log="true",
+                reader__data_loader=loader, framework=loader,
+                reader__sample_shuffle="seed", reader__read_threads=1, train__epochs=1)
+    ids, summary = _ids_by_engine(tmp_path, base)
+    assert summary["dlio_mpi"]["read_mode"] == ("file_once" if loader == "tensorflow" else "file")
     assert "pq.read_table(path)" in summary["dlio_mpi"]["readers"]["train"]["reads"]
     assert all(np.array_equal(a, b) for a, b in zip(ids["native"], ids["framework"]))
     assert sorted(np.concatenate(ids["native"]).tolist()) == list(range(32))
@@ -539,15 +542,7 @@ def test_framework_loader_reads_the_same_samples_of_recorded_files(tmp_path):
                 dataset__parquet__row_group_size=3, output__access_log="true",
                 reader__data_loader="pytorch", framework="pytorch",
                 reader__sample_shuffle="seed", reader__read_threads=1, train__epochs=1)
-    ids = {}
-    for engine in ("native", "framework"):
-        out = tmp_path / engine
-        over = workload_overrides(tmp_path, **base, reader__engine=engine,
-                                  output__folder=str(out))
-        res = run_cli(["run", "demo", *over], timeout=300)
-        assert res.returncode == 0, res.stderr
-        ids[engine] = access_logs(str(out), [1], 2)
-        assert _summary(out)["dlio_mpi"]["readers"]["train"]["backend"] == engine
+    ids, _ = _ids_by_engine(tmp_path, base)
     assert all(np.array_equal(a, b) for a, b in zip(ids["native"], ids["framework"]))
     assert sorted(np.concatenate(ids["native"]).tolist()) == list(range(32))
 

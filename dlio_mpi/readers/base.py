@@ -177,6 +177,15 @@ def thread_io() -> tuple[int, int, int] | None:
     return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
 
 
+def io_since(before: tuple[int, int, int] | None) -> tuple[int, int]:
+    """(bytes, read calls) of the calling thread since `before` = thread_io() (the reads of
+    /proc themselves left out); (-1, -1) where the kernel does not say."""
+    after = thread_io()
+    if before is None or after is None:
+        return -1, -1
+    return after[0] - before[0] - before[2], after[1] - before[1] - 1
+
+
 def forget_thread_io() -> None:
     """Close the calling thread's /proc io file (a thread that ends: its id may come back)."""
     fd = _IO_FDS.pop((os.getpid(), threading.get_native_id()), -1)

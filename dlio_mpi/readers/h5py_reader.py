@@ -47,6 +47,7 @@ from .base import (
     ReaderOptions,
     drop_cached_pages,
     forget_thread_io,
+    io_since,
     python_steps,
     thread_io,
 )
@@ -290,12 +291,7 @@ class H5pyReader:
                 samples.append(sample)
             if self._delays is not None and self._delays[first + k] > 0:
                 time.sleep(self._delays[first + k] / 1e9)
-        after = thread_io()
-        if before is None or after is None:
-            nbytes = reads = -1
-        else:
-            nbytes = after[0] - before[0] - before[2]
-            reads = after[1] - before[1] - 1
+        nbytes, reads = io_since(before)
         return _Batch(_core.now_ns(), nbytes, reads, opens, lat, samples)
 
     # -- what it did ------------------------------------------------------------------------

@@ -66,6 +66,7 @@ from .base import (
     as_item,
     batch_paths,
     drop_cached_pages,
+    io_since,
     python_steps,
     thread_io,
 )
@@ -161,12 +162,7 @@ class SampleDataset(Dataset):
             lat.append(time.monotonic_ns() - start)
             if index[2]:  # reader.preprocess_time, after the read as DLIO's read_index sleeps
                 time.sleep(index[2] / 1e9)
-        after = thread_io()
-        if before is None or after is None:
-            nbytes = reads = -1
-        else:
-            nbytes = after[0] - before[0] - before[2]
-            reads = after[1] - before[1] - 1
+        nbytes, reads = io_since(before)
         return Fetched(items, torch.tensor([nbytes, reads, self.opens - opens, *lat],
                                            dtype=torch.int64))
 
