@@ -284,7 +284,8 @@ typedef struct dio_epoch_plan {
  *   nread       - filled as requests complete: bytes transferred for request i (with O_DIRECT
  *                 the aligned extent, clipped at end of file);
  *   start_ns    - filled as requests complete (tracing): when request i's read began
- *                 (CLOCK_MONOTONIC, dio_now_ns; its end is start_ns + lat_ns);
+ *                 (CLOCK_MONOTONIC, dio_now_ns; its end is start_ns + lat_ns; a request
+ *                 that reads nothing: when it was done);
  *   thread      - filled as requests complete (tracing): the reader thread that served
  *                 request i (0 .. nthreads-1; -1: the caller's thread, when nthreads is 0).
  * Each entry is written by the one thread that served its request. */

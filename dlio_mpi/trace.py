@@ -15,6 +15,7 @@ import gzip
 import io
 import json
 from collections.abc import Callable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,7 +39,7 @@ class RankTrace:
         self.rank, self.origin0_ns = rank, origin0_ns
         self.origin_ns = origin0_ns + clock_offset_ns  # the same instant on this rank's clock
         self._spans: list[tuple[str, str, int, int, dict | None]] = []
-        self._epochs: list[tuple[str, int, ReadPlan, EpochTrace, Callable[[int], str]]] = []
+        self._epochs: list[tuple[str, int, _Requests, EpochTrace, Callable[[int], str]]] = []
         self._tracks: dict[tuple[str, int], int] = {}
 
     @staticmethod
@@ -57,7 +58,10 @@ class RankTrace:
     def epoch(self, phase: str, epoch: int, plan: ReadPlan, trace: EpochTrace,
               path_of: Callable[[int], str]) -> None:
         """Keep an epoch's steps (and requests, when recorded) for the file."""
-        self._epochs.append((phase, epoch, plan, trace, path_of))
+        n = len(trace.request_trace.start_ns) if trace.request_trace is not None else 0
+        requests = _Requests(plan.batch_start, plan.file_idx[:n], plan.offset[:n],
+                             plan.length[:n])
+        self._epochs.append((phase, epoch, requests, trace, path_of))
 
     # ------------------------------------------------------------------ writing
     def write(self, fp) -> None:
@@ -113,7 +117,7 @@ class RankTrace:
             out.write(",\n" + self._meta("thread_name", tid, {"name": f"{phase} reader {who}"}))
         return tid
 
-    def _write_requests(self, out, phase: str, epoch: int, plan: ReadPlan, trace: EpochTrace,
+    def _write_requests(self, out, phase: str, epoch: int, plan: _Requests, trace: EpochTrace,
                         path_of: Callable[[int], str]) -> None:
         rt = trace.request_trace
         n = len(rt.start_ns)
@@ -135,6 +139,15 @@ class RankTrace:
                       f'"args": {{"file": {path}, "offset": {offset}, "length": {length}, '
                       f'"bytes": {nread}, "latency_ns": {lat}, "epoch": {epoch}, '
                       f'"step": {step}}}}}')
+
+
+class _Requests(NamedTuple):
+    """What the trace needs of an epoch's plan (the rest of it is not kept)."""
+
+    batch_start: np.ndarray
+    file_idx: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
 
 
 def _us(ns: int) -> float:
