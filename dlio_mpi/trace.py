@@ -66,7 +66,7 @@ class RankTrace:
     # ------------------------------------------------------------------ writing
     def write(self, fp) -> None:
         """Write the trace (gzip'd JSON) into the binary file `fp`."""
-        with gzip.GzipFile(fileobj=fp, mode="wb", compresslevel=3) as gz, \
+        with gzip.GzipFile(fileobj=fp, mode="wb", compresslevel=1) as gz, \
                 io.TextIOWrapper(gz, encoding="utf-8") as out:
             out.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
             out.write(self._meta("process_name", 0, {"name": f"rank {self.rank}"}))
@@ -121,24 +121,27 @@ class RankTrace:
                         path_of: Callable[[int], str]) -> None:
         rt = trace.request_trace
         n = len(rt.start_ns)
-        steps = np.searchsorted(plan.batch_start, np.arange(n), side="right")
-        paths: dict[int, str] = {}
-        pid = self.rank
-        columns = zip(rt.start_ns.tolist(), trace.lat_ns[:n].tolist(), rt.thread.tolist(),
-                      rt.nread.tolist(), plan.file_idx[:n].tolist(), plan.offset[:n].tolist(),
-                      plan.length[:n].tolist(), steps.tolist())
-        o = self.origin_ns
-        for start, lat, thread, nread, file, offset, length, step in columns:
-            path = paths.get(file)
-            if path is None:
-                path = paths[file] = json.dumps(path_of(file))
-            tid = self._track(phase, thread, out)
-            # formatted by hand: json.dumps per request would be the slow part
-            out.write(f',\n{{"name": "read", "cat": "{phase} read", "ph": "X", "pid": {pid}, '
-                      f'"tid": {tid}, "ts": {_us(start - o)}, "dur": {_us(lat)}, '
-                      f'"args": {{"file": {path}, "offset": {offset}, "length": {length}, '
-                      f'"bytes": {nread}, "latency_ns": {lat}, "epoch": {epoch}, '
-                      f'"step": {step}}}}}')
+        tids = {t: self._track(phase, t, out) for t in np.unique(rt.thread).tolist()}
+        files = np.unique(plan.file_idx).tolist()
+        paths = dict(zip(files, (json.dumps(path_of(f)) for f in files)))
+        lat = trace.lat_ns[:n]
+        head = f',\n{{"name": "read", "cat": "{phase} read", "ph": "X", "pid": {self.rank}, '
+        columns = zip((np.round((rt.start_ns - self.origin_ns) / 1e3, 3)).tolist(),
+                      np.round(lat / 1e3, 3).tolist(), lat.tolist(), rt.thread.tolist(),
+                      rt.nread.tolist(), plan.file_idx.tolist(), plan.offset.tolist(),
+                      plan.length.tolist(),
+                      np.searchsorted(plan.batch_start, np.arange(n), side="right").tolist())
+        # formatted by hand, a chunk at a time: json.dumps per request would be the slow part
+        chunk: list[str] = []
+        for ts, dur, ns, thread, nread, file, offset, length, step in columns:
+            chunk.append(f'{head}"tid": {tids[thread]}, "ts": {ts}, "dur": {dur}, "args": '
+                         f'{{"file": {paths[file]}, "offset": {offset}, "length": {length}, '
+                         f'"bytes": {nread}, "latency_ns": {ns}, "epoch": {epoch}, '
+                         f'"step": {step}}}}}')
+            if len(chunk) == 4096:
+                out.write("".join(chunk))
+                chunk.clear()
+        out.write("".join(chunk))
 
 
 class _Requests(NamedTuple):
