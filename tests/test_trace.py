@@ -48,23 +48,31 @@ def _reads(events: list[dict]) -> list[dict]:
 def test_two_rank_run_traces_steps_and_every_request(tmp_path):
     res = run_cli(["run", "demo", *workload_overrides(
         tmp_path, output__trace="true", reader__read_threads=2,
-        train__computation_time=0.001)])
+        train__computation_time=0.001, workflow__evaluation="true", dataset__num_files_eval=4,
+        reader__batch_size_eval=1)])
     assert res.returncode == 0, res.stderr
     out = tmp_path / "out"
     summary = json.loads((out / "summary.json").read_text())
     steps = summary["dlio_mpi"]["steps_per_epoch"] * 2
     names = json.loads((out / "dlio_mpi_results.json").read_text())["files"]
     assert {"trace_rank0.json.gz", "trace_rank1.json.gz"} <= set(names)
-    requests = 0
+    requests = Counter()
     for rank in (0, 1):
         events = _load(out, rank)
         _check_steps(events, rank, steps)
-        reads = _reads(events)
-        requests += len(reads)
+        # evaluation: its own steps (no barrier) and reader threads, after each epoch
+        evals = Counter(e["name"] for e in events if e.get("cat") == "eval")
+        assert evals["eval wait"] == evals["eval compute"] > 0 and len(evals) == 2
+        epochs = [e["name"] for e in sorted(events, key=lambda e: e.get("ts", -1))
+                  if e.get("cat") == "epoch"]
+        assert epochs == ["train epoch 1", "eval epoch 1", "train epoch 2", "eval epoch 2"]
+        requests.update(e["cat"] for e in _reads(events))
+        reads = [e for e in _reads(events) if e["cat"] == "train read"]
         threads = {e["tid"]: e["args"]["name"] for e in events
                    if e["ph"] == "M" and e["name"] == "thread_name" and e["tid"] != STEPS_TID}
         assert {e["tid"] for e in reads} <= set(threads)
-        assert set(threads.values()) <= {"train reader thread 0", "train reader thread 1"}
+        assert set(threads.values()) <= {f"{phase} reader thread {t}"
+                                          for phase in ("train", "eval") for t in (0, 1)}
         for e in reads:
             a = e["args"]
             path = a["file"]
@@ -77,7 +85,8 @@ def test_two_rank_run_traces_steps_and_every_request(tmp_path):
         generate = [e for e in events if e["name"] == "generate"]
         assert len(generate) == 1 and generate[0]["ts"] + generate[0]["dur"] <= min(
             e["ts"] for e in reads)
-    assert requests == summary["metric"]["train_requests"]
+    assert requests == {"train read": summary["metric"]["train_requests"],
+                        "eval read": summary["metric"]["eval_requests"]}
 
 
 def test_backend_without_requests_traces_steps_only(tmp_path):
