@@ -206,7 +206,8 @@ class RequestTrace:
 
     @staticmethod
     def empty(requests: int) -> RequestTrace:
-        return RequestTrace(*(np.zeros(requests, dtype=np.int64) for _ in range(3)))
+        """Zeroed, and its pages faulted in (np.full writes them; np.zeros would not)."""
+        return RequestTrace(*(np.full(requests, 0, dtype=np.int64) for _ in range(3)))
 
     def head(self, requests: int) -> RequestTrace:
         """A copy of the first `requests` entries."""

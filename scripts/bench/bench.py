@@ -17,7 +17,8 @@
             batch 256, 1 read thread, computation_time 0): runs with the trace on and off taking
             turns, 3 each; samples/s of the warm epochs (the hot path: requests recorded by
             the C engine) and the whole run's seconds (with writing the trace files at the end),
-            ratio on/off; the trace files' size per request. DLIO_MPI_BENCH_TRACE_FILES sets
+            ratio on/off; the trace files' size per request; and the C engine alone, with and
+            without the trace's arrays (15 turns each). DLIO_MPI_BENCH_TRACE_FILES sets
             fewer files (default 128 of 4096 samples) for a quick try.
   large:    16 MiB samples with O_DIRECT against fio and a C loop with huge-page buffers.
   mpiio:    the MPI-IO reader backends against the POSIX engine on one shared file (indexed
@@ -359,6 +360,7 @@ def bench_trace(work: Path, repeats: int = 3) -> dict:
     def med(mode: str, key: str) -> float:
         return statistics.median(r[key] for r in runs[mode])
 
+    engine = _trace_engine_only(sorted(str(p) for p in (data / "train").glob("*.indexed_binary")))
     rate = med("on", "samples_per_s") / med("off", "samples_per_s")
     wall = med("on", "seconds") / med("off", "seconds")
     per_request = med("on", "trace_bytes") / max(med("on", "requests"), 1)
@@ -367,7 +369,45 @@ def bench_trace(work: Path, repeats: int = 3) -> dict:
           f"({med('on', 'seconds'):.1f} s vs {med('off', 'seconds'):.1f} s), "
           f"{per_request:.1f} trace bytes (gzip) per request", flush=True)
     return {"samples_per_s_ratio": rate, "run_seconds_ratio": wall,
-            "trace_bytes_per_request": per_request, "runs": runs}
+            "trace_bytes_per_request": per_request, "engine_only": engine, "runs": runs}
+
+
+def _trace_engine_only(paths: list[str], n: int = 131072, repeats: int = 15) -> dict:
+    """The C engine alone (1 thread, prefetch 4, no MPI, no step loop) reading the same
+    n random 2.5 KB samples of the page cache with and without the trace's arrays, taking
+    turns: the hot path's cost, with less of the noise of whole runs on a busy host."""
+    import numpy as np
+
+    from dlio_mpi import _core
+    from dlio_mpi.readers.base import RequestTrace
+
+    rng = np.random.default_rng(1)
+    files = rng.integers(0, len(paths), n).astype(np.int64)
+    offset = (rng.integers(0, 4096, n) * 2500).astype(np.int64)
+    length = np.full(n, 2500, dtype=np.int64)
+    starts = np.arange(0, n + 1, 256, dtype=np.int64)
+    seconds: dict[str, list[float]] = {"on": [], "off": []}
+    with _core.Engine(1, 4, fd_cache=len(paths)) as engine:
+        engine.set_files(paths)
+        for _ in range(repeats):
+            for mode in ("off", "on"):
+                rt = RequestTrace.empty(n) if mode == "on" else None
+                lat = np.zeros(n, dtype=np.int64)
+                engine.reserve(starts, files, offset, length)
+                t0 = time.perf_counter()
+                engine.start_epoch(starts, files, offset, length, None, lat,
+                                   rt and rt.nread, start_ns=rt and rt.start_ns,
+                                   thread=rt and rt.thread)
+                while engine.next() is not None:
+                    pass
+                seconds[mode].append(time.perf_counter() - t0)
+    result = {"min_ratio": min(seconds["on"]) / min(seconds["off"]),
+              "median_ratio": statistics.median(seconds["on"]) / statistics.median(seconds["off"]),
+              "us_per_request_off": min(seconds["off"]) / n * 1e6, "seconds": seconds}
+    print(f"trace, C engine alone: on/off {result['median_ratio']:.3f} (median), "
+          f"{result['min_ratio']:.3f} (best), {result['us_per_request_off']:.2f} us/request "
+          "off", flush=True)
+    return result
 
 
 # ------------------------------------------------------------------------------- large
