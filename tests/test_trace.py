@@ -133,3 +133,18 @@ def test_in_process_trace_with_checkpoints(shared_tmp):
     assert [e["name"] for e in events if e.get("cat") == "epoch"] == [
         "train epoch 1", "train epoch 2"]
     comm.Barrier()
+
+
+def test_checkpoint_only_run_traces_saves_and_loads(tmp_path):
+    res = run_cli(["run", "demo", f"output.folder={tmp_path / 'out'}", "workflow.train=false",
+                   "workflow.generate_data=false", "workflow.checkpoint=true",
+                   f"checkpoint.checkpoint_folder={tmp_path / 'ck'}",
+                   "checkpoint.num_checkpoints_write=2", "checkpoint.num_checkpoints_read=1",
+                   "checkpoint.time_between_checkpoints=0", "model.model_size_bytes=1048576",
+                   "model.parallelism.zero_stage=1", "output.trace=true"])
+    assert res.returncode == 0, res.stderr
+    for rank in (0, 1):
+        spans = [e for e in _load(tmp_path / "out", rank) if e["ph"] == "X"]
+        assert [e["name"] for e in sorted(spans, key=lambda e: e["ts"])] == [
+            "checkpoint save 1", "checkpoint save 2", "checkpoint load 1"]
+        assert all(e["tid"] == STEPS_TID and e["args"]["bytes"] == 2 << 20 for e in spans)
