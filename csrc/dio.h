@@ -282,11 +282,19 @@ typedef struct dio_epoch_plan {
  *                 [floor(off/align)*align, ceil((off+len)/align)*align));
  *   lat_ns      - filled as requests complete: pread latency of request i (all its calls);
  *   nread       - filled as requests complete: bytes transferred for request i (with O_DIRECT
- *                 the aligned extent, clipped at end of file). */
+ *                 the aligned extent, clipped at end of file);
+ *   start_ns    - filled as requests complete (tracing): when request i's read began
+ *                 (CLOCK_MONOTONIC, dio_now_ns; its end is start_ns + lat_ns; a request
+ *                 that reads nothing: when it was done);
+ *   thread      - filled as requests complete (tracing): the reader thread that served
+ *                 request i (0 .. nthreads-1; -1: the caller's thread, when nthreads is 0).
+ * Each entry is written by the one thread that served its request. */
 typedef struct dio_epoch_outputs {
     int64_t *req_buf_off;
     int64_t *lat_ns;
     int64_t *nread;
+    int64_t *start_ns;
+    int64_t *thread;
 } dio_epoch_outputs;
 
 /* Start an epoch (out may be NULL).  Any epoch still in flight is abandoned first.  A request

@@ -144,6 +144,7 @@ struct dio_engine {
     batch_state *batches;
     int64_t batches_cap;
     int64_t *out_lat, *out_nread;
+    int64_t *out_start, *out_thread; /* tracing only, else NULL */
     int64_t cursor;     /* next request to hand out */
     int64_t cur_batch;  /* batch of the cursor */
     int64_t next_batch; /* next batch the consumer gets */
@@ -507,7 +508,7 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
                       chunk_result *r)
 {
     char *base = e->cfg.discard ? NULL : e->slot[b % e->nslots];
-    int64_t *lat = e->out_lat, *nread = e->out_nread;
+    int64_t *lat = e->out_lat, *nread = e->out_nread, *start = e->out_start;
     r->ndone = r->bytes = r->ops = r->end_ns = 0;
     for (int64_t i = first; i < last; i++) {
         const req *q = &e->reqs[i];
@@ -562,6 +563,10 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
             lat[i] = t1 - t0;
         if (nread)
             nread[i] = got;
+        if (DIO_UNLIKELY(start != NULL)) { /* tracing: when, and on which thread */
+            start[i] = t0 ? t0 : dio_now_ns();
+            e->out_thread[i] = w == &e->self ? -1 : (int64_t)(w - e->workers);
+        }
         if (done_ns > r->end_ns)
             r->end_ns = done_ns;
         r->ndone++;
@@ -1103,6 +1108,9 @@ int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *p, const dio_epo
     e->nreq = nreq;
     e->out_lat = out ? out->lat_ns : NULL;
     e->out_nread = out ? out->nread : NULL;
+    /* both or neither */
+    e->out_start = out && out->start_ns && out->thread ? out->start_ns : NULL;
+    e->out_thread = e->out_start ? out->thread : NULL;
     e->cursor = 0;
     e->cur_batch = 0;
     e->next_batch = 0;

@@ -79,7 +79,8 @@ class Engine:
     def start_epoch(self, batch_start: Buffer, file_idx: Buffer, offset: Buffer, length: Buffer,
                     req_buf_off: Buffer | None = None, lat_ns: Buffer | None = None,
                     nread: Buffer | None = None, flags: Buffer | None = None,
-                    expect: Buffer | None = None, delay_ns: Buffer | None = None) -> None: ...
+                    expect: Buffer | None = None, delay_ns: Buffer | None = None,
+                    start_ns: Buffer | None = None, thread: Buffer | None = None) -> None: ...
     def reserve(self, batch_start: Buffer, file_idx: Buffer, offset: Buffer, length: Buffer,
                 flags: Buffer | None = None, expect: Buffer | None = None) -> None: ...
     def set_file_pattern(self, nfiles: int, folder: _Path, subfolders: int, sub_digits: int,

@@ -103,6 +103,8 @@ cdef extern from "dio.h" nogil:
         int64_t *req_buf_off
         int64_t *lat_ns
         int64_t *nread
+        int64_t *start_ns
+        int64_t *thread
 
     dio_engine *dio_engine_create(const dio_engine_config *cfg, dio_error *err)
     void dio_engine_destroy(dio_engine *e)
@@ -719,7 +721,8 @@ cdef class Engine:
                     const int64_t[::1] length not None, int64_t[::1] req_buf_off=None,
                     int64_t[::1] lat_ns=None, int64_t[::1] nread=None,
                     const uint32_t[::1] flags=None, const int64_t[::1] expect=None,
-                    const int64_t[::1] delay_ns=None):
+                    const int64_t[::1] delay_ns=None, int64_t[::1] start_ns=None,
+                    int64_t[::1] thread=None):
         """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
         (file_idx, offset, length) (contiguous int64 arrays; copied), with optional uint32
         `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT, REQ_MMAP), int64 `expect` (bytes that must
@@ -729,7 +732,9 @@ cdef class Engine:
         Optional int64 outputs of one entry per request, kept referenced by the engine for the
         epoch: req_buf_off (filled now: where request i's bytes start in its batch's data),
         lat_ns and nread (filled as requests complete: pread latency, bytes transferred, with
-        O_DIRECT the aligned extent clipped at end of file).  Any epoch in flight is abandoned
+        O_DIRECT the aligned extent clipped at end of file); for tracing, start_ns and thread
+        (both or neither: when each request's read began, CLOCK_MONOTONIC ns, and the reader
+        thread that served it, -1 for the caller's).  Any epoch in flight is abandoned
         first."""
         self._ready()
         cdef dio_epoch_plan plan
@@ -738,10 +743,13 @@ cdef class Engine:
         cdef int rc
         cdef int64_t nreq = _fill_plan(&plan, batch_start, file_idx, offset, length, flags,
                                        expect, delay_ns)
-        for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread)):
+        for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread),
+                          ("start_ns", start_ns), ("thread", thread)):
             if arr is not None and arr.shape[0] != nreq:
                 raise ValueError(f"{name} has {arr.shape[0]} entries, expected {nreq}")
-        outs.req_buf_off = outs.lat_ns = outs.nread = NULL
+        if (start_ns is None) != (thread is None):
+            raise ValueError("start_ns and thread go together")
+        outs.req_buf_off = outs.lat_ns = outs.nread = outs.start_ns = outs.thread = NULL
         if nreq > 0:
             if req_buf_off is not None:
                 outs.req_buf_off = &req_buf_off[0]
@@ -749,6 +757,9 @@ cdef class Engine:
                 outs.lat_ns = &lat_ns[0]
             if nread is not None:
                 outs.nread = &nread[0]
+            if start_ns is not None:
+                outs.start_ns = &start_ns[0]
+                outs.thread = &thread[0]
         _clear(&err)
         with nogil:
             rc = dio_engine_start_epoch(self.e, &plan, &outs, &err)
@@ -756,7 +767,7 @@ cdef class Engine:
         # the threads write into them.  On failure keep the previous ones: the C call may have
         # failed before abandoning the epoch in flight.
         if rc == 0:
-            self._outs = (req_buf_off, lat_ns, nread)
+            self._outs = (req_buf_off, lat_ns, nread, start_ns, thread)
         _check(rc, &err)
 
     def reserve(self, const int64_t[::1] batch_start not None,

@@ -50,6 +50,7 @@ from .readers import ReaderBackend, ReaderOptions, open_reader
 from .recorded_sizes import read_sizes, size_column, sizes_path
 from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_shard
 from .topology import Topology, discover, emulated_ranks_per_node
+from .trace import RankTrace, trace_name
 from .training import run_epoch
 
 
@@ -191,7 +192,8 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
         facts, np.dtype(split.dtype).itemsize, split.samples_per_file, **streams),
         mmap=getattr(fmt, "reads_by_mmap", False),
         reads_nothing=getattr(fmt, "reads_nothing", False))
-    options = ReaderOptions.from_config(rd, comm.Get_rank(), decoded_item(cfg), cfg.train.seed)
+    options = ReaderOptions.from_config(rd, comm.Get_rank(), decoded_item(cfg), cfg.train.seed,
+                                        cfg.output.trace)
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
     if train:
         return Phase(name, split, files, reader,
@@ -205,9 +207,11 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
 
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
                     topo: Topology, wall_offset: int, out: OutputFolder,
-                    pause_after: list[int] = (), pause=None) -> EpochSummary | None:
+                    pause_after: list[int] = (), pause=None,
+                    tracer: RankTrace | None = None) -> EpochSummary | None:
     """One epoch of a phase on every rank; the gathered summary on rank 0, else None.
-    `pause_after`, `pause`: checkpoints ending blocks of steps (training.run_epoch)."""
+    `pause_after`, `pause`: checkpoints ending blocks of steps (training.run_epoch);
+    `tracer`: output.trace's."""
     rank = comm.Get_rank()
     split = phase.split
     shuffle = epoch_shuffle(phase.shuffle, epoch, draw_entropy(comm, phase.shuffle))
@@ -221,6 +225,8 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
                       pause=pause)
+    if tracer is not None:
+        tracer.epoch(phase.name, epoch, reads, trace, phase.files.path)
     if cfg.output.access_log:
         out.write(access_log_name(phase.name, epoch, rank),
                   lambda fp: np.save(fp, trace.sample_ids), binary=True)
@@ -263,7 +269,7 @@ class Checkpoints:
 
 
 def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputFolder,
-          checkpoints: Checkpoints | None = None
+          checkpoints: Checkpoints | None = None, tracer: RankTrace | None = None
           ) -> tuple[list[EpochSummary], list[EpochSummary], int, dict]:
     """The training epochs, each followed by evaluation when it is due, with the
     checkpoints due (workflow.checkpoint: `checkpoints`); returns the train and eval epoch
@@ -290,7 +296,8 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
             summary = run_phase_epoch(
                 comm, cfg, phase, epoch, rng, topo, wall_offset, out,
                 pause_after=steps_due(due, phase.steps),
-                pause=lambda step, by_step=by_step: checkpoints.save(by_step[step], out))
+                pause=lambda step, by_step=by_step: checkpoints.save(by_step[step], out),
+                tracer=tracer)
             if summary is not None:
                 done[phase.name].append(summary)
             # the step loop stops every rank after the same step; a signal that came during
@@ -413,6 +420,21 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
     return on_root(comm, write)
 
 
+def write_trace(comm, tracer: RankTrace, out: OutputFolder,
+                checkpoints: Checkpoints | None) -> None:
+    """output.trace: every rank writes its trace file (with a span per checkpoint save and
+    load), rank 0 lists them all."""
+    records = [r for _, r in checkpoints.records] if checkpoints is not None else []
+    for r in records:  # the earliest start to the latest end over the ranks, rank 0's clock
+        tracer.span(f"checkpoint {r.kind} {r.index}", "checkpoint", r.start_ns, r.end_ns,
+                    {"bytes": r.bytes, "id": r.checkpoint_id}, rank0_clock=True)
+    name = trace_name(comm.Get_rank())
+    check_all(comm, lambda: out.write(name, tracer.write, binary=True))
+    if comm.Get_rank() == 0:
+        for rank in range(comm.Get_size()):
+            out.record(trace_name(rank))
+
+
 def _recorded(root: str, splits, sized: list[str]) -> dict:
     """The recorded sizes of the `sized` splits' files (None for a split without them)."""
     manifest = read_manifest(root)
@@ -513,9 +535,15 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     if cfg.workflow.checkpoint:  # its folder made ready (or refused) before any other I/O
         checkpoints = Checkpoints(open_checkpointer(
             comm, cfg, plan, topo, out.tag, lambda line: say(comm, line, out=out)))
+    tracer = RankTrace.start(comm, topo.clock_offset_ns) if cfg.output.trace else None
     generation = None
     if cfg.workflow.generate_data:
+        began = _core.now_ns()
         result = run_generation(comm, cfg, plan, out)
+        if tracer is not None:
+            tracer.span("generate", "generate", began, _core.now_ns(),
+                        {"files_written": result.files_written,
+                         "bytes_written": result.bytes_written})
         striping = result.striping or striping
         generation = {"files_written": result.files_written,
                       "files_skipped": result.files_skipped,
@@ -528,7 +556,7 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
                    checkpoints=checkpoints)
     if cfg.workflow.train:
         train_epochs, eval_epochs, stop, readers = train(comm, cfg, plan, topo, pacing, out,
-                                                         checkpoints)
+                                                         checkpoints, tracer)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
                                 stopped_by=stop, readers=readers, **results)
         done = f"{len(train_epochs)} complete or partial training epoch(s)"
@@ -539,6 +567,8 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         summary = write_results(comm, cfg, plan, topo, pacing, [], [], stopped_by=stop,
                                 **results)
         done = f"{len(records)} checkpoint save(s) and load(s)"
+    if tracer is not None:
+        write_trace(comm, tracer, out, checkpoints)
     if stop:
         raise Stopped(f"stopped by {signal.Signals(stop).name} after {done}; the results "
                       f"so far are in {out.path('summary.json')}, marked incomplete "

@@ -15,7 +15,7 @@ from . import _core
 from .pacing import Pacing, StepSync
 from .planner import ReadPlan
 from .readers import ReaderBackend
-from .readers.base import BYTES, COMPUTED, DEADLINE, GOT, OPS, READY, START, SYNCED
+from .readers.base import BYTES, COMPUTED, DEADLINE, GOT, OPS, READY, START, SYNCED, RequestTrace
 
 # Columns of EpochTrace.stamps (monotonic ns): the first six of the step records
 # (readers.base), re-exported for the metrics.
@@ -48,6 +48,8 @@ class EpochTrace:
     synchronised: bool         # a per-step barrier ran (training) or not (evaluation)
     # checkpoints that ended a block inside the epoch: (after step, start ns, end ns)
     pauses: list[tuple[int, int, int]] = field(default_factory=list)
+    # per request, with output.trace and a backend that records it (readers.base)
+    request_trace: RequestTrace | None = None
 
     @property
     def steps(self) -> int:
@@ -147,4 +149,5 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         opens=after["opens"] - before["opens"], closes=after["closes"] - before["closes"],
         stats=after["stats"] - before["stats"], requests=requests,
         lat_ns=reader.lat_ns[:requests].copy(), sample_ids=plan.sample_ids[:done * per_step],
-        synchronised=barrier, pauses=pauses)
+        synchronised=barrier, pauses=pauses,
+        request_trace=reader.request_trace.head(requests) if reader.request_trace else None)

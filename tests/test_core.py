@@ -808,3 +808,33 @@ def test_without_the_watchdog_a_stuck_request_is_waited_for_silently(monkeypatch
     with engine:
         assert [engine.next().index for _ in range(3)] == [0, 1, 2]
     assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("threads", [0, 3])
+def test_engine_records_request_start_and_thread_for_traces(tmp_path, threads):
+    sizes = [50_000, 123_457, 4096]
+    paths = make_files(tmp_path, sizes)
+    batches = mixed_batches(paths, sizes, 20, seed=threads)
+    start, files, offset, length = arrays(batches)
+    n = len(files)
+    lat, began, thread = (np.full(n, -7, dtype=np.int64) for _ in range(3))
+    with _core.Engine(threads, 2, fd_cache=4) as engine:
+        engine.set_files(paths)
+        with pytest.raises(ValueError, match="go together"):
+            engine.start_epoch(start, files, offset, length, lat_ns=lat, start_ns=began)
+        with pytest.raises(ValueError, match="thread has"):
+            engine.start_epoch(start, files, offset, length, start_ns=began, thread=thread[:1])
+        before = _core.now_ns()
+        engine.start_epoch(start, files, offset, length, lat_ns=lat, start_ns=began,
+                           thread=thread)
+        ends = [engine.next().ready_ns for _ in batches]
+        assert engine.next() is None
+    after = _core.now_ns()
+    # every request: begun within the epoch on the monotonic clock; a read ended by its
+    # batch's end (a zero-length request, nothing read, is stamped when passed)
+    assert ((began >= before) & (began + lat <= after)).all()
+    for b in range(len(batches)):
+        rows = np.arange(int(start[b]), int(start[b + 1]))
+        rows = rows[length[rows] > 0]
+        assert (began[rows] + lat[rows] <= ends[b]).all()
+    assert set(thread.tolist()) <= ({-1} if threads == 0 else set(range(threads)))

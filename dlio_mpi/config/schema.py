@@ -600,6 +600,7 @@ class Output:
     log_file: str = key("dlio.log", "str")
     metric: OutputMetric = section(OutputMetric)
     access_log: bool = key(False, "bool")  # ours: write which samples each rank read
+    trace: bool = key(False, "bool")  # ours: per-rank Chrome trace-event files (trace.py)
 
 
 @dataclass(frozen=True)

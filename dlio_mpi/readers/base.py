@@ -69,12 +69,13 @@ class ReaderOptions:
     # with reader.sample_shuffle off) and its seed (None: reader.sample_shuffle random)
     shuffle_size: int = 0
     shuffle_seed: int | None = None
+    trace: bool = False  # output.trace: record each request's start and reader thread
 
     @staticmethod
     def from_config(reader_cfg, rank: int, item: tuple[tuple[int, ...], str] = ((), "|u1"),
-                    seed: int = 0) -> ReaderOptions:
+                    seed: int = 0, trace: bool = False) -> ReaderOptions:
         """The reader section's options for `rank`; `item` the decoded item's (shape, dtype)
-        (dataset.decoded_item), `seed` train.seed."""
+        (dataset.decoded_item), `seed` train.seed, `trace` output.trace."""
         rd = reader_cfg
         shuffle = rd.shuffle_size if rd.sample_shuffle != "off" else 0
         return ReaderOptions(rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
@@ -83,7 +84,7 @@ class ReaderOptions:
                              rd.file_access, rd.mpiio_hints, rd.engine, rd.data_loader,
                              rd.pin_memory, rd.multiprocessing_context, rd.read_type,
                              item[0], rd.transfer_size, rd.computation_threads, item[1],
-                             shuffle, seed if rd.sample_shuffle == "seed" else None)
+                             shuffle, seed if rd.sample_shuffle == "seed" else None, trace)
 
 
 def as_item(sample: np.ndarray, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -193,12 +194,35 @@ def forget_thread_io() -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True)
+class RequestTrace:
+    """Per request of an epoch, for output.trace: when its read began (CLOCK_MONOTONIC ns),
+    the reader thread that served it (-1: the step loop's own thread) and the bytes it
+    transferred; its latency is the backend's lat_ns."""
+
+    start_ns: np.ndarray
+    thread: np.ndarray
+    nread: np.ndarray
+
+    @staticmethod
+    def empty(requests: int) -> RequestTrace:
+        """Zeroed, and its pages faulted in (np.full writes them; np.zeros would not)."""
+        return RequestTrace(*(np.full(requests, 0, dtype=np.int64) for _ in range(3)))
+
+    def head(self, requests: int) -> RequestTrace:
+        """A copy of the first `requests` entries."""
+        return RequestTrace(self.start_ns[:requests].copy(), self.thread[:requests].copy(),
+                            self.nread[:requests].copy())
+
+
 # Columns of the step records run_steps returns (CLOCK_MONOTONIC ns, then bytes and reads).
 START, READY, GOT, DEADLINE, COMPUTED, SYNCED, BYTES, OPS = range(8)
 
 
 class ReaderBackend(Protocol):
     lat_ns: np.ndarray  # per request of the current epoch
+    # per request of the current epoch with output.trace, where the backend knows it
+    request_trace: RequestTrace | None
 
     def prepare_epoch(self, plan: ReadPlan) -> None: ...
     def start_epoch(self, plan: ReadPlan) -> None: ...

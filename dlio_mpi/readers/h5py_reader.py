@@ -125,6 +125,7 @@ class H5pyReader:
         self.memory = options.read_type == "memory"
         self.watchdog = _Watchdog(options.watchdog.seconds, options.watchdog.abort)
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per sample of the current epoch
+        self.request_trace = None  # output.trace: step spans only, no request's
         self.batch: list | None = None  # the samples of the batch the step holds (keep_data)
         self.ids = np.zeros(0, dtype=np.int64)  # their ids
         self._cond = threading.Condition()

@@ -282,6 +282,7 @@ class _MpiioReader:
         self.read_back: dict[str, str] | None = None  # Get_info of the first file opened
         self.totals = dict.fromkeys(("opens", "closes", "stats", "bytes_read", "read_ops"), 0)
         self.lat_ns = np.zeros(0, dtype=np.int64)
+        self.request_trace = None  # output.trace: step spans only, no request's
         self._ring: list[np.ndarray] = []
         self._prefetch: _Prefetch | None = None
         self._holding = False

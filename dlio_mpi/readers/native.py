@@ -9,7 +9,7 @@ from .. import _core
 from ..catalog import SplitFiles
 from ..pacing import StepSync
 from ..planner import ReadPlan
-from .base import BatchStats, ReaderOptions
+from .base import BatchStats, ReaderOptions, RequestTrace
 
 
 class NativeReader:
@@ -35,21 +35,30 @@ class NativeReader:
         files.attach(self._engine)
         self.close_at_epoch_end, self.drop_page_cache = o.close_at_epoch_end, o.drop_page_cache
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per request of the current epoch
+        self.trace = o.trace
+        self.request_trace: RequestTrace | None = None
+        self._request_trace: RequestTrace | None = None  # the next epoch's (prepare_epoch)
 
     def prepare_epoch(self, plan: ReadPlan) -> None:
         """Work before the epoch's clock starts: the batch buffers, and dropping the plan's
         files from the page cache."""
         self._engine.reserve(plan.batch_start, plan.file_idx, plan.offset, plan.length,
                              plan.flags, plan.expect)
+        if self.trace:  # its pages faulted in here, not by the readers inside the clock
+            self._request_trace = RequestTrace.empty(len(plan.offset))
         if self.drop_page_cache:
             self._engine.drop_cache(plan.files())
 
     def start_epoch(self, plan: ReadPlan) -> None:
         """Hand the engine an epoch of requests; its threads start prefetching at once."""
         self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
+        rt, self._request_trace = self._request_trace, None
+        if self.trace and (rt is None or len(rt.start_ns) != len(plan.offset)):
+            rt = RequestTrace.empty(len(plan.offset))  # without prepare_epoch
+        self.request_trace = rt if self.trace else None
         self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
-                                 None, self.lat_ns, None, plan.flags, plan.expect,
-                                 plan.delay_ns)
+                                 None, self.lat_ns, rt and rt.nread, plan.flags, plan.expect,
+                                 plan.delay_ns, rt and rt.start_ns, rt and rt.thread)
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
                   start_ns: int) -> np.ndarray:

@@ -146,6 +146,7 @@ class TfDataReader:
         self._io = None
         self._bytes = self._reads = self._opens = 0
         self.lat_ns = np.zeros(0, dtype=np.int64)
+        self.request_trace = None  # output.trace: step spans only, no request's
         self._asked_ns = 0
 
     def paths_of(self, plan: ReadPlan) -> tuple[list[str], np.ndarray]:

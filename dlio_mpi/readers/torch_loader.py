@@ -244,6 +244,7 @@ class TorchLoaderReader:
         self._bytes = self._reads = self._opens = self._stats = 0
         self._stats_per_open = 1.0
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per sample of the current epoch
+        self.request_trace = None  # output.trace: step spans only, no request's
         self._watch = BatchWaitWatch(options.watchdog, "torch DataLoader")
 
     def _make_loader(self, batch: int) -> DataLoader:

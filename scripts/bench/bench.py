@@ -13,6 +13,13 @@
   small:    2.5 KB samples from the page cache, computation_time 0, against a plain C pread
             loop (raw_pread.c) over exactly the extents dlio-mpi read, in the same order (from
             its access log): batch 256 x 1 read thread, and batch 64 x 2 read threads.
+  trace:    what output.trace costs on the `small` case (2.5 KB samples from the page cache,
+            batch 256, 1 read thread, computation_time 0): runs with the trace on and off taking
+            turns, 3 each; samples/s of the warm epochs (the hot path: requests recorded by
+            the C engine) and the whole run's seconds (with writing the trace files at the end),
+            ratio on/off; the trace files' size per request; and the C engine alone, with and
+            without the trace's arrays (15 turns each). DLIO_MPI_BENCH_TRACE_FILES sets
+            fewer files (default 128 of 4096 samples) for a quick try.
   large:    16 MiB samples with O_DIRECT against fio and a C loop with huge-page buffers.
   mpiio:    the MPI-IO reader backends against the POSIX engine on one shared file (indexed
             binary), 2 ranks, computation_time 0, data in the page cache (ROMIO's UFS driver
@@ -50,7 +57,7 @@
             (oversubscribed: it must start, finish and say how long it took); 10^6 real files.
 
 Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
-  python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [large] [mpiio]
+  python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [trace] [large] [mpiio]
                                      [checkpoint] [formats] [loaders] [startup]
 DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large` and
 `checkpoint`. The figures are printed and saved to DIR/results.json (each benchmark's under its
@@ -315,6 +322,92 @@ def _small_once(work: Path, batch: int, threads: int) -> dict:
 def bench_small(work: Path) -> dict:
     return {"batch256_1thread": _small_once(work, 256, 1),
             "batch64_2threads": _small_once(work, 64, 2)}
+
+
+def _trace_run(work: Path, common: list[str], trace: bool, run: int) -> dict:
+    out = work / f"trace-out-{'on' if trace else 'off'}-{run}"
+    shutil.rmtree(out, ignore_errors=True)
+    t0 = time.perf_counter()
+    dlio(["run", *common, f"output.folder={out}", f"output.trace={str(trace).lower()}"])
+    seconds = time.perf_counter() - t0
+    result = summary(out)
+    per_epoch = result["metric"]["train_throughput_samples_per_second"]
+    traced = sorted(out.glob("trace_rank*.json.gz"))
+    size = sum(p.stat().st_size for p in traced)
+    shutil.rmtree(out, ignore_errors=True)
+    return {"samples_per_s": statistics.median(per_epoch[1:]), "seconds": seconds,
+            "trace_bytes": size, "requests": result["metric"]["train_requests"]}
+
+
+def bench_trace(work: Path, repeats: int = 3) -> dict:
+    """output.trace on against off on the small case."""
+    files = int(os.environ.get("DLIO_MPI_BENCH_TRACE_FILES", "128"))
+    data = work / ("small-data" if files == 128 else f"trace-data-{files}")
+    common = ["demo", *overrides(
+        dataset__data_folder=data, dataset__format="indexed_binary",
+        dataset__num_files_train=files, dataset__num_samples_per_file=4096,
+        dataset__record_length_bytes=2500, dataset__record_length_bytes_stdev=0,
+        dataset__record_dims="[2500]", reader__batch_size=256, reader__read_threads=1,
+        reader__prefetch_size=4, reader__read_mode="sample", reader__sample_shuffle="seed",
+        reader__file_shuffle="off", train__computation_time=0, train__epochs=4)]
+    dlio(["generate", *common, "workflow.generate_data=true",
+          f"output.folder={work / 'trace-out-gen'}"])
+    runs: dict[str, list[dict]] = {"on": [], "off": []}
+    for run in range(repeats):
+        for trace in (False, True):
+            runs["on" if trace else "off"].append(_trace_run(work, common, trace, run))
+
+    def med(mode: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[mode])
+
+    engine = _trace_engine_only(sorted(str(p) for p in (data / "train").glob("*.indexed_binary")))
+    rate = med("on", "samples_per_s") / med("off", "samples_per_s")
+    wall = med("on", "seconds") / med("off", "seconds")
+    per_request = med("on", "trace_bytes") / max(med("on", "requests"), 1)
+    print(f"trace: samples/s on/off {rate:.3f} ({med('on', 'samples_per_s'):,.0f} vs "
+          f"{med('off', 'samples_per_s'):,.0f}), whole run on/off {wall:.3f} "
+          f"({med('on', 'seconds'):.1f} s vs {med('off', 'seconds'):.1f} s), "
+          f"{per_request:.1f} trace bytes (gzip) per request", flush=True)
+    return {"samples_per_s_ratio": rate, "run_seconds_ratio": wall,
+            "trace_bytes_per_request": per_request, "engine_only": engine, "runs": runs}
+
+
+def _trace_engine_only(paths: list[str], n: int = 131072, repeats: int = 15) -> dict:
+    """The C engine alone (1 thread, prefetch 4, no MPI, no step loop) reading the same
+    n random 2.5 KB samples of the page cache with and without the trace's arrays, taking
+    turns: the hot path's cost, with less of the noise of whole runs on a busy host."""
+    import numpy as np
+
+    from dlio_mpi import _core
+    from dlio_mpi.readers.base import RequestTrace
+
+    rng = np.random.default_rng(1)
+    files = rng.integers(0, len(paths), n).astype(np.int64)
+    offset = (rng.integers(0, 4096, n) * 2500).astype(np.int64)
+    length = np.full(n, 2500, dtype=np.int64)
+    starts = np.arange(0, n + 1, 256, dtype=np.int64)
+    seconds: dict[str, list[float]] = {"on": [], "off": []}
+    with _core.Engine(1, 4, fd_cache=len(paths)) as engine:
+        engine.set_files(paths)
+        for _ in range(repeats):
+            for mode in ("off", "on"):
+                rt = RequestTrace.empty(n) if mode == "on" else None
+                lat = np.zeros(n, dtype=np.int64)
+                engine.reserve(starts, files, offset, length)
+                t0 = time.perf_counter()
+                engine.start_epoch(starts, files, offset, length, None, lat,
+                                   rt and rt.nread, start_ns=rt and rt.start_ns,
+                                   thread=rt and rt.thread)
+                while engine.next() is not None:
+                    pass
+                seconds[mode].append(time.perf_counter() - t0)
+    result = {"min_ratio": min(seconds["on"]) / min(seconds["off"]),
+              "median_ratio": statistics.median(seconds["on"]) / statistics.median(seconds["off"]),
+              "us_per_request_off": min(seconds["off"]) / n * 1e6, "seconds": seconds}
+    print(f"trace, C engine alone: on/off {result['median_ratio']:.3f} (median), "
+          f"{result['min_ratio']:.3f} (best), {result['us_per_request_off']:.2f} us/request "
+          "off", flush=True)
+    return result
 
 
 # ------------------------------------------------------------------------------- large
@@ -960,6 +1053,7 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
 
 
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
+              "trace": bench_trace,
               "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
               "formats": bench_formats, "loaders": bench_loaders, "startup": bench_startup}
 
