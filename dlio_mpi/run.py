@@ -221,7 +221,7 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
                        phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
-                      pause=pause)
+                      pause=pause, name=phase.name)
     if cfg.output.access_log:
         out.write(access_log_name(phase.name, epoch, rank),
                   lambda fp: np.save(fp, trace.sample_ids), binary=True)

@@ -600,6 +600,9 @@ class Output:
     log_file: str = key("dlio.log", "str")
     metric: OutputMetric = section(OutputMetric)
     access_log: bool = key(False, "bool")  # ours: write which samples each rank read
+    # ours: seconds between rank 0's progress lines when stdout is not a terminal; 0: no
+    # progress shown (neither lines nor the bar a terminal gets)
+    progress_interval: float = key(10.0, "float", minimum=0)
 
 
 @dataclass(frozen=True)
