@@ -35,6 +35,8 @@ class Task:
         self._lock = threading.Lock()  # the watching thread and the loop both update
         self._thread: threading.Thread | None = None
         self._count: Callable[[], int] | None = None
+        self._volume: Callable[[], int] | None = None
+        self._mark = (self._start, 0, 0)  # time, units and bytes at the last line
         if stream is not None and bar:
             from tqdm import tqdm
 
@@ -83,16 +85,29 @@ class Task:
         share = f" ({100 * self.done / self.total:.1f} %)" if self.total else ""
         eta = (f", ETA {_clock((self.total - self.done) / rate)}"
                if rate > 0 and self.total else "")
+        # the last interval alone (fio's --status-interval): rank 0's view
+        since, done_then, bytes_then = self._mark
+        volume = self._volume() if self._volume is not None else 0
+        span = now - since
+        recent = ""
+        if span > 0 and since > self._start:
+            recent = f"; last {span:.0f} s: {(self.done - done_then) / span:.1f} {self.unit}/s"
+            if self._volume is not None:
+                recent += f", rank 0 read {(volume - bytes_then) / span / 2**20:.1f} MiB/s"
+        self._mark = (now, self.done, volume)
         print(f"progress: {self.what}: {self.done}/{self.total} {self.unit}{share}, "
-              f"{rate:.1f} {self.unit}/s, {_clock(elapsed)} elapsed{eta}",
+              f"{rate:.1f} {self.unit}/s, {_clock(elapsed)} elapsed{eta}{recent}",
               file=self.stream, flush=True)
 
     # ------------------------------------------------------------------ following a counter
-    def watch(self, count: Callable[[], int] | None = None) -> None:
+    def watch(self, count: Callable[[], int] | None = None,
+              volume: Callable[[], int] | None = None) -> None:
         """Follow `count()` (units done; by default what `advance` said) from a background
-        thread until the task closes."""
+        thread until the task closes; `volume()`: bytes this rank read so far, for the
+        lines' read rate of the last interval."""
         if not self.active:
             return
+        self._volume = volume
         period = BAR_POLL_SECONDS if self._bar is not None else min(self.interval, 1.0)
 
         self._count = count

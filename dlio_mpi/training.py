@@ -117,7 +117,8 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         comm.Barrier()  # all ranks open the block together ...
         block_start = start = _core.now_ns()
         reader.start_epoch(plan)  # ... and read nothing ahead outside it (in step 0's wait)
-        shown.watch(lambda: int(np.count_nonzero(records[:, SYNCED])))
+        shown.watch(lambda: int(np.count_nonzero(records[:, SYNCED])),
+                    lambda: int(records[:, BYTES].sum()))
         done = 0
         for end in ends:
             done += len(reader.run_steps(pacing.pacer, barrier_, planned[done:end], start,

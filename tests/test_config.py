@@ -448,6 +448,8 @@ ACTING = {
     "reader.engine", "reader.pin_memory", "reader.multiprocessing_context",
     # issue 9: slept per sample by the native engine's reader threads
     "reader.preprocess_time",
+    # issue 10: rank 0's progress lines (progress.py)
+    "output.progress_interval",
 }
 
 

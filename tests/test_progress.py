@@ -44,8 +44,11 @@ def test_a_watched_counter_is_polled_from_a_thread():
         for _ in range(10):
             done[0] += 10
             time.sleep(0.05)
-    counts = [int(line.split(": ")[2].split("/")[0]) for line in out.getvalue().splitlines()]
+    lines = out.getvalue().splitlines()
+    counts = [int(line.split(": ")[2].split("/")[0]) for line in lines]
     assert counts and counts == sorted(counts) and counts[-1] <= 100
+    # the lines after the first give the last interval's rate too
+    assert all("; last " in line and " steps/s" in line for line in lines[1:]), lines
 
 
 def test_a_terminal_gets_a_bar():

@@ -68,7 +68,8 @@ def test_summary_records_software_command_line_placement_folders_and_config(tmp_
 
 PROGRESS_LINE = re.compile(
     r"progress: (train|eval) epoch (\d+): (\d+)/(\d+) steps \(\d+\.\d %\), \d+\.\d steps/s, "
-    r"\d\d:\d\d elapsed(, ETA \d\d:\d\d)?")
+    r"\d\d:\d\d elapsed(, ETA \d\d:\d\d)?"
+    r"(; last \d+ s: \d+\.\d steps/s, rank 0 read \d+\.\d MiB/s)?")
 
 
 def _slow_epochs(tmp_path, **values) -> list[str]:
