@@ -103,8 +103,11 @@ def _command(args, comm) -> int:
             record = plan_record(plan, cfg, warnings=_space_warnings(cfg, plan))
             print(json.dumps(record, indent=2) if args.json else render_plan(record))
         return 0
+    from . import progress
     from .generate import check_dataset_space
     from .run import data_root, prepare, run, run_generation
+
+    progress.configure(comm.Get_rank(), cfg.output.progress_interval)
 
     if args.command == "generate":
         plan = prepare(comm, cfg, generating=True)[0]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core
+from . import _core, progress
 from .catalog import spot_check_sizes
 from .collective_generation import collective_format, write_file_collectively
 from .dataset import SPLITS, DatasetSplit, LayoutTable, SizedLayouts
@@ -278,6 +278,7 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str
     when it is ENOSPC."""
     written, sizes = 0, []
     staged = StagedWrites(tag)
+    shown = progress.task("generation (rank 0's files)", len(todo), "files")
     try:
         for name, index in todo:
             if _core.stop_signal():
@@ -292,6 +293,7 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str
             written += int(np.ravel(sizes[-1])[0])  # a size, or a row starting with it
             if len(staged.pending) >= STAGE_FILES or staged.bytes >= STAGE_BYTES:
                 staged.commit()
+            shown.advance()
         staged.commit()
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -300,6 +302,7 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str
                             "rerun resumes after them)") from None
         raise
     finally:
+        shown.close()
         staged.discard()
     return written, sizes
 
@@ -338,6 +341,7 @@ def _write_collectively(comm, splits, todo: list[tuple[str, int]], tag: str, roo
     and completes them. Returns the bytes written and what to record of how."""
     staged = StagedWrites(tag) if comm.Get_rank() == 0 else None
     written, effective = 0, None
+    shown = progress.task("generation (all ranks together)", len(todo), "files")
     try:
         for name, index in todo:
             if comm.allreduce(_core.stop_signal(), op=_max_op()):
@@ -349,7 +353,9 @@ def _write_collectively(comm, splits, todo: list[tuple[str, int]], tag: str, roo
                 comm, splits[name], index, file_seed(name, index), staged, hints)
             written += size
             on_root(comm, lambda: staged.commit())
+            shown.advance()
     finally:
+        shown.close()
         if staged is not None:
             staged.discard()
     return written, {"files": len(todo), "ranks": comm.Get_size(), "api": "MPI-IO Write_at_all",

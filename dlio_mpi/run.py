@@ -29,6 +29,7 @@ from .checkpoint.phase import (
 from .checkpoint.schedule import Due, Schedule, after_epoch, steps_due
 from .config import TimeSpec
 from .dataset import DatasetSplit, decoded_item, dlio_record_length
+from .environment import describe_environment
 from .errors import JobError, Stopped, UserError, check_all, on_root
 from .filesystems import check_striping, describe_filesystems
 from .formats import record_width, sizes_recorded
@@ -224,7 +225,7 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
                        phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
-                      pause=pause)
+                      pause=pause, name=phase.name)
     if tracer is not None:
         tracer.epoch(phase.name, epoch, reads, trace, phase.files.path)
     if cfg.output.access_log:
@@ -326,6 +327,7 @@ def _header(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, start: flo
     size = comm.Get_size()
     rss = comm.gather(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, root=0)
     pacings = comm.gather(pacing.to_json(), root=0)
+    environment = describe_environment(comm, topo.node)
     per_host_gb = (topo.ranks_per_node * ds.num_samples_per_file * ds.num_files_train // size
                    * dlio_record_length(ds) / 2**30)
     memory_gb = [h.memory_bytes / 2**30 for h in topo.hosts]
@@ -357,6 +359,8 @@ def _header(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, start: flo
             "pacing": {key: _spread_of([p[key] for p in pacings]) if isinstance(value, float)
                        else value for key, value in pacings[0].items()} if pacings else None,
             "peak_rss_bytes_per_rank": rss,
+            "environment": environment,
+            "config": cfg.to_dict(),  # resolved: every key with the value this run used
         },
     }
 

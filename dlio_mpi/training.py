@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _core
+from . import _core, progress
 from .pacing import Pacing, StepSync
 from .planner import ReadPlan
 from .readers import ReaderBackend
@@ -99,27 +99,32 @@ class EpochTrace:
 
 def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray, epoch: int,
               pacing: Pacing, barrier: bool = True, pause_after: Sequence[int] = (),
-              pause: Callable[[int], None] | None = None) -> EpochTrace:
+              pause: Callable[[int], None] | None = None, name: str = "train") -> EpochTrace:
     """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds.
     After each step number s (counted from 1) in `pause_after` that is not the last, the
     block of steps ends and `pause(s)` runs (a checkpoint: collective); the next block starts
     when it returns, its first step's wait starting then. The reader keeps prefetching
-    meanwhile, as a loader's workers do."""
+    meanwhile, as a loader's workers do. `name`: the phase, for rank 0's progress."""
     planned = np.round(np.asarray(compute_s, dtype=np.float64) * 1e9).astype(np.int64)
     barrier_ = StepSync(comm, pacing.sync_spin_ns) if barrier else None
     ends = sorted({s for s in pause_after if 0 < s < plan.steps}) + [plan.steps]
     pauses: list[tuple[int, int, int]] = []
+    # the step records, filled row by row by the step loop: rank 0's progress counts the
+    # steps whose SYNCED stamp is there (a poll from another thread, nothing per step)
+    records = np.zeros((plan.steps, 8), dtype=np.int64)
+    shown = progress.task(f"{name} epoch {epoch}", plan.steps, "steps")
     reader.prepare_epoch(plan)
     before = reader.counters()
     try:
         comm.Barrier()  # all ranks open the block together ...
         block_start = start = _core.now_ns()
         reader.start_epoch(plan)  # ... and read nothing ahead outside it (in step 0's wait)
-        parts, done = [], 0
+        shown.watch(lambda: int(np.count_nonzero(records[:, SYNCED])),
+                    lambda: int(records[:, BYTES].sum()))
+        done = 0
         for end in ends:
-            part = reader.run_steps(pacing.pacer, barrier_, planned[done:end], start)
-            parts.append(part)
-            done += len(part)
+            done += len(reader.run_steps(pacing.pacer, barrier_, planned[done:end], start,
+                                         records[done:end]))
             if done < end or end == plan.steps:  # the ranks agreed to stop, or the last block
                 break
             paused = _core.now_ns()
@@ -127,11 +132,11 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
             start = _core.now_ns()
             pauses.append((end, paused, start))
         block_end = _core.now_ns()
-        table = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        table = records[:done]
     finally:
+        shown.close()
         if barrier_ is not None:
             barrier_.close()
-    done = len(table)
     if done < plan.steps:  # the ranks agreed to stop: the rest of the epoch is abandoned
         reader.abandon_epoch()
     elif reader.next_batch() is not None:

@@ -450,6 +450,8 @@ ACTING = {
     "reader.preprocess_time",
     # issue 10: per-rank trace files (trace.py)
     "output.trace",
+    # issue 10: rank 0's progress lines (progress.py)
+    "output.progress_interval",
 }
 
 

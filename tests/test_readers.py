@@ -35,8 +35,8 @@ class PreadReader:
         self.plan, self.batch = plan, 0
         self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
 
-    def run_steps(self, pacer, sync, compute_ns, start_ns):
-        return python_steps(self, pacer, sync, compute_ns, start_ns)
+    def run_steps(self, pacer, sync, compute_ns, start_ns, out):
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out)
 
     def next_batch(self) -> BatchStats | None:
         plan, b = self.plan, self.batch

@@ -21,7 +21,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from .. import _core
+from .. import _core, progress
 from ..errors import UserError, check_all, on_root
 from ..filesystems import apply_striping, nearest_existing
 from .file_per_rank import FilePerRank, IoStats
@@ -201,7 +201,12 @@ class Checkpointer:
         start = _core.now_ns()
 
         def part() -> tuple[IoStats, int]:
-            stats = act()
+            # rank 0's progress: the elapsed time of the checkpoint, then its end
+            with progress.task(f"checkpoint {kind} {index} ({checkpoint_id})", 1,
+                               "checkpoints") as shown:
+                shown.watch()
+                stats = act()
+                shown.advance()
             return stats, _core.now_ns()
 
         stats, end = check_all(self.comm, part)

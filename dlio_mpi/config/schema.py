@@ -601,6 +601,9 @@ class Output:
     metric: OutputMetric = section(OutputMetric)
     access_log: bool = key(False, "bool")  # ours: write which samples each rank read
     trace: bool = key(False, "bool")  # ours: per-rank Chrome trace-event files (trace.py)
+    # ours: seconds between rank 0's progress lines when stdout is not a terminal; 0: no
+    # progress shown (neither lines nor the bar a terminal gets)
+    progress_interval: float = key(10.0, "float", minimum=0)
 
 
 @dataclass(frozen=True)

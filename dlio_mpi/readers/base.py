@@ -227,7 +227,7 @@ class ReaderBackend(Protocol):
     def prepare_epoch(self, plan: ReadPlan) -> None: ...
     def start_epoch(self, plan: ReadPlan) -> None: ...
     def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
-                  start_ns: int) -> np.ndarray: ...
+                  start_ns: int, out: np.ndarray) -> np.ndarray: ...
     def next_batch(self) -> BatchStats | None: ...
     def end_epoch(self) -> None: ...
     def abandon_epoch(self) -> None: ...
@@ -237,12 +237,11 @@ class ReaderBackend(Protocol):
 
 
 def python_steps(backend: ReaderBackend, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
-                 start_ns: int) -> np.ndarray:
+                 start_ns: int, out: np.ndarray) -> np.ndarray:
     """The step loop for backends without one of their own: for each step take the next
     batch, wait its compute time with `pacer`, synchronise with `sync` (a StepSync or None);
-    returns the (steps run, 8) records, as the C loop does (fewer steps when the ranks agreed
-    to stop)."""
-    out = np.zeros((len(compute_ns), 8), dtype=np.int64)
+    fills the (steps, 8) int64 records `out` (zeros) row by row, as the C loop does, and
+    returns the rows of the steps run (fewer when the ranks agreed to stop)."""
     start = start_ns
     for i, compute in enumerate(np.asarray(compute_ns, dtype=np.int64).tolist()):
         batch = backend.next_batch()

@@ -169,8 +169,8 @@ class H5pyReader:
             worker.start()
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
-                  start_ns: int) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns)
+                  start_ns: int, out: np.ndarray) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out)
 
     def next_batch(self) -> BatchStats | None:
         """Wait for the plan's next batch; None at the end of the epoch."""

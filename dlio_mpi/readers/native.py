@@ -61,11 +61,10 @@ class NativeReader:
                                  plan.delay_ns, rt and rt.start_ns, rt and rt.thread)
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
-                  start_ns: int) -> np.ndarray:
-        """Run the epoch's steps in the C loop (see _core.Engine.run_steps); returns the
-        (steps run, 8) records (base.START ... base.OPS). Fewer steps than planned when the
-        ranks agreed to stop (SIGINT, SIGTERM)."""
-        out = np.zeros((len(compute_ns), 8), dtype=np.int64)
+                  start_ns: int, out: np.ndarray) -> np.ndarray:
+        """Run the epoch's steps in the C loop (see _core.Engine.run_steps), which fills the
+        (steps, 8) records `out` (base.START ... base.OPS) row by row; returns the rows of the
+        steps run. Fewer steps than planned when the ranks agreed to stop (SIGINT, SIGTERM)."""
         done = self._engine.run_steps(pacer, sync.native if sync is not None else None,
                                       np.ascontiguousarray(compute_ns, dtype=np.int64),
                                       start_ns, out)

@@ -218,8 +218,8 @@ class TfDataReader:
         self._opens += len(self.paths_of(plan)[0]) if plan.steps else 0
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
-                  start_ns: int) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns)
+                  start_ns: int, out: np.ndarray) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out)
 
     def _next(self):
         try:
