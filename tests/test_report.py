@@ -172,3 +172,20 @@ def test_a_folder_that_is_not_results_is_refused_by_name(tmp_path, make):
     assert res.returncode == 2
     assert str(target) in res.stderr and res.stderr.startswith("dlio-mpi: error: report:")
     assert not (target / "report").exists()
+
+
+def test_a_new_run_replaces_the_report_with_the_results_it_drew(tmp_path):
+    args = ["run", "demo", *workload_overrides(tmp_path)]
+    assert run_cli(args).returncode == 0
+    out = tmp_path / "out"
+    assert report(str(out)).returncode == 0
+    res = run_cli(args)
+    assert res.returncode == 0, res.stderr
+    assert not (out / "report").exists()  # it drew the results just replaced
+    assert report(str(out)).returncode == 0
+    (out / "report" / "notes.txt").write_text("mine")
+    res = run_cli(args)
+    assert res.returncode == 2
+    assert "holds the folder report with files not of an unchanged dlio-mpi report" in res.stderr
+    assert (out / "report" / "notes.txt").read_text() == "mine"
+    assert (out / "summary.json").exists()  # refused before touching the results

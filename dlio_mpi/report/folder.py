@@ -21,6 +21,25 @@ from ..ownership import (
 MANIFEST = "dlio_mpi_report.json"
 
 
+def own_report_files(folder: str) -> list[str] | None:
+    """The files of an earlier report of ours in `folder` (its manifest last), or None when
+    the folder holds anything else: what a new run may remove with the results drawn."""
+    manifest_path = os.path.join(folder, MANIFEST)
+    try:
+        earlier = read_own_json(manifest_path, "")
+        entries = os.listdir(folder)
+    except (UserError, OSError):
+        return None
+    listed = (earlier or {}).get("files", {})
+    for entry in entries:
+        if entry == MANIFEST:
+            continue
+        st = os.lstat(os.path.join(folder, entry))
+        if listed.get(entry) != [st.st_size, st.st_mtime_ns]:
+            return None
+    return [e for e in entries if e != MANIFEST] + ([MANIFEST] if MANIFEST in entries else [])
+
+
 def write_report_folder(folder: str, files: dict[str, bytes]) -> list[str]:
     """Replace our earlier report in `folder` by `files` (name -> content); their paths."""
     try:
