@@ -45,6 +45,9 @@ def epochs_plot(run: RunResults) -> bytes | None:
     rate.plot(*_series((e.epoch, e.samples_per_second) for e in run.epochs), marker="s",
               linestyle="--", color="black")
     rate.set(xlabel="epoch", ylabel="samples/s", title="samples per second")
+    # from zero (a 0.5 % dip stays small), with room above the highest point
+    au.set_ylim(0, max(105.0, au.get_ylim()[1]))
+    rate.set_ylim(0, rate.get_ylim()[1] * 1.1)
     for ax in (au, rate):
         ax.grid(True, linestyle=":")
         ax.set_xticks([e.epoch for e in run.epochs])
