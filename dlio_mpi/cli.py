@@ -1,4 +1,4 @@
-"""The command line: dlio-mpi run | generate | validate | list-workloads.
+"""The command line: dlio-mpi run | generate | validate | list-workloads | report.
 
 Every rank runs this. Errors the ranks agree on (bad configuration, missing data) are printed
 once by rank 0 and every rank exits with status 2; any other exception on any rank is printed
@@ -18,7 +18,8 @@ ABORT_GRACE_SECONDS = 0.5
 USAGE = """dlio-mpi COMMAND [CONFIG] [KEY=VALUE ...]
 
 CONFIG is a workload YAML path, a shipped workload name (see list-workloads) or workload=NAME;
-overrides are section.key=value or DLIO's ++workload.section.key=value."""
+overrides are section.key=value or DLIO's ++workload.section.key=value.
+dlio-mpi report OUT [OUT ...] [--output DIR] draws a run's results (no MPI needed)."""
 # Where launchers put the process's rank, read before MPI starts (argparse runs first)
 RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
                   "SLURM_PROCID")
@@ -64,6 +65,14 @@ def _parser() -> argparse.ArgumentParser:
                              help="print the plan as one JSON object instead of text")
     sub.add_parser("list-workloads", help="list the shipped workload names",
                    prog="dlio-mpi list-workloads")
+    text = ("plots and an HTML page of finished runs' results in OUT/report (needs the "
+            "report extra; no MPI)")
+    report = sub.add_parser("report", help=text, description=text, prog="dlio-mpi report")
+    report.add_argument("folders", nargs="+", metavar="OUT",
+                        help="a run's output.folder; several are also compared")
+    report.add_argument("--output", metavar="DIR", default=None,
+                        help="where the comparison of several runs goes (default: the first "
+                             "OUT's report folder)")
     return parser
 
 
@@ -150,6 +159,22 @@ def _ranks_on_this_host(comm) -> int:
     return size
 
 
+def _report(folders: list[str], output: str | None) -> int:
+    """dlio-mpi report: run by one process, without MPI (mpi4py.MPI is never imported)."""
+    from .errors import UserError
+    from .report import make_report
+
+    try:
+        written = make_report(folders, output)
+    except UserError as exc:
+        print(f"dlio-mpi: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    for path in written:
+        if path.endswith(".html") or path.endswith(".csv"):
+            print(path)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     # Options may follow the overrides (validate demo x=1 --ranks 4): collect the leftovers.
@@ -163,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if rest:
         args.args = [*getattr(args, "args", []), *rest]
+    if args.command == "report":
+        return _report([*args.folders, *rest], args.output)
     if args.command == "list-workloads":
         from .config import list_workloads
 

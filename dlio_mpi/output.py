@@ -27,12 +27,14 @@ from .ownership import (
     rename_noreplace,
     temporary_name,
 )
+from .report.folder import own_report_files
 
 RESULTS_MANIFEST = "dlio_mpi_results.json"
 ACCESS_LOG = "access_log"
+REPORT = "report"  # dlio-mpi report's plots of the results
 # what a run writes besides its log (output.log_file may not take these names)
 RESERVED = ("summary.json", "per_epoch_stats.json", "config.yaml", RESULTS_MANIFEST,
-            ACCESS_LOG, "dlio_mpi.lock")
+            ACCESS_LOG, REPORT, "dlio_mpi.lock")
 
 
 class OutputFolder:
@@ -94,6 +96,12 @@ class OutputFolder:
         entries = []
         for dirpath, dirnames, filenames in os.walk(self.folder):
             rel_dir = os.path.relpath(dirpath, self.folder)
+            if rel_dir == "." and REPORT in dirnames:
+                # `dlio-mpi report`'s plots of the results replaced: removed with them
+                drawn = own_report_files(self.path(REPORT))
+                if drawn is not None:
+                    dirnames.remove(REPORT)
+                    entries += [os.path.join(REPORT, name) for name in drawn]
             for name in sorted(filenames) + [d for d in dirnames if os.path.islink(
                     os.path.join(dirpath, d))]:
                 rel = os.path.normpath(os.path.join(rel_dir, name))
@@ -115,11 +123,13 @@ class OutputFolder:
                         "only its own results: choose a new or empty output.folder")
                 entries.append(rel)
             for name in dirnames:
-                if os.path.normpath(os.path.join(rel_dir, name)) != ACCESS_LOG:
+                rel = os.path.normpath(os.path.join(rel_dir, name))
+                if rel != ACCESS_LOG:
+                    what = (" with files not of an unchanged dlio-mpi report"
+                            if rel == REPORT else ", which dlio-mpi did not make")
                     raise UserError(
-                        f"output.folder: {self.folder} holds the folder "
-                        f"{os.path.normpath(os.path.join(rel_dir, name))}, which dlio-mpi did "
-                        "not make: choose a new or empty output.folder")
+                        f"output.folder: {self.folder} holds the folder {rel}{what}: "
+                        "choose a new or empty output.folder")
         return entries
 
     def _read_manifest(self) -> dict | None:
@@ -129,10 +139,12 @@ class OutputFolder:
 
     def _remove(self, entries: list[str]) -> None:
         remove_quietly(self.path(rel) for rel in entries)
-        try:
-            os.rmdir(self.path(ACCESS_LOG))
-        except OSError:
-            pass  # absent, or not empty (then it is recreated below or reported next time)
+        for folder in (ACCESS_LOG, REPORT):
+            try:
+                os.rmdir(self.path(folder))
+            except OSError:
+                pass  # absent, or not empty (access_log is then recreated below or reported
+                # next time)
 
     # --------------------------------------------------------------------------- writing
     def write(self, name: str, fill, binary: bool = False) -> None:

@@ -1,0 +1,137 @@
+"""A run's results folder as the report needs it: summary.json, per_epoch_stats.json and
+config.yaml, read without MPI and without matplotlib. Missing fields are None: the report
+draws what the results hold."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from ..errors import UserError
+
+REQUIRED = ("summary.json", "per_epoch_stats.json")
+
+
+@dataclass
+class Epoch:
+    """One training epoch's figures (None where the results do not hold them)."""
+
+    epoch: int
+    start: str | None
+    duration: float | None
+    au: float | None
+    samples_per_second: float | None
+    mib_per_second: float | None
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    per_rank: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class RunResults:
+    """One results folder."""
+
+    folder: str
+    workload: str
+    summary: dict
+    epochs: list[Epoch]
+    checkpoints: list[dict]
+
+    @property
+    def title(self) -> str:
+        return f"{self.workload} - {self.folder}"
+
+    def rank_times(self) -> dict[int, dict[str, float]]:
+        """Each rank's wait, compute and barrier (sync) seconds, summed over the epochs."""
+        out: dict[int, dict[str, float]] = {}
+        for e in self.epochs:
+            for row in e.per_rank:
+                rank = row.get("rank")
+                if not isinstance(rank, int):
+                    continue
+                mine = out.setdefault(rank, {"wait": 0.0, "compute": 0.0, "barrier": 0.0})
+                for key, name in (("wait_seconds", "wait"), ("compute_seconds", "compute"),
+                                  ("sync_seconds", "barrier")):
+                    mine[name] += _number(row.get(key)) or 0.0
+        return dict(sorted(out.items()))
+
+    def key_metrics(self) -> dict[str, object]:
+        """The figures the comparison table shows, one row per run."""
+        m = self.summary.get("metric", {})
+        info = self.summary.get("dlio_mpi", {})
+        return {"run": self.folder, "workload": self.workload,
+                "ranks": self.summary.get("num_accelerators"),
+                "epochs": self.summary.get("epochs"),
+                "format": info.get("format"), "read_mode": info.get("read_mode"),
+                "au_percentage": _number(m.get("train_au_mean_percentage")),
+                "samples_per_second": _number(m.get("train_throughput_mean_samples_per_second")),
+                "MiB_per_second": _number(m.get("train_transfer_mean_MiB_per_second")),
+                "read_latency_p50_ms": _number(m.get("train_read_latency_p50_ms")),
+                "read_latency_p99_ms": _number(m.get("train_read_latency_p99_ms")),
+                "save_checkpoint_GB_per_second":
+                    _number(m.get("save_checkpoint_io_mean_GB_per_second")),
+                "load_checkpoint_GB_per_second":
+                    _number(m.get("load_checkpoint_io_mean_GB_per_second"))}
+
+
+def read_results(folder: str) -> RunResults:
+    """The results in `folder`; UserError naming it when it is not a results folder."""
+    if not os.path.isdir(folder):
+        raise UserError(f"report: {folder} is not a folder")
+    missing = [n for n in REQUIRED if not os.path.isfile(os.path.join(folder, n))]
+    if missing:
+        raise UserError(f"report: {folder} is not a dlio-mpi results folder (no "
+                        f"{' or '.join(missing)}): give the output.folder of a finished run")
+    summary = _json(folder, "summary.json")
+    stats = _json(folder, "per_epoch_stats.json")
+    epochs = []
+    for key, entry in stats.items():
+        if not key.isdigit() or not isinstance(entry, dict) or "au_percentage" not in entry:
+            continue
+        rows = entry.get("per_rank")
+        epochs.append(Epoch(int(key), entry.get("start"), _number(entry.get("duration")),
+                            _number(entry.get("au_percentage")),
+                            _number(entry.get("throughput_samples_per_second")),
+                            _number(entry.get("transfer_MiB_per_second")),
+                            _number(entry.get("read_latency_p50_ms")),
+                            _number(entry.get("read_latency_p99_ms")),
+                            [r for r in rows if isinstance(r, dict)]
+                            if isinstance(rows, list) else []))
+    epochs.sort(key=lambda e: e.epoch)
+    checkpoint = summary.get("dlio_mpi", {}).get("checkpoint") or {}
+    records = [r for r in checkpoint.get("records", []) if isinstance(r, dict)]
+    return RunResults(folder, _workload_name(folder), summary, epochs, records)
+
+
+def _json(folder: str, name: str) -> dict:
+    path = os.path.join(folder, name)
+    try:
+        with open(path) as fp:
+            body = json.load(fp)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"report: cannot read {path}: {exc}") from exc
+    if not isinstance(body, dict):
+        raise UserError(f"report: {path} is not a dlio-mpi results file (not a JSON object)")
+    return body
+
+
+def _workload_name(folder: str) -> str:
+    """The workload's model name from the run's config.yaml (the folder's name without it)."""
+    import yaml
+
+    try:
+        with open(os.path.join(folder, "config.yaml")) as fp:
+            cfg = yaml.safe_load(fp)
+        name = cfg["workload"]["model"]["name"]
+        if isinstance(name, str) and name:
+            return name
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        pass
+    return os.path.basename(os.path.normpath(folder))
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
