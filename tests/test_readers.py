@@ -26,6 +26,7 @@ class PreadReader:
         self.files = files
         self.fds: dict[int, int] = {}
         self.lat_ns = np.zeros(0, dtype=np.int64)
+        self.request_trace = None  # no per-request trace (output.trace: step spans only)
         self.totals = {"opens": 0, "closes": 0, "stats": 0, "bytes_read": 0, "read_ops": 0}
 
     def prepare_epoch(self, plan) -> None:
