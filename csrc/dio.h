@@ -402,6 +402,27 @@ typedef struct dio_engine_counters {
 
 void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out);
 
+/* ------------------------------------------------------------------ trace */
+
+/* One epoch's read requests for output.trace (dio_trace.c): per request i, its Chrome
+ * track tid[i], start (ns since the trace's origin), latency, bytes returned, file (an index
+ * into path_off: the file's JSON-quoted path is paths[path_off[f]:path_off[f+1]]), offset,
+ * length and step. head: the text each event begins with, up to its tid. */
+typedef struct dio_trace_reads_in {
+    size_t n;
+    const char *head;
+    size_t head_len;
+    const int64_t *tid, *start_ns, *lat_ns, *nread, *file, *offset, *length, *step;
+    const char *paths;
+    const int64_t *path_off;
+    int64_t epoch;
+} dio_trace_reads_in;
+
+/* Format the events of requests first.. into buf (cap bytes), each ",\n{...}", as many as
+ * fit; *next = the first request not written. Returns the bytes written. */
+size_t dio_trace_reads(char *buf, size_t cap, const dio_trace_reads_in *in, size_t first,
+                       size_t *next);
+
 #ifdef __cplusplus
 }
 #endif

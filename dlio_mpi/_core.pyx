@@ -35,6 +35,24 @@ cdef extern from "dio.h" nogil:
     uint32_t dio_crc32(uint32_t crc, const void *buf, size_t n)
     uint32_t dio_crc32c(uint32_t crc, const void *buf, size_t n)
     uint32_t dio_crc32c_mask(uint32_t crc)
+    ctypedef struct dio_trace_reads_in:
+        size_t n
+        const char *head
+        size_t head_len
+        const int64_t *tid
+        const int64_t *start_ns
+        const int64_t *lat_ns
+        const int64_t *nread
+        const int64_t *file
+        const int64_t *offset
+        const int64_t *length
+        const int64_t *step
+        const char *paths
+        const int64_t *path_off
+        int64_t epoch
+
+    size_t dio_trace_reads(char *buf, size_t cap, const dio_trace_reads_in *inp, size_t first,
+                           size_t *next)
     int dio_write_tfrecords(int fd, int64_t offset, const void *head, size_t head_len,
                             const void *tail, size_t tail_len, uint64_t payload_len,
                             int64_t count, uint64_t seed, uint64_t start, size_t chunk,
@@ -452,6 +470,52 @@ def syncfs(int fd):
     if rc < 0:
         import os
         raise OSError(-rc, os.strerror(-rc))
+
+
+# ---------------------------------------------------------------------------- trace
+
+def trace_reads(bytes head, const int64_t[::1] tid not None, const int64_t[::1] start_ns not None,
+                const int64_t[::1] lat_ns not None, const int64_t[::1] nread not None,
+                const int64_t[::1] file not None, const int64_t[::1] offset not None,
+                const int64_t[::1] length not None, const int64_t[::1] step not None,
+                bytes paths, const int64_t[::1] path_off not None, int64_t epoch, sink,
+                size_t chunk=1 << 22):
+    """output.trace's read events (csrc/dio_trace.c), ",\\n{...}" each, handed to
+    `sink(bytearray)` in chunks of at most `chunk` bytes. Per request: its track, start (ns since the trace's
+    origin), latency, bytes returned, file (index f: its JSON-quoted path is
+    paths[path_off[f]:path_off[f+1]]), offset, length and step."""
+    cdef dio_trace_reads_in inp
+    cdef size_t n = tid.shape[0], first = 0, nxt = 0, used
+    cdef bytearray buf
+    cdef char *out
+    if not (start_ns.shape[0] == lat_ns.shape[0] == nread.shape[0] == file.shape[0]
+            == offset.shape[0] == length.shape[0] == step.shape[0] == <Py_ssize_t>n):
+        raise ValueError("trace_reads: the per-request columns differ in length")
+    cdef size_t i
+    cdef int64_t files = path_off.shape[0] - 1
+    cdef bint bad = False
+    with nogil:
+        for i in range(n):
+            if file[i] < 0 or file[i] >= files:
+                bad = True
+                break
+    if bad:
+        raise ValueError("trace_reads: a file index has no path")
+    inp.n, inp.head, inp.head_len, inp.epoch = n, head, len(head), epoch
+    inp.paths, inp.path_off = paths, &path_off[0]
+    if n:
+        inp.tid, inp.start_ns, inp.lat_ns, inp.nread = &tid[0], &start_ns[0], &lat_ns[0], &nread[0]
+        inp.file, inp.offset, inp.length, inp.step = &file[0], &offset[0], &length[0], &step[0]
+    while first < n:
+        buf = bytearray(chunk)
+        out = buf
+        with nogil:
+            used = dio_trace_reads(out, chunk, &inp, first, &nxt)
+        if nxt == first:
+            raise ValueError("trace_reads: an event does not fit in a chunk")
+        del buf[used:]
+        sink(buf)
+        first = nxt
 
 
 # ---------------------------------------------------------------------------- shuffling

@@ -375,11 +375,12 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
                   start: float, out: OutputFolder, stopped_by: int = 0,
                   striping: dict | None = None, readers: dict | None = None,
                   generation: dict | None = None,
-                  checkpoints: Checkpoints | None = None) -> dict:
+                  checkpoints: Checkpoints | None = None, trace: dict | None = None) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml, each whole or not at
     all; returns the summary. `stopped_by`: the signal that ended the run early; `striping`:
     what storage.lustre did; `readers`: rank 0's reader backends, described; `generation`:
-    what this run's data generation did; `checkpoints`: the checkpoints saved and loaded."""
+    what this run's data generation did; `checkpoints`: the checkpoints saved and loaded;
+    `trace`: what output.trace wrote (write_trace)."""
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
@@ -398,6 +399,7 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
         header["dlio_mpi"]["striping"] = striping
         header["dlio_mpi"]["readers"] = readers
         header["dlio_mpi"]["generation"] = generation
+        header["dlio_mpi"]["trace"] = trace
         records = [r for _, r in checkpoints.records] if checkpoints is not None else []
         if checkpoints is not None:
             header["dlio_mpi"]["checkpoint"] = describe_checkpoints(
@@ -425,18 +427,29 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
 
 
 def write_trace(comm, tracer: RankTrace, out: OutputFolder,
-                checkpoints: Checkpoints | None) -> None:
+                checkpoints: Checkpoints | None) -> dict | None:
     """output.trace: every rank writes its trace file (with a span per checkpoint save and
-    load), rank 0 lists them all."""
+    load), rank 0 lists them all and returns what they hold and cost (summary.json's
+    dlio_mpi.trace), the other ranks None."""
     records = [r for _, r in checkpoints.records] if checkpoints is not None else []
     for r in records:  # the earliest start to the latest end over the ranks, rank 0's clock
         tracer.span(f"checkpoint {r.kind} {r.index}", "checkpoint", r.start_ns, r.end_ns,
                     {"bytes": r.bytes, "id": r.checkpoint_id}, rank0_clock=True)
     name = trace_name(comm.Get_rank())
     check_all(comm, lambda: out.write(name, tracer.write, binary=True))
-    if comm.Get_rank() == 0:
-        for rank in range(comm.Get_size()):
-            out.record(trace_name(rank))
+    stats = comm.gather(tracer.stats(), root=0)
+    if comm.Get_rank() != 0:
+        return None
+    for rank in range(comm.Get_size()):
+        out.record(trace_name(rank))
+    return {"files": [trace_name(rank) for rank in range(comm.Get_size())],
+            "events": sum(s["events"] for s in stats),
+            "requests": sum(s["requests"] for s in stats),
+            "bytes": sum(s["bytes"] for s in stats),
+            # the emulator's own time, between epochs and after the last: the slowest rank's
+            "seconds_max": max(s["seconds"] for s in stats),
+            "seconds_per_rank": [s["seconds"] for s in stats],
+            "compressor": stats[0]["compressor"]}
 
 
 def _recorded(root: str, splits, sized: list[str]) -> dict:
@@ -561,6 +574,8 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     if cfg.workflow.train:
         train_epochs, eval_epochs, stop, readers = train(comm, cfg, plan, topo, pacing, out,
                                                          checkpoints, tracer)
+        if tracer is not None:
+            results["trace"] = write_trace(comm, tracer, out, checkpoints)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
                                 stopped_by=stop, readers=readers, **results)
         done = f"{len(train_epochs)} complete or partial training epoch(s)"
@@ -568,10 +583,12 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         records, stop = run_checkpoint_only(comm, cfg, checkpoints.checkpointer,
                                             lambda line: say(comm, line, out=out))
         checkpoints.records.extend((None, r) for r in records)
+        if tracer is not None:
+            results["trace"] = write_trace(comm, tracer, out, checkpoints)
         summary = write_results(comm, cfg, plan, topo, pacing, [], [], stopped_by=stop,
                                 **results)
         done = f"{len(records)} checkpoint save(s) and load(s)"
-    if tracer is not None:
+    elif tracer is not None:  # generation alone
         write_trace(comm, tracer, out, checkpoints)
     if stop:
         raise Stopped(f"stopped by {signal.Signals(stop).name} after {done}; the results "

@@ -87,6 +87,15 @@ def test_two_rank_run_traces_steps_and_every_request(tmp_path):
             e["ts"] for e in reads)
     assert requests == {"train read": summary["metric"]["train_requests"],
                         "eval read": summary["metric"]["eval_requests"]}
+    # what the trace holds and cost, reported apart as the emulator's own time
+    own = summary["dlio_mpi"]["trace"]
+    assert own["files"] == ["trace_rank0.json.gz", "trace_rank1.json.gz"]
+    assert own["requests"] == sum(requests.values())
+    assert own["events"] == sum(len([e for e in _load(out, r) if e["ph"] == "X"])
+                                for r in (0, 1))
+    assert own["bytes"] == sum((out / f).stat().st_size for f in own["files"])
+    assert len(own["seconds_per_rank"]) == 2 and own["seconds_max"] == max(
+        own["seconds_per_rank"]) > 0
 
 
 def test_backend_without_requests_traces_steps_only(tmp_path):
