@@ -402,6 +402,20 @@ typedef struct dio_engine_counters {
 
 void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out);
 
+/* ------------------------------------------------------------------ copy */
+
+typedef struct dio_copy_times {
+    int64_t read_ns, write_ns;  /* time in pread and in pwrite, added to */
+} dio_copy_times;
+
+/* Copy bytes [offset, offset + length) of src to the same offsets of dst (dio_copy.c), through
+ * buf (buf_size bytes, a multiple of align, aligned to it for O_DIRECT descriptors), adding the
+ * time spent reading and writing to *times. 0 or -errno with *err filled (the paths only name
+ * the files in the message). */
+int dio_copy_range(int src, int dst, int64_t offset, int64_t length, void *buf,
+                   size_t buf_size, size_t align, dio_copy_times *times, const char *src_path,
+                   const char *dst_path, dio_error *err);
+
 /* ------------------------------------------------------------------ trace */
 
 /* One epoch's read requests for output.trace (dio_trace.c): per request i, its Chrome

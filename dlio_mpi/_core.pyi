@@ -11,6 +11,13 @@ from typing_extensions import Buffer
 _Path = str | bytes | PathLike[str] | PathLike[bytes]
 
 def now_ns() -> int: ...
+class Copier:
+    read_ns: int
+    write_ns: int
+    def __init__(self, buffer_bytes: int = ..., align: int = ...) -> None: ...
+    def copy(self, src: int, dst: int, offset: int, length: int, src_path: _Path = ...,
+             dst_path: _Path = ...) -> None: ...
+
 def trace_reads(head: bytes, tid: Buffer, start_ns: Buffer, lat_ns: Buffer, nread: Buffer,
                 file: Buffer, offset: Buffer, length: Buffer, step: Buffer, paths: bytes,
                 path_off: Buffer, epoch: int, sink: Callable[[bytearray], object],
