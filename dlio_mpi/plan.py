@@ -5,6 +5,7 @@ on every rank, before anything is touched; `dlio-mpi validate` prints it."""
 from __future__ import annotations
 
 import math
+import os
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from .formats.loader import TF_BUFFER
 from .planner import READ_MODES
 from .readers import ALIASES, FRAMEWORK_LOADERS, engine_refusal, torch_prefetch_factor
 from .sharding import steps_per_epoch
+from .stage_in import check_folders
 from .topology import emulated_ranks_per_node, host_info, plan_topology
 
 MAX_FILE_BYTES = 2**62  # the C engine refuses offsets past INT64_MAX / 2 (csrc/dio_engine.c)
@@ -497,6 +499,9 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         memory_bytes = host_info().memory_bytes * nodes
     fmt = cfg.dataset.format
     node = (ranks_per_node if known else 1, memory_bytes // nodes)
+    if cfg.storage.stage_in is not None and cfg.workflow.train:
+        check_folders(cfg.storage.stage_in.to,
+                      os.path.join(cfg.storage.storage_root, cfg.dataset.data_folder))
     mode = resolve_read_mode(cfg)
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")

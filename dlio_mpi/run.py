@@ -4,6 +4,7 @@ barrier -> gather metrics -> summary.json, per_epoch_stats.json, the resolved co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -50,6 +51,7 @@ from .planner import AccessPolicy, plan_reads
 from .readers import ReaderBackend, ReaderOptions, open_reader
 from .recorded_sizes import read_sizes, size_column, sizes_path
 from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_shard
+from .stage_in import StageSet, clean_stage, rerooted, stage_in
 from .topology import Topology, discover, emulated_ranks_per_node
 from .trace import RankTrace, trace_name
 from .training import run_epoch
@@ -375,12 +377,13 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
                   start: float, out: OutputFolder, stopped_by: int = 0,
                   striping: dict | None = None, readers: dict | None = None,
                   generation: dict | None = None,
-                  checkpoints: Checkpoints | None = None, trace: dict | None = None) -> dict:
+                  checkpoints: Checkpoints | None = None, trace: dict | None = None,
+                  stage_in: dict | None = None) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml, each whole or not at
     all; returns the summary. `stopped_by`: the signal that ended the run early; `striping`:
     what storage.lustre did; `readers`: rank 0's reader backends, described; `generation`:
     what this run's data generation did; `checkpoints`: the checkpoints saved and loaded;
-    `trace`: what output.trace wrote (write_trace)."""
+    `trace`: what output.trace wrote (write_trace); `stage_in`: what storage.stage_in did."""
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
@@ -400,6 +403,7 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
         header["dlio_mpi"]["readers"] = readers
         header["dlio_mpi"]["generation"] = generation
         header["dlio_mpi"]["trace"] = trace
+        header["dlio_mpi"]["stage_in"] = stage_in
         records = [r for _, r in checkpoints.records] if checkpoints is not None else []
         if checkpoints is not None:
             header["dlio_mpi"]["checkpoint"] = describe_checkpoints(
@@ -450,6 +454,27 @@ def write_trace(comm, tracer: RankTrace, out: OutputFolder,
             "seconds_max": max(s["seconds"] for s in stats),
             "seconds_per_rank": [s["seconds"] for s in stats],
             "compressor": stats[0]["compressor"]}
+
+
+def run_stage_in(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
+                 tracer: RankTrace | None):
+    """storage.stage_in: copy the splits training reads to the stage folder (collectively);
+    what it did, and the copy (for its cleaning)."""
+    opts = cfg.storage.stage_in
+    names = ["train"] + (["valid"] if cfg.workflow.evaluation
+                         and plan.splits["valid"].num_files else [])
+    files = StageSet({name: locate_split(comm, cfg, plan.splits[name]) for name in names})
+    began = _core.now_ns()
+    result, stage = stage_in(comm, opts, files, data_root(cfg), topo, out.tag)
+    if tracer is not None:
+        tracer.span("stage_in", "stage_in", began, _core.now_ns(),
+                    {"bytes_per_copy": result.bytes, "copies": result.copies})
+    say(comm, f"stage-in: {result.files} file(s), {result.bytes / 2**20:.1f} MiB per copy, "
+              f"{result.copies} cop{'y' if result.copies == 1 else 'ies'} under {opts.to} "
+              f"({opts.scope}) in {result.seconds:.2f} s, "
+              f"{result.bytes * result.copies / 2**30 / max(result.seconds, 1e-9):.2f} GiB/s",
+        out=out)
+    return result, stage
 
 
 def _recorded(root: str, splits, sized: list[str]) -> dict:
@@ -571,9 +596,15 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
     results = dict(start=start, out=out, striping=striping, generation=generation,
                    checkpoints=checkpoints)
+    staged = None
+    if cfg.workflow.train and cfg.storage.stage_in is not None and plan.splits:
+        staged, stage = run_stage_in(comm, cfg, plan, topo, out, tracer)
+        results["stage_in"] = staged.to_json(root)
     if cfg.workflow.train:
-        train_epochs, eval_epochs, stop, readers = train(comm, cfg, plan, topo, pacing, out,
-                                                         checkpoints, tracer)
+        read_plan = plan if staged is None else dataclasses.replace(plan, splits={
+            name: rerooted(split, staged.root) for name, split in plan.splits.items()})
+        train_epochs, eval_epochs, stop, readers = train(comm, cfg, read_plan, topo, pacing,
+                                                         out, checkpoints, tracer)
         if tracer is not None:
             results["trace"] = write_trace(comm, tracer, out, checkpoints)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
@@ -590,6 +621,10 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         done = f"{len(records)} checkpoint save(s) and load(s)"
     elif tracer is not None:  # generation alone
         write_trace(comm, tracer, out, checkpoints)
+    if staged is not None and cfg.storage.stage_in.clean:
+        clean_stage(comm, stage)
+        say(comm, f"removed the staged copy under {staged.root} (storage.stage_in.clean)",
+            out=out)
     if stop:
         raise Stopped(f"stopped by {signal.Signals(stop).name} after {done}; the results "
                       f"so far are in {out.path('summary.json')}, marked incomplete "

@@ -332,6 +332,30 @@ class Lustre:
 
 
 @dataclass(frozen=True)
+class StageIn:
+    """Ours: before training, copy the dataset to a faster tier and read it there
+    (stage_in.py)."""
+
+    to: str = key("", "str")  # the stage folder (a burst buffer; node-local with scope node)
+    scope: str = key("job", "str", choices=("job", "node"))  # one copy, or one per node
+    odirect: bool = key(False, "bool")  # read the source and write the copy with O_DIRECT
+    # bytes per read and write call, and the largest piece of a file one rank copies
+    buffer_bytes: int = key(64 << 20, "int", minimum=4096)
+    # drop each source piece from the page cache before reading it (posix_fadvise), so the
+    # copy reads storage, not memory
+    drop_page_cache: bool = key(True, "bool")
+    clean: bool = key(False, "bool")  # remove the staged copy after the run
+
+    def __post_init__(self) -> None:
+        if not self.to.strip():
+            raise ConfigError("storage.stage_in.to: expected the folder to copy the dataset "
+                              "to (a burst buffer, or node-local storage with scope: node)")
+        if self.buffer_bytes % 4096:
+            raise ConfigError(f"storage.stage_in.buffer_bytes: expected a multiple of 4096 "
+                              f"(direct I/O's alignment), got {self.buffer_bytes}")
+
+
+@dataclass(frozen=True)
 class Storage:
     # local_fs and parallel_fs: both a POSIX path (DLIO 2.0.0 has no branch for parallel_fs)
     storage_type: str = key("local_fs", "str", choices=("local_fs", "parallel_fs", "s3", "aistore"),
@@ -341,6 +365,10 @@ class Storage:
         StorageOptions, optional=True,
         inert="it configures S3 and AIStore, which are not implemented yet")
     lustre: Lustre | None = section(Lustre, optional=True)  # ours
+    stage_in: StageIn | None = section(  # ours
+        StageIn, optional=True, acts_if=(("workflow.train", (True,)),),
+        inert="it copies the dataset for the training epochs that read it, and "
+              "workflow.train is false")
 
 
 # --------------------------------------------------------------------------- dataset
