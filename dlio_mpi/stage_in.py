@@ -245,8 +245,8 @@ class _Stage:
             os.makedirs(folder, exist_ok=True)
 
     def _write_manifest(self, complete: bool) -> None:
-        body = {"kind": KIND, "tag": self.tag, "source": self.source, "complete": complete,
-                "count": len(self.files), "bytes": self.files.bytes,
+        body = {"tool": "dlio-mpi", "kind": KIND, "tag": self.tag, "source": self.source,
+                "complete": complete, "count": len(self.files), "bytes": self.files.bytes,
                 "side_files": self._side_files(), **self.files.describe()}
         final = os.path.join(self.root, STAGE_MANIFEST)
         tmp = temporary_name(final, self.tag)
