@@ -241,6 +241,15 @@ class _Stage:
             remove_quietly(os.path.join(self.root, rel) for rel in earlier["files"]
                            if rel not in now and covers(earlier, rel))
         self._write_manifest(complete=False)
+        if self.opts.odirect and len(self.files):  # both tiers must do real direct I/O
+            for path in (self.src(0), os.path.join(self.root, STAGE_MANIFEST)):
+                try:
+                    _core.probe_odirect(path)
+                except OSError:
+                    raise UserError(f"storage.stage_in.odirect: true, but {path} is on a file "
+                                    "system without real direct I/O (tmpfs only emulates it "
+                                    "through the page cache); set storage.stage_in.odirect: "
+                                    "false or stage to another folder") from None
         for folder in self.folders():
             os.makedirs(folder, exist_ok=True)
 

@@ -162,3 +162,21 @@ def test_a_rank_failing_in_the_copy_ends_the_job(tmp_path, ranks):
     assert not final.exists()  # a partial file never gets its final name
     manifest = json.loads((tmp_path / "bb" / "dlio_mpi_stage.json").read_text())
     assert manifest["complete"] is False
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm (tmpfs)")
+def test_odirect_to_tmpfs_is_refused_before_the_copy(tmp_path):
+    _generate(tmp_path, 2)
+    bb = tmp_path / "bb-link"
+    shm = f"/dev/shm/dlio-mpi-test-{os.getpid()}"
+    os.mkdir(shm)
+    os.symlink(shm, bb)  # the stage folder on tmpfs
+    try:
+        res = run_cli(["run", "demo", *_args(tmp_path, storage__stage_in__to=bb,
+                                             storage__stage_in__odirect="true")], ranks=2)
+        assert res.returncode == 2, res.stderr
+        assert "storage.stage_in.odirect: true" in res.stderr
+        assert "without real direct I/O" in res.stderr
+        assert not (bb / "train").exists()  # refused before the folders and the copy
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
