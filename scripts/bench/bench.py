@@ -20,6 +20,10 @@
             ratio on/off; the trace files' size per request; and the C engine alone, with and
             without the trace's arrays (15 turns each). DLIO_MPI_BENCH_TRACE_FILES sets
             fewer files (default 128 of 4096 samples) for a quick try.
+  stagein:  storage.stage_in (2 ranks, O_DIRECT on both sides, 64 MiB calls) of 256 files of
+            8 MiB (2 GiB) from one folder to another of the same disk, beside raw_copy.c (a C
+            pread/pwrite loop with O_DIRECT, 2 threads, 64 MiB calls, syncfs) between the
+            same folders; 3 rounds alternating, medians, ratio ours / reference.
   large:    16 MiB samples with O_DIRECT against fio and a C loop with huge-page buffers.
   mpiio:    the MPI-IO reader backends against the POSIX engine on one shared file (indexed
             binary), 2 ranks, computation_time 0, data in the page cache (ROMIO's UFS driver
@@ -414,6 +418,46 @@ def _trace_engine_only(paths: list[str], n: int = 131072, repeats: int = 15) -> 
     print(f"trace, C engine alone: on/off {result['median_ratio']:.3f} (median), "
           f"{result['min_ratio']:.3f} (best), {result['us_per_request_off']:.2f} us/request "
           "off", flush=True)
+    return result
+
+
+# ------------------------------------------------------------------------------- stagein
+
+
+def bench_stagein(work: Path, rounds: int = 3) -> dict:
+    """storage.stage_in against a C copy loop between the same folders."""
+    data, bb, ref = work / "stagein-data", work / "stagein-bb", work / "stagein-ref"
+    common = ["demo", *overrides(
+        dataset__data_folder=data, dataset__format="npy", dataset__num_files_train=256,
+        dataset__num_samples_per_file=1, dataset__record_dims=f"[{8 << 20}]",
+        dataset__record_length_bytes_stdev=0, reader__batch_size=16,
+        train__computation_time=0, train__epochs=1, storage__stage_in__to=bb,
+        storage__stage_in__odirect="true", storage__stage_in__clean="true")]
+    dlio(["generate", *common, "workflow.generate_data=true",
+          f"output.folder={work / 'stagein-gen'}"])
+    exe = build(work, "raw_copy.c", flags=("-pthread",))
+    files = sorted((data / "train").glob("*.npy"))
+    listing = work / "stagein-list.txt"
+    listing.write_text("".join(f"{p}\t{p.name}\n" for p in files))
+    ours, theirs = [], []
+    for r in range(rounds):
+        out = work / f"stagein-out-{r}"
+        shutil.rmtree(out, ignore_errors=True)
+        dlio(["run", *common, f"output.folder={out}"])
+        staged = summary(out)["dlio_mpi"]["stage_in"]
+        ours.append(staged["bytes_written"] / 2**20 / staged["seconds"])
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(ref, ignore_errors=True)
+        ref.mkdir()
+        line = sh([exe, "-j", "2", "-d", "-b", str(64 << 20), str(listing), str(ref)]).stdout
+        theirs.append(float(re.search(r"MiB_per_s=([\d.]+)", line)[1]))
+        shutil.rmtree(ref, ignore_errors=True)
+    result = {"dlio_mpi_MiB_per_s": statistics.median(ours),
+              "raw_copy_MiB_per_s": statistics.median(theirs),
+              "ratio": statistics.median(ours) / statistics.median(theirs),
+              "runs": {"dlio_mpi": ours, "raw_copy": theirs}}
+    print(f"stagein: {result['dlio_mpi_MiB_per_s']:.0f} MiB/s vs raw_copy "
+          f"{result['raw_copy_MiB_per_s']:.0f} MiB/s, ratio {result['ratio']:.3f}", flush=True)
     return result
 
 
@@ -1060,7 +1104,7 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
 
 
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
-              "trace": bench_trace,
+              "trace": bench_trace, "stagein": bench_stagein,
               "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
               "formats": bench_formats, "loaders": bench_loaders, "startup": bench_startup}
 
