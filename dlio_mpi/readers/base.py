@@ -181,7 +181,14 @@ def thread_io() -> tuple[int, int, int] | None:
 def io_since(before: tuple[int, int, int] | None) -> tuple[int, int]:
     """(bytes, read calls) of the calling thread since `before` = thread_io() (the reads of
     /proc themselves left out); (-1, -1) where the kernel does not say."""
-    after = thread_io()
+    return io_between(before, thread_io())
+
+
+def io_between(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None
+               ) -> tuple[int, int]:
+    """(bytes, read calls) of the calling thread between two thread_io() (the read of
+    `before` left out; of `after` too, as it counts only in the next); (-1, -1) where the
+    kernel does not say. Chained probes split the thread's reads exactly."""
     if before is None or after is None:
         return -1, -1
     return after[0] - before[0] - before[2], after[1] - before[1] - 1
