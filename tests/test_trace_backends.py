@@ -131,3 +131,52 @@ def test_h5py_traces_a_span_per_sample(shared_tmp):
     assert comm.allreduce(sum(e["args"]["bytes"] for e in reads)) \
         == summary["metric"]["train_bytes_transferred"]
     comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_torch_loader_traces_a_span_per_sample_on_its_workers_tracks(shared_tmp):
+    """reader.engine framework (torch DataLoader, 2 workers), indexed_binary: each sample's
+    read is its planned request (the native engine's: extents at multiples of the record
+    length), recorded in the worker that read it, on that worker's track."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    common = dict(dataset__format="indexed_binary", dataset__num_samples_per_file=4,
+                  dataset__num_files_train=3 * size, reader__read_threads=2,
+                  train__computation_time=0.001)
+    root = shared_tmp / "torch"
+    native = _run(root, output__folder=root / "native", **common)
+    summary = _run(root, output__folder=root / "torch", workflow__generate_data="false",
+                   reader__engine="framework", **common)
+    described = summary["dlio_mpi"]["readers"]["train"]
+    assert described["backend"] == "framework" and "span per sample" in described["trace"]
+    events = _events(root / "torch", rank)
+    reads = _check_spans(events, root / "data" / "train",
+                         {"train reader thread 0", "train reader thread 1"})
+    assert len({e["tid"] for e in reads}) == 2  # both workers read
+    assert comm.allreduce(len(reads)) == summary["metric"]["train_requests"] \
+        == native["metric"]["train_requests"] == 2 * 12 * size
+    assert _requests(events) == _requests(_events(root / "native", rank))
+    assert all(e["args"]["offset"] % 4096 == 0 and e["args"]["length"] == 4096
+               for e in reads)
+    assert all(e["args"]["bytes"] >= 4096 for e in reads)  # (a worker's first: index files)
+    comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_torch_loader_whole_file_loads_trace_steps_only(shared_tmp):
+    """npz (np.load of the whole file: several planned requests per sample, not observed
+    one by one): the step spans, no read span, and describe() says why."""
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    root = shared_tmp / "npz"
+    summary = _run(root, reader__engine="framework", reader__read_threads=1)
+    described = summary["dlio_mpi"]["readers"]["train"]
+    assert described["backend"] == "framework" and "step spans only" in described["trace"]
+    events = _events(root / "out", comm.Get_rank())
+    assert not _reads(events)
+    assert sum(e.get("name") == "wait" for e in events) == summary["dlio_mpi"][
+        "steps_per_epoch"] * 2
+    comm.Barrier()
