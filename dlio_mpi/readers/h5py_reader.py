@@ -352,6 +352,8 @@ class H5pyReader:
                              + (", then the process ends" if self.watchdog.abort else "")
                              if self.watchdog.seconds > 0 else None),
                 "bytes_read_measured": self._bytes,
+                "trace": "a span per sample on its thread's track, its bytes its own "
+                         "/proc/thread-self/io delta" if self.trace else None,
                 "counted": "bytes and read calls: /proc/thread-self/io of each reader thread "
                            "over its batch (HDF5's metadata reads at each open included); "
                            "opens and closes: the h5py.File calls; stats: not counted",
