@@ -172,7 +172,8 @@ def test_torch_loader_whole_file_loads_trace_steps_only(shared_tmp):
 
     comm = MPI.COMM_WORLD
     root = shared_tmp / "npz"
-    summary = _run(root, reader__engine="framework", reader__read_threads=1)
+    summary = _run(root, reader__engine="framework", reader__read_threads=1,
+                   dataset__num_files_train=4 * comm.Get_size())
     described = summary["dlio_mpi"]["readers"]["train"]
     assert described["backend"] == "framework" and "step spans only" in described["trace"]
     events = _events(root / "out", comm.Get_rank())
