@@ -194,6 +194,34 @@ def io_between(before: tuple[int, int, int] | None, after: tuple[int, int, int] 
     return after[0] - before[0] - before[2], after[1] - before[1] - 1
 
 
+class IoChain:
+    """The calling thread's reads over a batch, split into parts by chained thread_io()
+    probes (output.trace: each sample's own bytes): `part()` the bytes since the last probe,
+    `end()` the whole batch's (bytes, read calls), the probes' own reads left out, as
+    io_since(thread_io() at the start) gives them without parts. -1 where the kernel does
+    not say."""
+
+    def __init__(self) -> None:
+        self.mark = thread_io()
+        self.bytes = self.calls = 0
+
+    def part(self) -> int:
+        if self.mark is None:
+            return -1
+        probe = thread_io()
+        got, calls = io_between(self.mark, probe)
+        self.mark = probe
+        self.bytes += got
+        self.calls += calls
+        return got
+
+    def end(self) -> tuple[int, int]:
+        if self.mark is None:
+            return -1, -1
+        got, calls = io_since(self.mark)
+        return self.bytes + got, self.calls + calls
+
+
 def forget_thread_io() -> None:
     """Close the calling thread's /proc io file (a thread that ends: its id may come back)."""
     fd = _IO_FDS.pop((os.getpid(), threading.get_native_id()), -1)

@@ -50,14 +50,12 @@ from ..formats.hdf5 import Rows
 from ..planner import ReadPlan
 from .base import (
     BatchStats,
+    IoChain,
     ReaderOptions,
     RequestTrace,
     drop_cached_pages,
     forget_thread_io,
-    io_between,
-    io_since,
     python_steps,
-    thread_io,
 )
 
 if TYPE_CHECKING:
@@ -283,8 +281,7 @@ class H5pyReader:
         lat = np.zeros(len(ids), dtype=np.int64)
         opens = 0
         rt = self.request_trace
-        before = mark = thread_io()
-        traced = [0, 0]  # with output.trace: the batch's io, as the sum of its samples'
+        io = IoChain()  # with output.trace: each sample's part of the batch's io too
         for k, sample_id in enumerate(ids):
             if self._stop:
                 return None
@@ -309,22 +306,13 @@ class H5pyReader:
             lat[k] = _core.now_ns() - start
             if rt is not None:
                 rt.start_ns[first + k], rt.thread[first + k] = start, thread
-                if mark is not None:
-                    probe = thread_io()
-                    got, calls = io_between(mark, probe)
-                    mark = probe
-                    traced[0] += got
-                    traced[1] += calls
-                rt.nread[first + k] = got if mark is not None else self._plan.expect[first + k]
+                got = io.part()  # without /proc io: the plan's bytes for it
+                rt.nread[first + k] = got if got >= 0 else self._plan.expect[first + k]
             if keep:
                 samples.append(sample)
             if self._delays is not None and self._delays[first + k] > 0:
                 time.sleep(self._delays[first + k] / 1e9)
-        if rt is not None and mark is not None:
-            got, calls = io_since(mark)
-            nbytes, reads = traced[0] + got, traced[1] + calls
-        else:
-            nbytes, reads = io_since(before)
+        nbytes, reads = io.end()
         return _Batch(_core.now_ns(), nbytes, reads, opens, lat, samples)
 
     # -- what it did ------------------------------------------------------------------------

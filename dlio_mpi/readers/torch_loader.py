@@ -73,15 +73,13 @@ from . import FRAMEWORK_LOADERS, torch_prefetch_factor
 from .base import (
     BatchStats,
     BatchWaitWatch,
+    IoChain,
     ReaderOptions,
     RequestTrace,
     as_item,
     batch_paths,
     drop_cached_pages,
-    io_between,
-    io_since,
     python_steps,
-    thread_io,
 )
 
 if TYPE_CHECKING:
@@ -179,45 +177,23 @@ class SampleDataset(Dataset):
 
     def __getitems__(self, indices: list) -> Fetched:
         """The batch's items (the DataLoader's batched fetch), timed and measured."""
-        if self.trace:
-            return self._traced(indices)
-        before, opens = thread_io(), self.opens
-        items, lat = [], []
-        for index in indices:
-            start = time.monotonic_ns()
-            items.append(self[index])
-            lat.append(time.monotonic_ns() - start)
-            if index[2]:  # reader.preprocess_time, after the read as DLIO's read_index sleeps
-                time.sleep(index[2] / 1e9)
-        nbytes, reads = io_since(before)
-        return Fetched(items, torch.tensor([nbytes, reads, self.opens - opens, *lat],
-                                           dtype=torch.int64))
-
-    def _traced(self, indices: list) -> Fetched:
-        """__getitems__ with output.trace: also each item's start, its own bytes (a /proc io
-        probe after each item, chained: -1 without /proc io) and the worker reading."""
-        mark, opens = thread_io(), self.opens
-        items, lat, starts, nread = [], [], [], []
-        total = [0, 0]
+        io, opens = IoChain(), self.opens
+        items, lat, traced = [], [], []
         for index in indices:
             start = time.monotonic_ns()  # CLOCK_MONOTONIC: the clock of _core.now_ns
             items.append(self[index])
             lat.append(time.monotonic_ns() - start)
-            starts.append(start)
-            probe = thread_io() if mark is not None else None
-            got, calls = io_between(mark, probe)
-            mark = probe
-            nread.append(got)
-            total[0] += got
-            total[1] += calls
+            if self.trace:  # output.trace: its start and its own bytes (-1: not known)
+                traced.append((start, io.part()))
             if index[2]:  # reader.preprocess_time, after the read as DLIO's read_index sleeps
                 time.sleep(index[2] / 1e9)
-        got, calls = io_since(mark)  # the rest of the batch (-1, -1 without /proc io)
-        total = [total[0] + got, total[1] + calls] if mark is not None else [got, calls]
-        info = get_worker_info()
-        return Fetched(items, torch.tensor(
-            [*total, self.opens - opens, *lat, *starts, *nread,
-             -1 if info is None else info.id], dtype=torch.int64))
+        nbytes, reads = io.end()
+        if traced:  # then the worker reading (-1: this process, no workers)
+            info = get_worker_info()
+            traced = [*(t[0] for t in traced), *(t[1] for t in traced),
+                      -1 if info is None else info.id]
+        return Fetched(items, torch.tensor([nbytes, reads, self.opens - opens, *lat, *traced],
+                                           dtype=torch.int64))
 
     def _load(self, path: str):
         self.opens += 1
