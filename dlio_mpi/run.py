@@ -17,6 +17,7 @@ import numpy as np
 import yaml
 
 from . import __version__, _core
+from .cache_tier import CacheTier
 from .catalog import SplitFiles, locate_split
 from .checkpoint.checkpointer import Checkpointer
 from .checkpoint.phase import (
@@ -171,6 +172,7 @@ class Phase:
     barrier: bool
     pacing: Pacing
     policy: AccessPolicy
+    cache: CacheTier | None = None  # reader.cache
 
 
 def _blksize(path: str) -> int:
@@ -180,8 +182,10 @@ def _blksize(path: str) -> int:
         return 4096
 
 
-def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
-    """Find the phase's files and start its engine (collectively)."""
+def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
+               cache: CacheTier | None = None) -> Phase:
+    """Find the phase's files and start its engine (collectively); with reader.cache, its
+    engine reads through `cache`."""
     train = name == "train"
     split = plan.splits["train" if train else "valid"]
     files = locate_split(comm, cfg, split)
@@ -198,14 +202,16 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     options = ReaderOptions.from_config(rd, comm.Get_rank(), decoded_item(cfg), cfg.train.seed,
                                         cfg.output.trace)
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
+    if cache is not None:
+        reader.attach_cache(cache, name, files)
     if train:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
                                  cfg.train.seed_change_epoch),
                      plan.steps_per_epoch, rd.batch_size, cfg.train.computation_time, True,
-                     pacing, policy)
+                     pacing, policy, cache)
     return Phase(name, split, files, reader, ShuffleSpec(), plan.eval_steps_per_epoch,
-                 rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing, policy)
+                 rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing, policy, cache)
 
 
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
@@ -225,6 +231,8 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
               if preprocess.mean > 0 else None)
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
                        phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays)
+    if phase.cache is not None:  # its readers may run prefetch_size batches ahead
+        reads = phase.cache.plan_epoch(phase.name, reads, cfg.reader.prefetch_size + 2)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
                       pause=pause, name=phase.name)
@@ -281,9 +289,13 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     rank = comm.Get_rank()
     rng = np.random.default_rng([cfg.train.seed, rank])
     wall_offset = time.time_ns() - _core.now_ns()
-    phases = [open_phase(comm, cfg, plan, "train", pacing)]
+    cache = None
+    if cfg.reader.cache is not None:
+        cache = CacheTier(comm, cfg.reader.cache, topo, out.tag,
+                          next(iter(plan.splits.values())).root)
+    phases = [open_phase(comm, cfg, plan, "train", pacing, cache)]
     if cfg.workflow.evaluation:
-        phases.append(open_phase(comm, cfg, plan, "eval", pacing))
+        phases.append(open_phase(comm, cfg, plan, "eval", pacing, cache))
     done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
     next_eval = cfg.evaluation.eval_after_epoch
     stop = 0
@@ -318,6 +330,9 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     described = {phase.name: phase.reader.describe() for phase in phases}
     for phase in phases:
         phase.reader.close()
+    if cache is not None:
+        described["cache"] = cache.describe()
+        cache.close()
     return done["train"], done["eval"], stop, described
 
 

@@ -95,9 +95,15 @@ def engine_refusal(cfg, library_reason: str = "") -> str | None:
     keys and what is accepted), or None when it can. `library_reason`: why the format's
     library reads the files instead of the C engine (formats.library_read_reason)."""
     rd = cfg.reader
+    access = ALIASES.get(rd.file_access, rd.file_access)
+    if rd.cache is not None and (rd.engine != "native" or access != "multi" or library_reason):
+        return ("reader.cache: the caching tier is not implemented yet for reader.engine "
+                f"{rd.engine}, reader.file_access {rd.file_access}"
+                + (" and a format its library reads" if library_reason else "")
+                + "; it caches for the native C engine (reader.engine: native, "
+                "reader.file_access: multi)")
     if rd.engine != "framework":
         return library_refusal(cfg, library_reason) if library_reason else None
-    access = ALIASES.get(rd.file_access, rd.file_access)
     if access != "multi":
         return (f"reader.engine: framework reads through the loader's own file calls in each "
                 f"rank's worker processes, so reader.file_access must be multi (or posix), got "
