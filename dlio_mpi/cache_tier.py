@@ -119,13 +119,13 @@ class CacheTier:
             folders = {os.path.relpath(f, files.split.root) for f in naming.folders()}
 
         def prepare() -> None:
+            names = rel if rel is not None else [
+                os.path.relpath(files.path(i), files.split.root) for i in range(files.count)]
+            self._refuse_in_the_way(folders, names)
             for f in folders:
                 os.makedirs(os.path.join(self.root, f), exist_ok=True)
             self.made.update(folders)
-            listed = self._listed()
-            listed += rel if rel is not None else [
-                os.path.relpath(files.path(i), files.split.root) for i in range(files.count)]
-            self._write_manifest(sorted(set(listed)))
+            self._write_manifest(sorted(set(self._listed() + names)))
 
         check_all(self.node, lambda: prepare() if self.leader else None)
 
@@ -135,6 +135,23 @@ class CacheTier:
                 "capacity_bytes": self.capacity, "policy": self.opts.policy,
                 "granularity": "file", "fill": "whole file, before the first read, by the "
                 "node's first reader in step order"}
+
+    def _refuse_in_the_way(self, folders, names: list[str]) -> None:
+        """Refuse, naming it, anything under the cache folder a copy would be named as (the
+        earlier copies of ours were removed when the folder was claimed)."""
+        wanted = set(names)
+        for folder in folders:
+            try:
+                with os.scandir(os.path.join(self.root, folder)) as entries:
+                    for entry in entries:
+                        rel = os.path.normpath(os.path.join(folder, entry.name))
+                        if rel in wanted:
+                            raise UserError(
+                                f"reader.cache.folder: {entry.path} exists and is not "
+                                "dlio-mpi's (no cache manifest of ours lists it): it was left "
+                                "as it is; remove it yourself or choose another folder")
+            except FileNotFoundError:
+                continue
 
     def _listed(self) -> list[str]:
         body = read_own_json(os.path.join(self.root, CACHE_MANIFEST), "")
@@ -153,6 +170,11 @@ class CacheTier:
                         os.rmdir(os.path.join(self.root, *parts[:k]))
                     except OSError:
                         break
+            if self.root != self.opts.folder:  # an emulated node's folder, made by us
+                try:
+                    os.rmdir(self.root)
+                except OSError:
+                    pass  # something else lives there
         self.node.Barrier()
 
     # ---------------------------------------------------------------- an epoch's plan
