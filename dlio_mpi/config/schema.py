@@ -554,6 +554,9 @@ class Reader:
     io_watchdog_abort: bool = key(False, "bool")
     # ours: a node-local caching tier (cache_tier.py); the native C engine's
     cache: ReaderCache | None = section(ReaderCache, optional=True)
+    # ours: read_once: every file read once for the job into the ranks' memory, batches
+    # served from there through an MPI exchange per step (readers/read_once.py)
+    staging: str = key("none", "str", choices=("none", "read_once"))
 
 
 # --------------------------------------------------------------------------- train, evaluation

@@ -70,6 +70,7 @@ class ReaderOptions:
     shuffle_size: int = 0
     shuffle_seed: int | None = None
     trace: bool = False  # output.trace: record each request's start and reader thread
+    staging: str = "none"  # reader.staging (read_once: readers/read_once.py)
 
     @staticmethod
     def from_config(reader_cfg, rank: int, item: tuple[tuple[int, ...], str] = ((), "|u1"),
@@ -84,7 +85,8 @@ class ReaderOptions:
                              rd.file_access, rd.mpiio_hints, rd.engine, rd.data_loader,
                              rd.pin_memory, rd.multiprocessing_context, rd.read_type,
                              item[0], rd.transfer_size, rd.computation_threads, item[1],
-                             shuffle, seed if rd.sample_shuffle == "seed" else None, trace)
+                             shuffle, seed if rd.sample_shuffle == "seed" else None, trace,
+                             rd.staging)
 
 
 def as_item(sample: np.ndarray, shape: tuple[int, ...], dtype: str) -> np.ndarray:
