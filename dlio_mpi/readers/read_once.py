@@ -27,12 +27,19 @@ import numpy as np
 
 from .. import _core
 from ..catalog import SplitFiles
+from ..errors import describe
 from ..planner import ReadPlan
 from ..topology import emulated_ranks_per_node
 from .base import BatchStats, ReaderOptions, python_steps
 
 CHUNK = 64 << 20  # bytes per read call while staging
+# test hook: each delivered sample checked against a pread of its file (slow; tests only)
+VERIFY_ENV = "DLIO_MPI_TEST_VERIFY_EXCHANGE"
 ALIGN = 4096      # of each file's place in memory (O_DIRECT reads land there)
+
+
+class StagingFailed(RuntimeError):
+    """A rank's staging read failed: fatal for the job at once (cli.main aborts it)."""
 
 
 class ReadOnceReader:
@@ -44,6 +51,7 @@ class ReadOnceReader:
         self.MPI, self.comm, self.files = MPI, comm, files
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.odirect = options.odirect
+        self.verify = bool(os.environ.get(VERIFY_ENV))
         all_files = np.arange(files.count, dtype=np.int64)
         lay = files.layouts.take(all_files)
         self.sizes = lay.size.astype(np.int64)
@@ -90,6 +98,25 @@ class ReadOnceReader:
         mine = np.flatnonzero(self.owner == self.rank).tolist()
         self.comm.Barrier()
         began = _core.now_ns()
+        try:
+            read = self._read_files(mine, flags)
+        except OSError as exc:
+            # not an error the ranks agree on (check_all around the backend's opening): the
+            # others are reading or waiting in the barrier, so this rank aborts the job now
+            raise StagingFailed(describe(exc)) from exc
+        self.comm.Barrier()
+        seconds = (_core.now_ns() - began) / 1e9
+        total = self.comm.allreduce(read)
+        per_node = np.zeros(int(self.node.max()) + 1, dtype=np.int64)
+        np.add.at(per_node, self.node, np.array(self.comm.allgather(held), dtype=np.int64))
+        return {"files": int(len(self.sizes)), "opens": int(len(self.sizes)),
+                "bytes_read": int(total), "seconds": round(seconds, 6),
+                "GiB_per_second": round(total / 2**30 / seconds, 6) if seconds > 0 else 0.0,
+                "memory_bytes_per_rank_max": int(self.comm.allreduce(held, op=self.MPI.MAX)),
+                "memory_bytes_per_node": per_node.tolist()}
+
+    def _read_files(self, mine: list[int], flags: int) -> int:
+        """Read files `mine` whole into their places in memory; the bytes read."""
         read = 0
         for f in mine:
             path, size, at = self.files.path(f), int(self.sizes[f]), int(self.base[f])
@@ -110,16 +137,7 @@ class ReadOnceReader:
             finally:
                 os.close(fd)
             read += min(done, size)
-        self.comm.Barrier()
-        seconds = (_core.now_ns() - began) / 1e9
-        total = self.comm.allreduce(read)
-        per_node = np.zeros(int(self.node.max()) + 1, dtype=np.int64)
-        np.add.at(per_node, self.node, np.array(self.comm.allgather(held), dtype=np.int64))
-        return {"files": int(len(self.sizes)), "opens": int(len(self.sizes)),
-                "bytes_read": int(total), "seconds": round(seconds, 6),
-                "GiB_per_second": round(total / 2**30 / seconds, 6) if seconds > 0 else 0.0,
-                "memory_bytes_per_rank_max": int(self.comm.allreduce(held, op=self.MPI.MAX)),
-                "memory_bytes_per_node": per_node.tolist()}
+        return read
 
     # ------------------------------------------------------------------ an epoch
     def prepare_epoch(self, plan: ReadPlan) -> None:
@@ -147,6 +165,9 @@ class ReadOnceReader:
             self._steps.append((send_at, send_len, send_counts.astype(np.int64),
                                 recv_counts.astype(np.int64)))
         self._plan = plan
+        # the samples of my batches in the order they arrive (by holding rank, then position)
+        order = np.argsort(owner[self.rank], axis=1, kind="stable")
+        self._arriving = np.take_along_axis(ids[self.rank], order, axis=1)
 
     def start_epoch(self, plan: ReadPlan) -> None:
         if self._plan is not plan:
@@ -185,9 +206,26 @@ class ReadOnceReader:
         ex["bytes_from_other_nodes"] += int(recv_counts[self.node != self.node[self.rank]].sum())
         ex["seconds"] += (ready - began) / 1e9
         ex["steps"] += 1
+        if self.verify:
+            self._verify(self._arriving[self._step], into)
         self._step += 1
         self.batch = into  # the batch's bytes (what a consumer would take)
         return BatchStats(ready, got, 0)
+
+    def _verify(self, samples: np.ndarray, into: np.ndarray) -> None:
+        """Each delivered sample equals its bytes in its file (VERIFY_ENV)."""
+        spf, put = self.files.split.samples_per_file, 0
+        for sid in samples.tolist():
+            f, k = divmod(sid, spf)
+            n = int(self.sample_bytes[f])
+            at = int(self.data_offset[f] + k * self.sample_step[f])
+            with open(self.files.path(f), "rb") as fp:
+                fp.seek(at)
+                want = fp.read(n)
+            if into[put:put + n].tobytes() != want:
+                raise RuntimeError(f"read_once: sample {sid} arrived with other bytes than "
+                                   f"{self.files.path(f)} holds at offset {at}")
+            put += n
 
     def end_epoch(self) -> None:
         self._plan = None
