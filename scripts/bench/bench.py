@@ -500,7 +500,8 @@ def _tiers(work: Path, mount: Path, throttled: tuple[str, ...]) -> dict:
     results: dict = {}
     for name, data, extra in (("fast", fast, []), ("cached", mount / "data",
                                                    [f"reader.cache.folder={cache}"]),
-                              ("slow", mount / "data", [])):
+                              ("slow", mount / "data", []),
+                              ("read_once", mount / "data", ["reader.staging=read_once"])):
         dlio(["generate", *common(data), "workflow.generate_data=true",
               f"output.folder={work / 'tiers-gen'}"])
         out = work / f"tiers-out-{name}"
@@ -509,15 +510,25 @@ def _tiers(work: Path, mount: Path, throttled: tuple[str, ...]) -> dict:
         stats = json.loads((out / "per_epoch_stats.json").read_text())
         results[name] = {"au": [stats[k]["au_percentage"] for k in sorted(stats, key=int)],
                          "cache": [stats[k].get("cache") for k in sorted(stats, key=int)]}
+        if name == "read_once":
+            reader = summary(out)["dlio_mpi"]["readers"]["train"]
+            dataset = sum(p.stat().st_size for p in (data / "train").iterdir())
+            results[name].update(staging=reader["staging"], exchange=reader["exchange"],
+                                 pfs_bytes_over_dataset=reader["staging"]["bytes_read"]
+                                 / dataset)
     fast_au, cached_au = results["fast"]["au"], results["cached"]["au"]
     later = statistics.mean(cached_au[1:]) / statistics.mean(fast_au[1:])
     results.update(cached_over_fast_later_epochs=later,
                    first_epoch_penalty_points=fast_au[0] - cached_au[0])
+    once = results["read_once"]
     print(f"tiers: AU per epoch: fast {[round(a, 1) for a in fast_au]}, cached "
           f"{[round(a, 1) for a in cached_au]}, slow "
-          f"{[round(a, 1) for a in results['slow']['au']]}; cached epochs 2+ / fast "
-          f"{later:.3f}; first epoch penalty {fast_au[0] - cached_au[0]:.1f} AU points",
-          flush=True)
+          f"{[round(a, 1) for a in results['slow']['au']]}, read_once "
+          f"{[round(a, 1) for a in once['au']]}; cached epochs 2+ / fast "
+          f"{later:.3f}; first epoch penalty {fast_au[0] - cached_au[0]:.1f} AU points; "
+          f"read_once: PFS bytes / dataset {once['pfs_bytes_over_dataset']:.4f}, staging "
+          f"{once['staging']['seconds']:.2f} s, exchange "
+          f"{once['exchange']['seconds_per_step'] * 1e3:.2f} ms per step", flush=True)
     return results
 
 
