@@ -10,8 +10,10 @@ interconnect carries the shuffle (as the large climate training runs at NERSC di
   each. Reported in describe()["staging"]: files, bytes read from the file system, seconds,
   GiB/s, memory per rank and per node.
 - A step's batch: the epoch's sample lists of every rank are gathered before the epoch's clock
-  (prepare_epoch); at each step every rank packs the samples others need from it (in their
-  batch order) and the Alltoallv delivers them; the batch is ready when it returns. The step's
+  (prepare_epoch); for each step every rank packs the samples others need from it (in their
+  batch order) and the Alltoallv delivers them, on a communicator of its own, in a thread
+  running up to reader.prefetch_size steps (at least one) ahead of the step loop, as a
+  loader's prefetch; the batch is ready when its exchange has returned. The step's
   bytes (the step records' BYTES) are the bytes delivered, none of them from storage; each
   request's latency is its step's exchange time. describe()["exchange"]: bytes delivered,
   those from other ranks and from other nodes, seconds in the exchanges, per step.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import threading
 
 import numpy as np
 
@@ -76,6 +79,13 @@ class ReadOnceReader:
         self._step = 0
         self._plan: ReadPlan | None = None
         self.received = 0
+        # the exchanges run on their own communicator, in a thread up to `depth` steps ahead
+        # of the step loop (reader.prefetch_size, at least 1), as a loader's prefetch
+        self.xcomm = comm.Dup()
+        self.depth = max(options.prefetch_size, 1)
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
         self.exchanged = {"bytes": 0, "bytes_from_other_ranks": 0,
                           "bytes_from_other_nodes": 0, "seconds": 0.0, "steps": 0}
 
@@ -170,21 +180,42 @@ class ReadOnceReader:
         self._arriving = np.take_along_axis(ids[self.rank], order, axis=1)
 
     def start_epoch(self, plan: ReadPlan) -> None:
+        """Start the exchange thread on the epoch's steps (it runs up to `depth` ahead)."""
         if self._plan is not plan:
             self.prepare_epoch(plan)
         self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
         self._step = 0
+        self._done: list = [None] * len(self._steps)
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._exchange_all, name="read-once-exchange",
+                                        daemon=True)
+        self._thread.start()
 
-    def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray, start_ns: int,
-                  out: np.ndarray) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out)
+    def _exchange_all(self) -> None:
+        """The exchanges of the epoch, in step order, at most `depth` steps ahead of the step
+        loop (every rank's thread goes as far: the same collective calls on xcomm)."""
+        try:
+            for s in range(len(self._steps)):
+                with self._cond:
+                    # stopped, it still does every exchange it may have started on another
+                    # rank (all below the same steps consumed + depth), so none waits alone
+                    while s >= self._step + self.depth:
+                        if self._stop:
+                            return
+                        self._cond.wait()
+                result = self._exchange(s)
+                with self._cond:
+                    self._done[s] = result
+                    self._cond.notify_all()
+        except BaseException as exc:  # noqa: B036 - handed to the step loop's thread
+            with self._cond:
+                self._failed = exc
+                self._cond.notify_all()
 
-    def next_batch(self) -> BatchStats | None:
-        """Step `self._step`'s exchange (collective): pack, Alltoallv."""
-        if self._step >= len(self._steps):
-            return None
+    def _exchange(self, s: int) -> tuple[int, int, np.ndarray]:
+        """Step s's exchange (collective on xcomm): pack, Alltoallv; (began, ready, bytes)."""
         MPI = self.MPI
-        send_at, send_len, send_counts, recv_counts = self._steps[self._step]
+        send_at, send_len, send_counts, recv_counts = self._steps[s]
         began = _core.now_ns()
         out = np.empty(int(send_counts.sum()), dtype=np.uint8)
         put = 0
@@ -192,11 +223,31 @@ class ReadOnceReader:
             out[put:put + n] = self.memory[at:at + n]
             put += n
         into = np.empty(int(recv_counts.sum()), dtype=np.uint8)
-        self.comm.Alltoallv([out, (send_counts, _displacements(send_counts)), MPI.BYTE],
-                            [into, (recv_counts, _displacements(recv_counts)), MPI.BYTE])
-        ready = _core.now_ns()
+        self.xcomm.Alltoallv([out, (send_counts, _displacements(send_counts)), MPI.BYTE],
+                             [into, (recv_counts, _displacements(recv_counts)), MPI.BYTE])
+        return began, _core.now_ns(), into
+
+    def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray, start_ns: int,
+                  out: np.ndarray) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out)
+
+    def next_batch(self) -> BatchStats | None:
+        """Step `self._step`'s batch, once the exchange thread has it."""
+        s = self._step
+        if s >= len(self._steps):
+            return None
+        with self._cond:
+            while self._done[s] is None and self._failed is None:
+                self._cond.wait()
+            if self._failed is not None:
+                raise self._failed
+            began, ready, into = self._done[s]
+            self._done[s] = None
+            self._step += 1
+            self._cond.notify_all()  # room for one more step ahead
+        recv_counts = self._steps[s][3]
         plan = self._plan
-        first, last = plan.batch_start[self._step], plan.batch_start[self._step + 1]
+        first, last = plan.batch_start[s], plan.batch_start[s + 1]
         self.lat_ns[first:last] = ready - began
         got = int(recv_counts.sum())
         self.received += got
@@ -207,8 +258,7 @@ class ReadOnceReader:
         ex["seconds"] += (ready - began) / 1e9
         ex["steps"] += 1
         if self.verify:
-            self._verify(self._arriving[self._step], into)
-        self._step += 1
+            self._verify(self._arriving[s], into)
         self.batch = into  # the batch's bytes (what a consumer would take)
         return BatchStats(ready, got, 0)
 
@@ -227,10 +277,24 @@ class ReadOnceReader:
                                    f"{self.files.path(f)} holds at offset {at}")
             put += n
 
+    def _join(self) -> None:
+        """Stop the exchange thread at the next step boundary and wait for it (every rank
+        stopped after the same step, so their threads end at the same exchange)."""
+        thread = getattr(self, "_thread", None)
+        if thread is not None:
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            thread.join()
+            self._thread = None
+            self._stop = False
+
     def end_epoch(self) -> None:
+        self._join()
         self._plan = None
 
     def abandon_epoch(self) -> None:
+        self._join()
         self._plan = None
 
     def counters(self) -> dict[str, int]:
@@ -250,6 +314,8 @@ class ReadOnceReader:
                                     "receivers' batch order)", **totals}}
 
     def close(self) -> None:
+        self._join()
+        self.xcomm.Free()
         self.memory = None
         self._map.close()
 
