@@ -557,6 +557,9 @@ class Reader:
     # ours: read_once: every file read once for the job into the ranks' memory, batches
     # served from there through an MPI exchange per step (readers/read_once.py)
     staging: str = key("none", "str", choices=("none", "read_once"))
+    # ours: how training draws its samples: epoch (each sample once per epoch, DLIO's) or
+    # replacement (each rank draws uniformly from all samples: sharding.rank_draws)
+    sampling: str = key("epoch", "str", choices=("epoch", "replacement"))
 
 
 # --------------------------------------------------------------------------- train, evaluation
