@@ -9,6 +9,7 @@ import os
 import resource
 import signal
 import stat
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -40,6 +41,7 @@ from .generate import (
     generate,
     side_folders,
 )
+from .intervals import IntervalStats
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
 from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
 from .output import OutputFolder, access_log_name
@@ -63,7 +65,9 @@ def data_root(cfg) -> str:
 def say(comm, *lines: str, out: OutputFolder | None = None) -> None:
     """Print on rank 0 only, and append to the run's log when there is one."""
     if comm.Get_rank() == 0:
-        print(*lines, sep="\n", flush=True)
+        # one write: lines come from the interval thread too
+        sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
         if out is not None:
             out.log("\n".join(lines))
 
@@ -209,10 +213,11 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
                     topo: Topology, wall_offset: int, out: OutputFolder,
                     pause_after: list[int] = (), pause=None,
-                    tracer: RankTrace | None = None) -> EpochSummary | None:
+                    tracer: RankTrace | None = None,
+                    intervals: IntervalStats | None = None) -> EpochSummary | None:
     """One epoch of a phase on every rank; the gathered summary on rank 0, else None.
     `pause_after`, `pause`: checkpoints ending blocks of steps (training.run_epoch);
-    `tracer`: output.trace's."""
+    `tracer`: output.trace's; `intervals`: output.stats_interval's."""
     rank = comm.Get_rank()
     split = phase.split
     shuffle = epoch_shuffle(phase.shuffle, epoch, draw_entropy(comm, phase.shuffle))
@@ -225,7 +230,7 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
                        phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
-                      pause=pause, name=phase.name)
+                      pause=pause, name=phase.name, intervals=intervals)
     if tracer is not None:
         tracer.epoch(phase.name, epoch, reads, trace, phase.files.path)
     if cfg.output.access_log:
@@ -270,7 +275,8 @@ class Checkpoints:
 
 
 def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputFolder,
-          checkpoints: Checkpoints | None = None, tracer: RankTrace | None = None
+          checkpoints: Checkpoints | None = None, tracer: RankTrace | None = None,
+          intervals: IntervalStats | None = None
           ) -> tuple[list[EpochSummary], list[EpochSummary], int, dict]:
     """The training epochs, each followed by evaluation when it is due, with the
     checkpoints due (workflow.checkpoint: `checkpoints`); returns the train and eval epoch
@@ -298,7 +304,7 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
                 comm, cfg, phase, epoch, rng, topo, wall_offset, out,
                 pause_after=steps_due(due, phase.steps),
                 pause=lambda step, by_step=by_step: checkpoints.save(by_step[step], out),
-                tracer=tracer)
+                tracer=tracer, intervals=intervals)
             if summary is not None:
                 done[phase.name].append(summary)
             # the step loop stops every rank after the same step; a signal that came during
@@ -540,6 +546,9 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         checkpoints = Checkpoints(open_checkpointer(
             comm, cfg, plan, topo, out.tag, lambda line: say(comm, line, out=out)))
     tracer = RankTrace.start(comm, topo.clock_offset_ns) if cfg.output.trace else None
+    intervals = IntervalStats.start(comm, cfg.output.stats_interval, topo.clock_offset_ns,
+                                    lambda line: say(comm, line, out=out)) \
+        if cfg.workflow.train else None
     generation = None
     if cfg.workflow.generate_data:
         began = _core.now_ns()
@@ -560,7 +569,10 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
                    checkpoints=checkpoints)
     if cfg.workflow.train:
         train_epochs, eval_epochs, stop, readers = train(comm, cfg, plan, topo, pacing, out,
-                                                         checkpoints, tracer)
+                                                         checkpoints, tracer, intervals)
+        if intervals is not None:
+            on_root(comm, lambda: intervals.write(out))
+            intervals.close()
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
                                 stopped_by=stop, readers=readers, **results)
         done = f"{len(train_epochs)} complete or partial training epoch(s)"
