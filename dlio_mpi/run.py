@@ -43,7 +43,14 @@ from .generate import (
 )
 from .intervals import IntervalStats
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
-from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
+from .metrics.summary import (
+    EpochSummary,
+    build_summary,
+    condense,
+    format_table,
+    last_arrivals,
+    node_bandwidth,
+)
 from .output import OutputFolder, access_log_name
 from .ownership import remove_quietly
 from .pacing import Pacing, make_pacing
@@ -390,6 +397,7 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
     wall_offset = time.time_ns() - _core.now_ns()  # rank 0's: checkpoint records' clock
+    node_of_rank = comm.gather(topo.node, root=0)
 
     def write() -> dict:
         # on rank 0 only (lfs runs once); data_file: the layout a data file really took
@@ -404,6 +412,8 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
         header["dlio_mpi"]["striping"] = striping
         header["dlio_mpi"]["readers"] = readers
         header["dlio_mpi"]["generation"] = generation
+        header["dlio_mpi"]["bandwidth_per_node"] = node_bandwidth(
+            train_epochs, node_of_rank, [h.hostname for h in topo.hosts])
         records = [r for _, r in checkpoints.records] if checkpoints is not None else []
         if checkpoints is not None:
             header["dlio_mpi"]["checkpoint"] = describe_checkpoints(
