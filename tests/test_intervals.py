@@ -58,16 +58,22 @@ def test_interval_rows_add_up_to_the_epochs_and_only_rank_0_prints_them(tmp_path
             assert indices == list(range(indices[0], indices[0] + len(indices)))
             for r in mine:
                 assert 1 <= r["ranks"] <= ranks
-                assert 0 < r["seconds"] <= 0.1 * 1.25 + 0.05  # N to 1.25 N, and clock slack
+                assert 0 < r["seconds"] <= 0.1 * 1.25 + 0.1  # at most 1.25 N, and wake-up delay
                 assert r["samples_per_second"] == pytest.approx(r["samples"] / r["seconds"])
                 assert r["MiB_per_second"] == pytest.approx(r["bytes"] / 2**20 / r["seconds"])
                 lat = r["read_latency_us"]
                 if r["steps"]:
                     assert 0 < lat["p50"] <= lat["p99"] and lat["mean"] > 0
-            if phase == "train":  # the time-weighted AU of the rows is the epoch's, roughly
+            if phase == "train":
+                # the rows' time-weighted AU: each rank's planned compute over its block (the
+                # first step's wait included, which the epoch's AU leaves out), and so
+                # roughly the epoch's AU
                 seconds = sum(r["seconds"] for r in mine)
                 au = sum(r["au_percentage"] * r["seconds"] for r in mine) / seconds
-                assert au == pytest.approx(entry["au_percentage"], abs=12), mine
+                block = [100 * entry["steps"] * 0.03 / row["block_seconds"]
+                         for row in entry["per_rank"]]
+                assert au == pytest.approx(sum(block) / ranks, abs=3), mine
+                assert au == pytest.approx(entry["au_percentage"], abs=15), mine
                 assert len(mine) >= 3  # 0.45 s or 0.3 s of steps, a row per 0.1 s
     starts = [r["start_s"] for r in rows]
     assert starts == sorted(starts)  # a time series
