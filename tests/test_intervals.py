@@ -119,7 +119,8 @@ def test_bandwidth_per_node_is_each_nodes_bytes_over_the_training_time(tmp_path,
         summary["metric"]["train_bytes_transferred"]
 
 
-def test_a_negative_stats_interval_is_refused(tmp_path):
-    res = _run(tmp_path, 1, output__stats_interval=-1)
+@pytest.mark.parametrize("value", [-1, 0.001])
+def test_a_negative_or_too_short_stats_interval_is_refused(tmp_path, value):
+    res = _run(tmp_path, 1, output__stats_interval=value)
     assert res.returncode == 2 and "output.stats_interval" in res.stderr, res.stderr
     assert not (tmp_path / "data").exists()

@@ -608,6 +608,7 @@ class Output:
     # (fio's --status-interval), one line in the log and a row of interval_stats.json; 0: off.
     # 10 s: long runs get a readable time series (360 rows an hour) while each interval still
     # spans many steps, so its AU and percentiles mean something; costs one wake-up a rank
+    # per interval. Below 0.01 s refused (config.loader.check_consistency)
     stats_interval: float = key(10.0, "float", minimum=0)
 
 
