@@ -9,14 +9,13 @@ import os
 import resource
 import signal
 import stat
-import sys
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import yaml
 
-from . import __version__, _core
+from . import __version__, _core, progress
 from .catalog import SplitFiles, locate_split
 from .checkpoint.checkpointer import Checkpointer
 from .checkpoint.phase import (
@@ -72,9 +71,7 @@ def data_root(cfg) -> str:
 def say(comm, *lines: str, out: OutputFolder | None = None) -> None:
     """Print on rank 0 only, and append to the run's log when there is one."""
     if comm.Get_rank() == 0:
-        # one write: lines come from the interval thread too
-        sys.stdout.write("\n".join(lines) + "\n")
-        sys.stdout.flush()
+        progress.write("\n".join(lines))  # also from the interval thread, also under a bar
         if out is not None:
             out.log("\n".join(lines))
 

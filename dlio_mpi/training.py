@@ -141,15 +141,16 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
             pauses.append((end, paused, start))
         block_end = _core.now_ns()
         table = records[:done]
-        if followed is not None:
-            followed.finish(block_end)  # rank 0: every rank's last interval is in
-            followed = None
-    finally:
+    except BaseException:
         if followed is not None:
             followed.abandon()
+        raise
+    finally:
         shown.close()
         if barrier_ is not None:
             barrier_.close()
+    if followed is not None:  # after the bar: rank 0 shows the last interval of every rank
+        followed.finish(block_end)
     if done < plan.steps:  # the ranks agreed to stop: the rest of the epoch is abandoned
         reader.abandon_epoch()
     elif reader.next_batch() is not None:
