@@ -159,12 +159,9 @@ class EpochIntervals:
         rec = self.records
         lo, hi = lo0 + self.offset, hi0 + self.offset
         first = self._done
-        synced = rec[first:, SYNCED]
-        if final:
-            done = first + int(np.count_nonzero(synced))
-        else:  # rows fill in order: the steps done are those before the first unfinished
-            late = np.flatnonzero((synced == 0) | (synced >= hi))
-            done = first + (int(late[0]) if len(late) else len(synced))
+        filled = _filled(rec[:, SYNCED], first)
+        done = filled if final else \
+            first + int(np.searchsorted(rec[first:filled, SYNCED], hi, side="left"))
         # compute: the steps that may have computed inside, the one in progress included
         rows = rec[first:min(done + 1, len(rec))]
         got, deadline = rows[:, GOT], rows[:, DEADLINE]
@@ -180,6 +177,19 @@ class EpochIntervals:
                      ops=int(rec[first:done, OPS].sum()),
                      compute_ns=int(spans[known].sum()), lat_sum_ns=int(lat.sum()),
                      lat_count=len(lat), bins=(nz.astype(np.int32), hist[nz]), final=final)
+
+
+def _filled(synced: np.ndarray, first: int) -> int:
+    """The first row from `first` whose SYNCED stamp is not written yet (the loop fills the
+    rows in order, their stamps growing): a bisection, not a scan of the epoch's rows."""
+    lo, hi = first, len(synced)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if synced[mid] != 0:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 class _Merge:
