@@ -1,7 +1,7 @@
 """Type stub of dlio_mpi._core (the C I/O core, csrc/dio.h). Failures raise OSError(errno,
 message, path), i.e. FileNotFoundError, PermissionError, ... by errno."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from os import PathLike
 from types import TracebackType
 from typing import BinaryIO
@@ -11,6 +11,17 @@ from typing_extensions import Buffer
 _Path = str | bytes | PathLike[str] | PathLike[bytes]
 
 def now_ns() -> int: ...
+class Copier:
+    read_ns: int
+    write_ns: int
+    def __init__(self, buffer_bytes: int = ..., align: int = ...) -> None: ...
+    def copy(self, src: int, dst: int, offset: int, length: int, src_path: _Path = ...,
+             dst_path: _Path = ...) -> None: ...
+
+def trace_reads(head: bytes, tid: Buffer, start_ns: Buffer, lat_ns: Buffer, nread: Buffer,
+                file: Buffer, offset: Buffer, length: Buffer, step: Buffer, paths: bytes,
+                path_off: Buffer, epoch: int, sink: Callable[[bytearray], object],
+                chunk: int = ...) -> None: ...
 def sleep_until_ns(deadline_ns: int, spin_ns: int = 0) -> int: ...
 def set_timer_slack_ns(slack_ns: int) -> None: ...
 class Pacer:

@@ -12,6 +12,7 @@ from cpython.buffer cimport (PyBUF_ANY_CONTIGUOUS, PyBUF_SIMPLE, PyBUF_WRITABLE,
 from libc.errno cimport EIO
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc
+from libc.string cimport memset
 
 
 cdef extern from "dio.h" nogil:
@@ -35,6 +36,32 @@ cdef extern from "dio.h" nogil:
     uint32_t dio_crc32(uint32_t crc, const void *buf, size_t n)
     uint32_t dio_crc32c(uint32_t crc, const void *buf, size_t n)
     uint32_t dio_crc32c_mask(uint32_t crc)
+    ctypedef struct dio_copy_times:
+        int64_t read_ns
+        int64_t write_ns
+
+    int dio_copy_range(int src, int dst, int64_t offset, int64_t length, void *buf,
+                       size_t buf_size, size_t align, dio_copy_times *times,
+                       const char *src_path, const char *dst_path, dio_error *err)
+
+    ctypedef struct dio_trace_reads_in:
+        size_t n
+        const char *head
+        size_t head_len
+        const int64_t *tid
+        const int64_t *start_ns
+        const int64_t *lat_ns
+        const int64_t *nread
+        const int64_t *file
+        const int64_t *offset
+        const int64_t *length
+        const int64_t *step
+        const char *paths
+        const int64_t *path_off
+        int64_t epoch
+
+    size_t dio_trace_reads(char *buf, size_t cap, const dio_trace_reads_in *inp, size_t first,
+                           size_t *next)
     int dio_write_tfrecords(int fd, int64_t offset, const void *head, size_t head_len,
                             const void *tail, size_t tail_len, uint64_t payload_len,
                             int64_t count, uint64_t seed, uint64_t start, size_t chunk,
@@ -98,6 +125,8 @@ cdef extern from "dio.h" nogil:
         const int64_t *expect
         const uint32_t *flags
         const int64_t *delay_ns
+        const int64_t *evict_at
+        const int64_t *evict_file
 
     ctypedef struct dio_epoch_outputs:
         int64_t *req_buf_off
@@ -111,6 +140,8 @@ cdef extern from "dio.h" nogil:
     int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths,
                              dio_error *err)
     int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_error *err)
+    int dio_engine_set_cache(dio_engine *e, const dio_file_pattern *p, int64_t nfiles,
+                             const char *const *paths, const char *tmp_suffix, dio_error *err)
     void dio_engine_close_files(dio_engine *e)
     int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_error *err)
     int dio_engine_reserve(dio_engine *e, const dio_epoch_plan *plan, dio_error *err)
@@ -120,6 +151,8 @@ cdef extern from "dio.h" nogil:
     uint32_t DIO_REQ_CLOSE
     uint32_t DIO_REQ_FSTAT
     uint32_t DIO_REQ_MMAP
+    uint32_t DIO_REQ_CACHED
+    uint32_t DIO_REQ_FILL
 
     ctypedef struct dio_batch:
         int64_t index
@@ -156,6 +189,12 @@ cdef extern from "dio.h" nogil:
         int64_t stats
         int64_t bytes_read
         int64_t read_ops
+        int64_t cache_reads
+        int64_t cache_fills
+        int64_t cache_fill_bytes
+        int64_t cache_fill_ns
+        int64_t cache_evictions
+        int64_t cache_fallbacks
 
     void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out)
 
@@ -454,6 +493,104 @@ def syncfs(int fd):
         raise OSError(-rc, os.strerror(-rc))
 
 
+# ---------------------------------------------------------------------------- copy
+
+cdef extern from "stdlib.h" nogil:
+    int posix_memalign(void **memptr, size_t alignment, size_t size)
+
+
+cdef class Copier:
+    """Copies byte ranges between files in calls of `buffer_bytes` (csrc/dio_copy.c), through
+    one buffer aligned to `align` (for O_DIRECT descriptors), the GIL released; keeps the
+    time spent reading and writing."""
+
+    cdef void *buf
+    cdef size_t size, align
+    cdef dio_copy_times times
+
+    def __cinit__(self, size_t buffer_bytes=64 << 20, size_t align=4096):
+        if align == 0 or buffer_bytes < align or buffer_bytes % align:
+            raise ValueError(f"Copier: buffer_bytes {buffer_bytes} is not a multiple of the "
+                             f"alignment {align}")
+        self.size, self.align = buffer_bytes, align
+        self.times.read_ns = self.times.write_ns = 0
+        if posix_memalign(&self.buf, align, buffer_bytes) != 0:
+            self.buf = NULL
+            raise MemoryError(f"Copier: {buffer_bytes} bytes aligned to {align}")
+        memset(self.buf, 0, buffer_bytes)  # faulted in now, not during the timed copy
+
+    def __dealloc__(self):
+        free(self.buf)
+
+    def copy(self, int src, int dst, int64_t offset, int64_t length, src_path="",
+             dst_path=""):
+        """Bytes [offset, offset + length) of src to the same offsets of dst."""
+        cdef dio_error err
+        cdef bytes bsrc = _fspath(src_path), bdst = _fspath(dst_path)
+        cdef const char *csrc = bsrc
+        cdef const char *cdst = bdst
+        cdef int rc
+        _clear(&err)
+        with nogil:
+            rc = dio_copy_range(src, dst, offset, length, self.buf, self.size, self.align,
+                                &self.times, csrc, cdst, &err)
+        _check(rc, &err)
+
+    @property
+    def read_ns(self):
+        return self.times.read_ns
+
+    @property
+    def write_ns(self):
+        return self.times.write_ns
+
+
+# ---------------------------------------------------------------------------- trace
+
+def trace_reads(bytes head, const int64_t[::1] tid not None, const int64_t[::1] start_ns not None,
+                const int64_t[::1] lat_ns not None, const int64_t[::1] nread not None,
+                const int64_t[::1] file not None, const int64_t[::1] offset not None,
+                const int64_t[::1] length not None, const int64_t[::1] step not None,
+                bytes paths, const int64_t[::1] path_off not None, int64_t epoch, sink,
+                size_t chunk=1 << 22):
+    """output.trace's read events (csrc/dio_trace.c), ",\\n{...}" each, handed to
+    `sink(bytearray)` in chunks of at most `chunk` bytes. Per request: its track, start (ns since the trace's
+    origin), latency, bytes returned, file (index f: its JSON-quoted path is
+    paths[path_off[f]:path_off[f+1]]), offset, length and step."""
+    cdef dio_trace_reads_in inp
+    cdef size_t n = tid.shape[0], first = 0, nxt = 0, used
+    cdef bytearray buf
+    cdef char *out
+    if not (start_ns.shape[0] == lat_ns.shape[0] == nread.shape[0] == file.shape[0]
+            == offset.shape[0] == length.shape[0] == step.shape[0] == <Py_ssize_t>n):
+        raise ValueError("trace_reads: the per-request columns differ in length")
+    cdef size_t i
+    cdef int64_t files = path_off.shape[0] - 1
+    cdef bint bad = False
+    with nogil:
+        for i in range(n):
+            if file[i] < 0 or file[i] >= files:
+                bad = True
+                break
+    if bad:
+        raise ValueError("trace_reads: a file index has no path")
+    inp.n, inp.head, inp.head_len, inp.epoch = n, head, len(head), epoch
+    inp.paths, inp.path_off = paths, &path_off[0]
+    if n:
+        inp.tid, inp.start_ns, inp.lat_ns, inp.nread = &tid[0], &start_ns[0], &lat_ns[0], &nread[0]
+        inp.file, inp.offset, inp.length, inp.step = &file[0], &offset[0], &length[0], &step[0]
+    while first < n:
+        buf = bytearray(chunk)
+        out = buf
+        with nogil:
+            used = dio_trace_reads(out, chunk, &inp, first, &nxt)
+        if nxt == first:
+            raise ValueError("trace_reads: an event does not fit in a chunk")
+        del buf[used:]
+        sink(buf)
+        first = nxt
+
+
 # ---------------------------------------------------------------------------- shuffling
 
 def permute(uint64_t n, seed, int64_t[::1] values not None):
@@ -549,7 +686,9 @@ cdef class _BatchView:
 cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
                         const int64_t[::1] file_idx, const int64_t[::1] offset,
                         const int64_t[::1] length, const uint32_t[::1] flags,
-                        const int64_t[::1] expect, const int64_t[::1] delay_ns=None) except -1:
+                        const int64_t[::1] expect, const int64_t[::1] delay_ns=None,
+                        const int64_t[::1] evict_at=None,
+                        const int64_t[::1] evict_file=None) except -1:
     """Point `plan` at the arrays after checking their lengths; returns the request count."""
     if batch_start.shape[0] < 1:
         raise ValueError("batch_start needs nbatches + 1 entries (at least one)")
@@ -564,6 +703,13 @@ cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
     plan.batch_start = &batch_start[0]
     plan.file_idx = plan.offset = plan.length = plan.expect = plan.delay_ns = NULL
     plan.flags = NULL
+    plan.evict_at = plan.evict_file = NULL
+    if evict_at is not None:
+        if evict_at.shape[0] != nreq + 1 or evict_file is None:
+            raise ValueError(f"evict_at needs {nreq + 1} entries and evict_file")
+        plan.evict_at = &evict_at[0]
+        if evict_file.shape[0] > 0:
+            plan.evict_file = &evict_file[0]
     if nreq > 0:
         plan.file_idx = &file_idx[0]
         plan.offset = &offset[0]
@@ -606,6 +752,8 @@ REQ_OPEN = DIO_REQ_OPEN
 REQ_CLOSE = DIO_REQ_CLOSE
 REQ_FSTAT = DIO_REQ_FSTAT
 REQ_MMAP = DIO_REQ_MMAP
+REQ_CACHED = DIO_REQ_CACHED
+REQ_FILL = DIO_REQ_FILL
 
 
 cdef class Engine:
@@ -722,7 +870,8 @@ cdef class Engine:
                     int64_t[::1] lat_ns=None, int64_t[::1] nread=None,
                     const uint32_t[::1] flags=None, const int64_t[::1] expect=None,
                     const int64_t[::1] delay_ns=None, int64_t[::1] start_ns=None,
-                    int64_t[::1] thread=None):
+                    int64_t[::1] thread=None, const int64_t[::1] evict_at=None,
+                    const int64_t[::1] evict_file=None):
         """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
         (file_idx, offset, length) (contiguous int64 arrays; copied), with optional uint32
         `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT, REQ_MMAP), int64 `expect` (bytes that must
@@ -734,15 +883,16 @@ cdef class Engine:
         lat_ns and nread (filled as requests complete: pread latency, bytes transferred, with
         O_DIRECT the aligned extent clipped at end of file); for tracing, start_ns and thread
         (both or neither: when each request's read began, CLOCK_MONOTONIC ns, and the reader
-        thread that served it, -1 for the caller's).  Any epoch in flight is abandoned
-        first."""
+        thread that served it, -1 for the caller's).  The cache tier (set_cache): flags
+        REQ_CACHED and REQ_FILL, and `evict_at` (nreq + 1 offsets) into `evict_file`: the
+        copies removed before each request.  Any epoch in flight is abandoned first."""
         self._ready()
         cdef dio_epoch_plan plan
         cdef dio_epoch_outputs outs
         cdef dio_error err
         cdef int rc
         cdef int64_t nreq = _fill_plan(&plan, batch_start, file_idx, offset, length, flags,
-                                       expect, delay_ns)
+                                       expect, delay_ns, evict_at, evict_file)
         for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread),
                           ("start_ns", start_ns), ("thread", thread)):
             if arr is not None and arr.shape[0] != nreq:
@@ -768,6 +918,45 @@ cdef class Engine:
         # failed before abandoning the epoch in flight.
         if rc == 0:
             self._outs = (req_buf_off, lat_ns, nread, start_ns, thread)
+        _check(rc, &err)
+
+    def set_cache(self, tmp_suffix, int64_t nfiles=0, folder=None, int64_t subfolders=0,
+                  int sub_digits=1, stem=None, int digits=1, tail=None, paths=None):
+        """The cache tier's copies of the file table's files: DLIO's naming formula as
+        set_file_pattern's (folder, stem, tail given), or the list `paths`; `tmp_suffix`
+        ends a fill's temporaries (".dlio_mpi-<tag>.tmp")."""
+        self._ready()
+        cdef bytes bsuffix = _fspath(tmp_suffix)
+        cdef const char *csuffix = bsuffix
+        cdef bytes bfolder, bstem, btail
+        cdef dio_file_pattern p
+        cdef dio_error err
+        cdef int rc
+        cdef const char **cpaths = NULL
+        cdef list keep = []
+        cdef int64_t i, n = 0
+        _clear(&err)
+        if paths is None:
+            bfolder, bstem, btail = _fspath(folder), _fspath(stem), _fspath(tail)
+            p.nfiles, p.folder, p.subfolders, p.sub_digits = nfiles, bfolder, subfolders, sub_digits
+            p.stem, p.digits, p.tail = bstem, digits, btail
+            with nogil:
+                rc = dio_engine_set_cache(self.e, &p, 0, NULL, csuffix, &err)
+        else:
+            keep = [_fspath(x) for x in paths]
+            n = len(keep)
+            cpaths = <const char **>malloc(max(n, 1) * sizeof(char *))
+            if cpaths == NULL:
+                raise MemoryError()
+            try:
+                for i in range(n):
+                    cpaths[i] = <bytes>keep[i]
+                with nogil:
+                    rc = dio_engine_set_cache(self.e, NULL, n, cpaths, csuffix, &err)
+            finally:
+                free(cpaths)
+        if rc == 0:
+            self._outs = None
         _check(rc, &err)
 
     def reserve(self, const int64_t[::1] batch_start not None,
@@ -907,4 +1096,7 @@ cdef class Engine:
             raise ValueError("the engine is closed")
         dio_engine_get_counters(self.e, &c)
         return {"opens": c.opens, "closes": c.closes, "stats": c.stats,
-                "bytes_read": c.bytes_read, "read_ops": c.read_ops}
+                "bytes_read": c.bytes_read, "read_ops": c.read_ops,
+                "cache_reads": c.cache_reads, "cache_fills": c.cache_fills,
+                "cache_fill_bytes": c.cache_fill_bytes, "cache_fill_ns": c.cache_fill_ns,
+                "cache_evictions": c.cache_evictions, "cache_fallbacks": c.cache_fallbacks}

@@ -1,4 +1,5 @@
-"""Live progress on rank 0: generation (files), each epoch (steps), each checkpoint.
+"""Live progress on rank 0: generation (files), each epoch (steps), each checkpoint (rank 0's
+share, in bytes).
 
 On a terminal a tqdm bar with rate and ETA; otherwise (batch logs, srun) a plain line every
 `output.progress_interval` seconds at most. Only rank 0 shows anything, from what it sees
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import TextIO
 
 BAR_POLL_SECONDS = 0.25  # a bar redraws a few times a second at most
+BYTES = "bytes"  # the unit of tasks counted in bytes: shown in MiB (lines) or scaled (bar)
 
 
 class Task:
@@ -42,10 +44,12 @@ class Task:
 
             # a terminal reporting no size (a bare pseudo-terminal) gets 80 x 24
             sized = _columns(stream) > 0
-            self._bar = tqdm(total=total, desc=what, unit=f" {unit}", file=stream,
+            scaled = dict(unit="B", unit_scale=True, unit_divisor=1024) \
+                if unit == BYTES else dict(unit=f" {unit}")
+            self._bar = tqdm(total=total, desc=what, file=stream,
                              mininterval=BAR_POLL_SECONDS, dynamic_ncols=sized,
                              ncols=None if sized else 80, nrows=None if sized else 24,
-                             leave=True)
+                             leave=True, **scaled)
 
     @property
     def active(self) -> bool:
@@ -91,13 +95,21 @@ class Task:
         span = now - since
         recent = ""
         if span > 0 and since > self._start:
-            recent = f"; last {span:.0f} s: {(self.done - done_then) / span:.1f} {self.unit}/s"
+            recent = f"; last {span:.0f} s: {self._rate((self.done - done_then) / span)}"
             if self._volume is not None:
                 recent += f", rank 0 read {(volume - bytes_then) / span / 2**20:.1f} MiB/s"
         self._mark = (now, self.done, volume)
-        print(f"progress: {self.what}: {self.done}/{self.total} {self.unit}{share}, "
-              f"{rate:.1f} {self.unit}/s, {_clock(elapsed)} elapsed{eta}{recent}",
-              file=self.stream, flush=True)
+        if self.unit == BYTES:
+            amount = f"{self.done / 2**20:.1f}/{self.total / 2**20:.1f} MiB"
+        else:
+            amount = f"{self.done}/{self.total} {self.unit}"
+        print(f"progress: {self.what}: {amount}{share}, {self._rate(rate)}, "
+              f"{_clock(elapsed)} elapsed{eta}{recent}", file=self.stream, flush=True)
+
+    def _rate(self, per_second: float) -> str:
+        if self.unit == BYTES:
+            return f"{per_second / 2**20:.1f} MiB/s"
+        return f"{per_second:.1f} {self.unit}/s"
 
     # ------------------------------------------------------------------ following a counter
     def watch(self, count: Callable[[], int] | None = None,

@@ -4,6 +4,7 @@ barrier -> gather metrics -> summary.json, per_epoch_stats.json, the resolved co
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import resource
@@ -16,6 +17,7 @@ import numpy as np
 import yaml
 
 from . import __version__, _core, progress
+from .cache_tier import CacheTier
 from .catalog import SplitFiles, locate_split
 from .checkpoint.checkpointer import Checkpointer
 from .checkpoint.phase import (
@@ -58,6 +60,7 @@ from .planner import AccessPolicy, plan_reads
 from .readers import ReaderBackend, ReaderOptions, open_reader
 from .recorded_sizes import read_sizes, size_column, sizes_path
 from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_shard
+from .stage_in import StageSet, clean_stage, rerooted, stage_in
 from .topology import Topology, discover, emulated_ranks_per_node
 from .trace import RankTrace, trace_name
 from .training import run_epoch
@@ -177,6 +180,7 @@ class Phase:
     barrier: bool
     pacing: Pacing
     policy: AccessPolicy
+    cache: CacheTier | None = None  # reader.cache
 
 
 def _blksize(path: str) -> int:
@@ -186,8 +190,10 @@ def _blksize(path: str) -> int:
         return 4096
 
 
-def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
-    """Find the phase's files and start its engine (collectively)."""
+def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
+               cache: CacheTier | None = None) -> Phase:
+    """Find the phase's files and start its engine (collectively); with reader.cache, its
+    engine reads through `cache`."""
     train = name == "train"
     split = plan.splits["train" if train else "valid"]
     files = locate_split(comm, cfg, split)
@@ -204,14 +210,22 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     options = ReaderOptions.from_config(rd, comm.Get_rank(), decoded_item(cfg), cfg.train.seed,
                                         cfg.output.trace)
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
+    if cache is not None:
+        reader.attach_cache(cache, name, files)
+    staged = getattr(reader, "staging", None)
+    if staged is not None:  # reader.staging: read_once read the files once, just now
+        say(comm, f"staging ({name}, read_once): {staged['files']} file(s), "
+                  f"{staged['bytes_read'] / 2**20:.1f} MiB read once in {staged['seconds']:.2f} s "
+                  f"({staged['GiB_per_second']:.2f} GiB/s), up to "
+                  f"{max(staged['memory_bytes_per_node']) / 2**20:.1f} MiB of memory per node")
     if train:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
                                  cfg.train.seed_change_epoch),
                      plan.steps_per_epoch, rd.batch_size, cfg.train.computation_time, True,
-                     pacing, policy)
+                     pacing, policy, cache)
     return Phase(name, split, files, reader, ShuffleSpec(), plan.eval_steps_per_epoch,
-                 rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing, policy)
+                 rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing, policy, cache)
 
 
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
@@ -232,6 +246,8 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
               if preprocess.mean > 0 else None)
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
                        phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays)
+    if phase.cache is not None:  # its readers may run prefetch_size batches ahead
+        reads = phase.cache.plan_epoch(phase.name, reads, cfg.reader.prefetch_size + 2)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
                       pause=pause, name=phase.name, intervals=intervals)
@@ -289,9 +305,13 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     rank = comm.Get_rank()
     rng = np.random.default_rng([cfg.train.seed, rank])
     wall_offset = time.time_ns() - _core.now_ns()
-    phases = [open_phase(comm, cfg, plan, "train", pacing)]
+    cache = None
+    if cfg.reader.cache is not None:
+        cache = CacheTier(comm, cfg.reader.cache, topo, out.tag,
+                          next(iter(plan.splits.values())).root)
+    phases = [open_phase(comm, cfg, plan, "train", pacing, cache)]
     if cfg.workflow.evaluation:
-        phases.append(open_phase(comm, cfg, plan, "eval", pacing))
+        phases.append(open_phase(comm, cfg, plan, "eval", pacing, cache))
     done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
     next_eval = cfg.evaluation.eval_after_epoch
     stop = 0
@@ -326,6 +346,9 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     described = {phase.name: phase.reader.describe() for phase in phases}
     for phase in phases:
         phase.reader.close()
+    if cache is not None:
+        described["cache"] = cache.describe()
+        cache.close()
     return done["train"], done["eval"], stop, described
 
 
@@ -385,11 +408,13 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
                   start: float, out: OutputFolder, stopped_by: int = 0,
                   striping: dict | None = None, readers: dict | None = None,
                   generation: dict | None = None,
-                  checkpoints: Checkpoints | None = None) -> dict:
+                  checkpoints: Checkpoints | None = None, trace: dict | None = None,
+                  stage_in: dict | None = None) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml, each whole or not at
     all; returns the summary. `stopped_by`: the signal that ended the run early; `striping`:
     what storage.lustre did; `readers`: rank 0's reader backends, described; `generation`:
-    what this run's data generation did; `checkpoints`: the checkpoints saved and loaded."""
+    what this run's data generation did; `checkpoints`: the checkpoints saved and loaded;
+    `trace`: what output.trace wrote (write_trace); `stage_in`: what storage.stage_in did."""
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
@@ -409,6 +434,8 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
         header["dlio_mpi"]["striping"] = striping
         header["dlio_mpi"]["readers"] = readers
         header["dlio_mpi"]["generation"] = generation
+        header["dlio_mpi"]["trace"] = trace
+        header["dlio_mpi"]["stage_in"] = stage_in
         header["dlio_mpi"]["bandwidth_per_node"] = node_bandwidth(
             train_epochs, node_of_rank, [h.hostname for h in topo.hosts])
         records = [r for _, r in checkpoints.records] if checkpoints is not None else []
@@ -438,18 +465,50 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
 
 
 def write_trace(comm, tracer: RankTrace, out: OutputFolder,
-                checkpoints: Checkpoints | None) -> None:
+                checkpoints: Checkpoints | None) -> dict | None:
     """output.trace: every rank writes its trace file (with a span per checkpoint save and
-    load), rank 0 lists them all."""
+    load), rank 0 lists them all and returns what they hold and cost (summary.json's
+    dlio_mpi.trace), the other ranks None."""
     records = [r for _, r in checkpoints.records] if checkpoints is not None else []
     for r in records:  # the earliest start to the latest end over the ranks, rank 0's clock
         tracer.span(f"checkpoint {r.kind} {r.index}", "checkpoint", r.start_ns, r.end_ns,
                     {"bytes": r.bytes, "id": r.checkpoint_id}, rank0_clock=True)
     name = trace_name(comm.Get_rank())
     check_all(comm, lambda: out.write(name, tracer.write, binary=True))
-    if comm.Get_rank() == 0:
-        for rank in range(comm.Get_size()):
-            out.record(trace_name(rank))
+    stats = comm.gather(tracer.stats(), root=0)
+    if comm.Get_rank() != 0:
+        return None
+    for rank in range(comm.Get_size()):
+        out.record(trace_name(rank))
+    return {"files": [trace_name(rank) for rank in range(comm.Get_size())],
+            "events": sum(s["events"] for s in stats),
+            "requests": sum(s["requests"] for s in stats),
+            "bytes": sum(s["bytes"] for s in stats),
+            # the emulator's own time, between epochs and after the last: the slowest rank's
+            "seconds_max": max(s["seconds"] for s in stats),
+            "seconds_per_rank": [s["seconds"] for s in stats],
+            "compressor": stats[0]["compressor"]}
+
+
+def run_stage_in(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
+                 tracer: RankTrace | None):
+    """storage.stage_in: copy the splits training reads to the stage folder (collectively);
+    what it did, and the copy (for its cleaning)."""
+    opts = cfg.storage.stage_in
+    names = ["train"] + (["valid"] if cfg.workflow.evaluation
+                         and plan.splits["valid"].num_files else [])
+    files = StageSet({name: locate_split(comm, cfg, plan.splits[name]) for name in names})
+    began = _core.now_ns()
+    result, stage = stage_in(comm, opts, files, data_root(cfg), topo, out.tag)
+    if tracer is not None:
+        tracer.span("stage_in", "stage_in", began, _core.now_ns(),
+                    {"bytes_per_copy": result.bytes, "copies": result.copies})
+    say(comm, f"stage-in: {result.files} file(s), {result.bytes / 2**20:.1f} MiB per copy, "
+              f"{result.copies} cop{'y' if result.copies == 1 else 'ies'} under {opts.to} "
+              f"({opts.scope}) in {result.seconds:.2f} s, "
+              f"{result.bytes * result.copies / 2**30 / max(result.seconds, 1e-9):.2f} GiB/s",
+        out=out)
+    return result, stage
 
 
 def _recorded(root: str, splits, sized: list[str]) -> dict:
@@ -574,12 +633,20 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
     results = dict(start=start, out=out, striping=striping, generation=generation,
                    checkpoints=checkpoints)
+    staged = None
+    if cfg.workflow.train and cfg.storage.stage_in is not None and plan.splits:
+        staged, stage = run_stage_in(comm, cfg, plan, topo, out, tracer)
+        results["stage_in"] = staged.to_json(root)
     if cfg.workflow.train:
-        train_epochs, eval_epochs, stop, readers = train(comm, cfg, plan, topo, pacing, out,
-                                                         checkpoints, tracer, intervals)
+        read_plan = plan if staged is None else dataclasses.replace(plan, splits={
+            name: rerooted(split, staged.root) for name, split in plan.splits.items()})
+        train_epochs, eval_epochs, stop, readers = train(comm, cfg, read_plan, topo, pacing,
+                                                         out, checkpoints, tracer, intervals)
         if intervals is not None:
             on_root(comm, lambda: intervals.write(out))
             intervals.close()
+        if tracer is not None:
+            results["trace"] = write_trace(comm, tracer, out, checkpoints)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
                                 stopped_by=stop, readers=readers, **results)
         done = f"{len(train_epochs)} complete or partial training epoch(s)"
@@ -587,11 +654,17 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         records, stop = run_checkpoint_only(comm, cfg, checkpoints.checkpointer,
                                             lambda line: say(comm, line, out=out))
         checkpoints.records.extend((None, r) for r in records)
+        if tracer is not None:
+            results["trace"] = write_trace(comm, tracer, out, checkpoints)
         summary = write_results(comm, cfg, plan, topo, pacing, [], [], stopped_by=stop,
                                 **results)
         done = f"{len(records)} checkpoint save(s) and load(s)"
-    if tracer is not None:
+    elif tracer is not None:  # generation alone
         write_trace(comm, tracer, out, checkpoints)
+    if staged is not None and cfg.storage.stage_in.clean:
+        clean_stage(comm, stage)
+        say(comm, f"removed the staged copy under {staged.root} (storage.stage_in.clean)",
+            out=out)
     if stop:
         raise Stopped(f"stopped by {signal.Signals(stop).name} after {done}; the results "
                       f"so far are in {out.path('summary.json')}, marked incomplete "

@@ -4,6 +4,7 @@ probing and the read engine, checked against Python's own reads of real files.""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import re
@@ -838,3 +839,27 @@ def test_engine_records_request_start_and_thread_for_traces(tmp_path, threads):
         rows = rows[length[rows] > 0]
         assert (began[rows] + lat[rows] <= ends[b]).all()
     assert set(thread.tolist()) <= ({-1} if threads == 0 else set(range(threads)))
+
+
+def test_trace_reads_formats_each_request_exactly():
+    """output.trace's read events (csrc/dio_trace.c): the text per request, times as
+    microseconds with three decimals (negative ones too), chunks never splitting an event."""
+    col = lambda *v: np.array(v, dtype=np.int64)  # noqa: E731
+    chunks: list[bytearray] = []
+    _core.trace_reads(b",\n{\"name\":\"read\",\"tid\":", col(2, 3, 2),
+                      col(1234567, -5, 0), col(999, 0, 10**12), col(10, 0, 7), col(0, 1, 0),
+                      col(7, 8, 2**40), col(1, 2, 3), col(1, 1, 2), b'"a""b\\"c"',
+                      col(0, 3, 9), 4, chunks.append, chunk=600)
+    # an event is written only where its largest possible text (~350 bytes here) fits
+    assert len(chunks) == 2 and len(chunks[0]) < 600
+    text = b"".join(chunks).decode()
+    events = json.loads("[" + text[1:] + "]")
+    assert [e["ts"] for e in events] == [1234.567, -0.005, 0.0]
+    assert [e["dur"] for e in events] == [0.999, 0.0, 1e9]
+    assert events[1]["args"] == {"file": "b\"c", "offset": 8, "length": 2, "bytes": 0,
+                                 "latency_ns": 0, "epoch": 4, "step": 1}
+    assert events[2]["args"]["offset"] == 2**40 and events[2]["tid"] == 2
+    assert text.startswith(',\n{"name":"read","tid":2,"ts":1234.567,"dur":0.999,')
+    with pytest.raises(ValueError, match="file index"):
+        _core.trace_reads(b"", col(1), col(0), col(0), col(0), col(5), col(0), col(0),
+                          col(0), b'"a"', col(0, 3), 1, chunks.append)

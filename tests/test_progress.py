@@ -76,3 +76,39 @@ def test_off_and_other_ranks_show_nothing(capsys):
         task.close()
     progress.configure(0, 0.0)
     assert capsys.readouterr().out == ""
+
+
+def test_a_task_in_bytes_shows_mib(tmp_path):
+    """Checkpoints are followed in bytes of rank 0's share (its process's /proc io counter)."""
+    from dlio_mpi.checkpoint.checkpointer import _process_io
+
+    out = io.StringIO()
+    before = _process_io("wchar")
+    assert before >= 0
+    total = 8 << 20
+    with Task("checkpoint save 1 (global_epoch1_step2), rank 0's share", total,
+              progress.BYTES, interval=0.05, stream=out) as task:
+        task.watch(lambda: min(_process_io("wchar") - before, total))
+        with open(tmp_path / "share", "wb") as fp:
+            for _ in range(8):
+                fp.write(b"\0" * (1 << 20))
+                fp.flush()
+                time.sleep(0.04)
+    assert _process_io("wchar") - before >= total
+    lines = out.getvalue().splitlines()
+    assert lines, lines
+    done = [float(line.split(": ")[2].split("/")[0]) for line in lines]
+    assert done == sorted(done) and done[-1] <= 8.0
+    assert all("/8.0 MiB (" in line and " MiB/s, " in line for line in lines), lines
+
+
+def test_a_terminal_bar_in_bytes_is_scaled():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out = Terminal()
+    task = Reporter(10.0, out).task("checkpoint load 1", 3 << 20, progress.BYTES)
+    task.advance(3 << 20)
+    task.close()
+    assert "3.00M/3.00M" in out.getvalue(), out.getvalue()

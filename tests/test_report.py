@@ -26,14 +26,17 @@ TRACE_PLOTS = ("spatial.png", "temporal.png", "request_sizes.png")
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Two finished 2-rank runs: the plain demo, and one with more compute and checkpoints."""
+    """Two finished 2-rank runs: the plain demo, and one with more compute, checkpoints and
+    evaluation."""
     base = tmp_path_factory.mktemp("report")
     plain = run_cli(["run", "demo", *workload_overrides(base / "a")])
     assert plain.returncode == 0, plain.stderr
     ck = base / "b"
     res = run_cli(["run", "demo", *workload_overrides(
         ck, train__computation_time=0.01, workflow__checkpoint="true",
-        checkpoint__checkpoint_folder=ck / "ck", checkpoint__epochs_between_checkpoints=1)])
+        checkpoint__checkpoint_folder=ck / "ck", checkpoint__epochs_between_checkpoints=1,
+        workflow__evaluation="true", dataset__num_files_eval=4, reader__batch_size_eval=1,
+        evaluation__eval_time=0.005)])
     assert res.returncode == 0, res.stderr
     return base / "a" / "out", ck / "out"
 
@@ -78,12 +81,28 @@ def test_a_run_gets_its_plots_and_one_page_naming_them(runs, tmp_path):
     assert (folder / "notes.txt").read_text() == "mine"
 
 
-def test_checkpoints_are_drawn_when_the_run_has_them(runs, tmp_path):
+def test_checkpoints_and_evaluation_are_shown_when_the_run_has_them(runs, tmp_path):
     out = copy_results(runs[1], tmp_path / "out")
     assert report(str(out)).returncode == 0, report(str(out)).stderr
     png = (out / "report" / "checkpoints.png").read_bytes()
     assert png.startswith(PNG_MAGIC)
-    assert 'id="checkpoints.png"' in (out / "report" / "report.html").read_text()
+    page = (out / "report" / "report.html").read_text()
+    assert 'id="checkpoints.png"' in page
+    # the evaluation epochs: a table of their own, with the figures per_epoch_stats holds
+    stats = json.loads((out / "per_epoch_stats.json").read_text())
+    evals = {int(k): v["eval"] for k, v in stats.items() if "eval" in v}
+    assert sorted(evals) == [1, 2]
+    table = page.split("<h2>evaluation epochs</h2>")[1].split("</table>")[0]
+    rows = table.split("<tr>")[2:]
+    assert len(rows) == 2
+    for row, (epoch, entry) in zip(rows, sorted(evals.items())):
+        cells = [c.split("</td>")[0] for c in row.split("<td>")[1:]]
+        assert int(cells[0]) == epoch
+        assert float(cells[2]) == pytest.approx(entry["throughput_samples_per_second"],
+                                                rel=1e-3)
+    plain = copy_results(runs[0], tmp_path / "plain")
+    assert report(str(plain)).returncode == 0
+    assert "evaluation epochs" not in (plain / "report" / "report.html").read_text()
 
 
 def test_interval_statistics_are_drawn_over_time_when_the_run_wrote_them(runs, tmp_path):

@@ -87,11 +87,20 @@ def test_two_rank_run_traces_steps_and_every_request(tmp_path):
             e["ts"] for e in reads)
     assert requests == {"train read": summary["metric"]["train_requests"],
                         "eval read": summary["metric"]["eval_requests"]}
+    # what the trace holds and cost, reported apart as the emulator's own time
+    own = summary["dlio_mpi"]["trace"]
+    assert own["files"] == ["trace_rank0.json.gz", "trace_rank1.json.gz"]
+    assert own["requests"] == sum(requests.values())
+    assert own["events"] == sum(len([e for e in _load(out, r) if e["ph"] == "X"])
+                                for r in (0, 1))
+    assert own["bytes"] == sum((out / f).stat().st_size for f in own["files"])
+    assert len(own["seconds_per_rank"]) == 2 and own["seconds_max"] == max(
+        own["seconds_per_rank"]) > 0
 
 
 def test_backend_without_requests_traces_steps_only(tmp_path):
     res = run_cli(["run", "demo", *workload_overrides(
-        tmp_path, output__trace="true", reader__file_access="shared")])
+        tmp_path, output__trace="true", reader__engine="framework")])  # npz: np.load
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     for rank in (0, 1):

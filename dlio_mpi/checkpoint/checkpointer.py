@@ -201,12 +201,17 @@ class Checkpointer:
         start = _core.now_ns()
 
         def part() -> tuple[IoStats, int]:
-            # rank 0's progress: the elapsed time of the checkpoint, then its end
-            with progress.task(f"checkpoint {kind} {index} ({checkpoint_id})", 1,
-                               "checkpoints") as shown:
-                shown.watch()
+            # rank 0's progress: the bytes of its share moved so far, by its process's
+            # /proc io counter (whichever writer, C, MPI-IO or torch, moves them)
+            share = (self.shard if kind == "save" else self.source).nbytes
+            field = "wchar" if kind == "save" else "rchar"
+            with progress.task(f"checkpoint {kind} {index} ({checkpoint_id}), rank 0's share",
+                               share, progress.BYTES) as shown:
+                if shown.active:
+                    before = _process_io(field)
+                    shown.watch(lambda: min(max(_process_io(field) - before, 0), share)
+                                if before >= 0 else 0)
                 stats = act()
-                shown.advance()
             return stats, _core.now_ns()
 
         stats, end = check_all(self.comm, part)
@@ -214,6 +219,20 @@ class Checkpointer:
             self.comm.Barrier()
         return gather_record(self.comm, kind, index, checkpoint_id, stats.bytes, start, end,
                              stats.syncs, stats.sync_ns, self.clock_offset_ns)
+
+
+def _process_io(field: str) -> int:
+    """This process's `field` of /proc/self/io (rchar, wchar: bytes read or written by its
+    system calls, every thread's); -1 where the kernel does not say."""
+    try:
+        with open("/proc/self/io", "rb") as fp:
+            for line in fp:
+                name, _, value = line.partition(b":")
+                if name == field.encode():
+                    return int(value)
+    except OSError:
+        pass
+    return -1
 
 
 def in_the_way_of(root: str, schedule: Schedule) -> list[str]:

@@ -332,6 +332,30 @@ class Lustre:
 
 
 @dataclass(frozen=True)
+class StageIn:
+    """Ours: before training, copy the dataset to a faster tier and read it there
+    (stage_in.py)."""
+
+    to: str = key("", "str")  # the stage folder (a burst buffer; node-local with scope node)
+    scope: str = key("job", "str", choices=("job", "node"))  # one copy, or one per node
+    odirect: bool = key(False, "bool")  # read the source and write the copy with O_DIRECT
+    # bytes per read and write call, and the largest piece of a file one rank copies
+    buffer_bytes: int = key(64 << 20, "int", minimum=4096)
+    # drop each source piece from the page cache before reading it (posix_fadvise), so the
+    # copy reads storage, not memory
+    drop_page_cache: bool = key(True, "bool")
+    clean: bool = key(False, "bool")  # remove the staged copy after the run
+
+    def __post_init__(self) -> None:
+        if not self.to.strip():
+            raise ConfigError("storage.stage_in.to: expected the folder to copy the dataset "
+                              "to (a burst buffer, or node-local storage with scope: node)")
+        if self.buffer_bytes % 4096:
+            raise ConfigError(f"storage.stage_in.buffer_bytes: expected a multiple of 4096 "
+                              f"(direct I/O's alignment), got {self.buffer_bytes}")
+
+
+@dataclass(frozen=True)
 class Storage:
     # local_fs and parallel_fs: both a POSIX path (DLIO 2.0.0 has no branch for parallel_fs)
     storage_type: str = key("local_fs", "str", choices=("local_fs", "parallel_fs", "s3", "aistore"),
@@ -341,6 +365,10 @@ class Storage:
         StorageOptions, optional=True,
         inert="it configures S3 and AIStore, which are not implemented yet")
     lustre: Lustre | None = section(Lustre, optional=True)  # ours
+    stage_in: StageIn | None = section(  # ours
+        StageIn, optional=True, acts_if=(("workflow.train", (True,)),),
+        inert="it copies the dataset for the training epochs that read it, and "
+              "workflow.train is false")
 
 
 # --------------------------------------------------------------------------- dataset
@@ -414,6 +442,20 @@ class Dataset:
 
 
 # --------------------------------------------------------------------------- reader
+@dataclass(frozen=True)
+class ReaderCache:
+    """Ours: a node-local caching tier shared by the node's ranks (cache_tier.py)."""
+
+    folder: str = key("", "str")  # node-local storage (folder/node<k> on emulated nodes)
+    capacity_bytes: int | None = key(None, "int", optional=True, minimum=1)  # None: free space
+    policy: str = key("none", "str", choices=("none", "lru"))
+
+    def __post_init__(self) -> None:
+        if not self.folder.strip():
+            raise ConfigError("reader.cache.folder: expected the node-local folder the cache "
+                              "keeps its copies in")
+
+
 @dataclass(frozen=True)
 class Reader:
     # pytorch and tensorflow: with reader.engine native, the native engine reads with that
@@ -510,6 +552,11 @@ class Reader:
     io_watchdog_seconds: float = key(60.0, "float", minimum=0, maximum=2**33 - 1)
     # ours: end the job (every rank, non-zero exit) once the watchdog has reported
     io_watchdog_abort: bool = key(False, "bool")
+    # ours: a node-local caching tier (cache_tier.py); the native C engine's
+    cache: ReaderCache | None = section(ReaderCache, optional=True)
+    # ours: read_once: every file read once for the job into the ranks' memory, batches
+    # served from there through an MPI exchange per step (readers/read_once.py)
+    staging: str = key("none", "str", choices=("none", "read_once"))
 
 
 # --------------------------------------------------------------------------- train, evaluation

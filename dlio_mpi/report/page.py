@@ -52,11 +52,12 @@ def run_page(run: RunResults, figures: list[tuple[str, bytes, str]],
     if compare_link:
         parts.append(f'<p>comparison with other runs: <a href="{html.escape(compare_link)}">'
                      f"{html.escape(compare_link)}</a></p>")
-    if run.epochs:
-        rows = [{"epoch": e.epoch, "AU %": e.au, "samples/s": e.samples_per_second,
-                 "MiB/s": e.mib_per_second, "p50 ms": e.latency_p50_ms,
-                 "p99 ms": e.latency_p99_ms, "seconds": e.duration} for e in run.epochs]
-        parts.append(f"<h2>epochs</h2>{_table(rows)}")
+    for title, epochs in (("epochs", run.epochs), ("evaluation epochs", run.eval_epochs)):
+        if epochs:
+            rows = [{"epoch": e.epoch, "AU %": e.au, "samples/s": e.samples_per_second,
+                     "MiB/s": e.mib_per_second, "p50 ms": e.latency_p50_ms,
+                     "p99 ms": e.latency_p99_ms, "seconds": e.duration} for e in epochs]
+            parts.append(f"<h2>{title}</h2>{_table(rows)}")
     parts.append("<h2>plots</h2>")
     parts += [_figure(name, png, caption) for name, png, caption in figures]
     if skipped:

@@ -36,15 +36,23 @@ def _series(values) -> tuple[list[int], list[float]]:
 
 
 def epochs_plot(run: RunResults) -> bytes | None:
-    """AU and samples/s per epoch."""
+    """AU and samples/s per epoch, training's and (when the run evaluated) evaluation's."""
     if not run.epochs:
         return None
     fig, (au, rate) = _figure(f"AU and samples/s per epoch\n{run.title}", 1, 2)
-    au.plot(*_series((e.epoch, e.au) for e in run.epochs), marker="o", color="black")
+    phases = [("train", run.epochs, "o", "-")]
+    if run.eval_epochs:
+        phases.append(("eval", run.eval_epochs, "^", ":"))
+    for name, epochs, marker, line in phases:
+        au.plot(*_series((e.epoch, e.au) for e in epochs), marker=marker, linestyle=line,
+                color="black", label=name)
+        rate.plot(*_series((e.epoch, e.samples_per_second) for e in epochs), marker=marker,
+                  linestyle=line, color="black", label=name)
     au.set(xlabel="epoch", ylabel="AU (%)", title="accelerator utilisation")
-    rate.plot(*_series((e.epoch, e.samples_per_second) for e in run.epochs), marker="s",
-              linestyle="--", color="black")
     rate.set(xlabel="epoch", ylabel="samples/s", title="samples per second")
+    if run.eval_epochs:
+        au.legend()
+        rate.legend()
     # from zero (a 0.5 % dip stays small), with room above the highest point
     au.set_ylim(0, max(105.0, au.get_ylim()[1]))
     rate.set_ylim(0, rate.get_ylim()[1] * 1.1)

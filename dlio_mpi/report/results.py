@@ -38,6 +38,7 @@ class RunResults:
     summary: dict
     epochs: list[Epoch]
     checkpoints: list[dict]
+    eval_epochs: list[Epoch] = field(default_factory=list)  # evaluation, after its epoch
     # output.stats_interval's rows (interval_stats.json), when the run wrote them
     intervals: list[dict] = field(default_factory=list)
 
@@ -88,24 +89,32 @@ def read_results(folder: str) -> RunResults:
                         f"{' or '.join(missing)}): give the output.folder of a finished run")
     summary = _json(folder, "summary.json")
     stats = _json(folder, "per_epoch_stats.json")
-    epochs = []
+    epochs, evals = [], []
     for key, entry in stats.items():
-        if not key.isdigit() or not isinstance(entry, dict) or "au_percentage" not in entry:
+        if not key.isdigit() or not isinstance(entry, dict):
             continue
-        rows = entry.get("per_rank")
-        epochs.append(Epoch(int(key), entry.get("start"), _number(entry.get("duration")),
-                            _number(entry.get("au_percentage")),
-                            _number(entry.get("throughput_samples_per_second")),
-                            _number(entry.get("transfer_MiB_per_second")),
-                            _number(entry.get("read_latency_p50_ms")),
-                            _number(entry.get("read_latency_p99_ms")),
-                            [r for r in rows if isinstance(r, dict)]
-                            if isinstance(rows, list) else []))
+        if "au_percentage" in entry:
+            epochs.append(_epoch(int(key), entry))
+        if isinstance(entry.get("eval"), dict) and "au_percentage" in entry["eval"]:
+            evals.append(_epoch(int(key), entry["eval"]))
     epochs.sort(key=lambda e: e.epoch)
+    evals.sort(key=lambda e: e.epoch)
     checkpoint = summary.get("dlio_mpi", {}).get("checkpoint") or {}
     records = [r for r in checkpoint.get("records", []) if isinstance(r, dict)]
-    return RunResults(folder, _workload_name(folder), summary, epochs, records,
+    return RunResults(folder, _workload_name(folder), summary, epochs, records, evals,
                       _intervals(folder))
+
+
+def _epoch(number: int, entry: dict) -> Epoch:
+    """An epoch's figures from its per_epoch_stats.json entry (training's or evaluation's)."""
+    rows = entry.get("per_rank")
+    return Epoch(number, entry.get("start"), _number(entry.get("duration")),
+                 _number(entry.get("au_percentage")),
+                 _number(entry.get("throughput_samples_per_second")),
+                 _number(entry.get("transfer_MiB_per_second")),
+                 _number(entry.get("read_latency_p50_ms")),
+                 _number(entry.get("read_latency_p99_ms")),
+                 [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else [])
 
 
 def _intervals(folder: str) -> list[dict]:

@@ -20,6 +20,17 @@
             ratio on/off; the trace files' size per request; and the C engine alone, with and
             without the trace's arrays (15 turns each). DLIO_MPI_BENCH_TRACE_FILES sets
             fewer files (default 128 of 4096 samples) for a quick try.
+  stagein:  storage.stage_in (2 ranks, O_DIRECT on both sides, 64 MiB calls) of 256 files of
+            8 MiB (2 GiB) from one folder to another of the same disk, beside raw_copy.c (a C
+            pread/pwrite loop with O_DIRECT, 2 threads, 64 MiB calls, syncfs) between the
+            same folders; 3 rounds alternating, medians, ratio ours / reference.
+  tiers:    reader.cache with a slow "PFS" (scripts/slow_pfs.sh: a loop-device ext4 whose reads
+            a block-I/O cgroup throttles to 150 MiB/s and 1500 IOPS; needs root), O_DIRECT
+            reads, 2 ranks, 512 npy files of 1 MiB, batch 8, 30 ms compute, 4 epochs: the
+            data on the slow tier read through a cache on the local disk, beside the same
+            data on the local disk from the start (the reference) and on the slow tier without
+            a cache; AU per epoch, the cached epochs' AU over the reference's (target >= 0.9),
+            the first epoch's penalty.
   large:    16 MiB samples with O_DIRECT against fio and a C loop with huge-page buffers.
   mpiio:    the MPI-IO reader backends against the POSIX engine on one shared file (indexed
             binary), 2 ranks, computation_time 0, data in the page cache (ROMIO's UFS driver
@@ -335,11 +346,13 @@ def _trace_run(work: Path, common: list[str], trace: bool, run: int) -> dict:
     traced = sorted(out.glob("trace_rank*.json.gz"))
     size = sum(p.stat().st_size for p in traced)
     shutil.rmtree(out, ignore_errors=True)
+    own = result["dlio_mpi"].get("trace") or {}
     return {"samples_per_s": statistics.median(per_epoch[1:]), "seconds": seconds,
-            "trace_bytes": size, "requests": result["metric"]["train_requests"]}
+            "trace_bytes": size, "requests": result["metric"]["train_requests"],
+            "trace_seconds": own.get("seconds_max", 0.0)}
 
 
-def bench_trace(work: Path, repeats: int = 3) -> dict:
+def bench_trace(work: Path, repeats: int = 5) -> dict:
     """output.trace on against off on the small case."""
     files = int(os.environ.get("DLIO_MPI_BENCH_TRACE_FILES", "128"))
     data = work / ("small-data" if files == 128 else f"trace-data-{files}")
@@ -364,12 +377,17 @@ def bench_trace(work: Path, repeats: int = 3) -> dict:
     rate = med("on", "samples_per_s") / med("off", "samples_per_s")
     wall = med("on", "seconds") / med("off", "seconds")
     per_request = med("on", "trace_bytes") / max(med("on", "requests"), 1)
+    # the trace's own time (formatting and compressing after each epoch, writing at the end)
+    # per request of the slowest rank: ranks hold requests / ranks each
+    own_us = med("on", "trace_seconds") / max(med("on", "requests") / 2, 1) * 1e6
     print(f"trace: samples/s on/off {rate:.3f} ({med('on', 'samples_per_s'):,.0f} vs "
           f"{med('off', 'samples_per_s'):,.0f}), whole run on/off {wall:.3f} "
-          f"({med('on', 'seconds'):.1f} s vs {med('off', 'seconds'):.1f} s), "
+          f"({med('on', 'seconds'):.2f} s vs {med('off', 'seconds'):.2f} s), "
+          f"trace's own time {own_us:.3f} us per request of a rank, "
           f"{per_request:.1f} trace bytes (gzip) per request", flush=True)
     return {"samples_per_s_ratio": rate, "run_seconds_ratio": wall,
-            "trace_bytes_per_request": per_request, "engine_only": engine, "runs": runs}
+            "trace_bytes_per_request": per_request, "trace_us_per_request": own_us,
+            "engine_only": engine, "runs": runs}
 
 
 def _trace_engine_only(paths: list[str], n: int = 131072, repeats: int = 15) -> dict:
@@ -408,6 +426,99 @@ def _trace_engine_only(paths: list[str], n: int = 131072, repeats: int = 15) -> 
           f"{result['min_ratio']:.3f} (best), {result['us_per_request_off']:.2f} us/request "
           "off", flush=True)
     return result
+
+
+# ------------------------------------------------------------------------------- stagein
+
+
+def bench_stagein(work: Path, rounds: int = 3) -> dict:
+    """storage.stage_in against a C copy loop between the same folders."""
+    data, bb, ref = work / "stagein-data", work / "stagein-bb", work / "stagein-ref"
+    common = ["demo", *overrides(
+        dataset__data_folder=data, dataset__format="npy", dataset__num_files_train=256,
+        dataset__num_samples_per_file=1, dataset__record_dims=f"[{8 << 20}]",
+        dataset__record_length_bytes_stdev=0, reader__batch_size=16,
+        train__computation_time=0, train__epochs=1, storage__stage_in__to=bb,
+        storage__stage_in__odirect="true", storage__stage_in__clean="true")]
+    dlio(["generate", *common, "workflow.generate_data=true",
+          f"output.folder={work / 'stagein-gen'}"])
+    exe = build(work, "raw_copy.c", flags=("-pthread",))
+    files = sorted((data / "train").glob("*.npy"))
+    listing = work / "stagein-list.txt"
+    listing.write_text("".join(f"{p}\t{p.name}\n" for p in files))
+    ours, theirs = [], []
+    for r in range(rounds):
+        out = work / f"stagein-out-{r}"
+        shutil.rmtree(out, ignore_errors=True)
+        dlio(["run", *common, f"output.folder={out}"])
+        staged = summary(out)["dlio_mpi"]["stage_in"]
+        ours.append(staged["bytes_written"] / 2**20 / staged["seconds"])
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(ref, ignore_errors=True)
+        ref.mkdir()
+        line = sh([exe, "-j", "2", "-d", "-b", str(64 << 20), str(listing), str(ref)]).stdout
+        theirs.append(float(re.search(r"MiB_per_s=([\d.]+)", line)[1]))
+        shutil.rmtree(ref, ignore_errors=True)
+    result = {"dlio_mpi_MiB_per_s": statistics.median(ours),
+              "raw_copy_MiB_per_s": statistics.median(theirs),
+              "ratio": statistics.median(ours) / statistics.median(theirs),
+              "runs": {"dlio_mpi": ours, "raw_copy": theirs}}
+    print(f"stagein: {result['dlio_mpi_MiB_per_s']:.0f} MiB/s vs raw_copy "
+          f"{result['raw_copy_MiB_per_s']:.0f} MiB/s, ratio {result['ratio']:.3f}", flush=True)
+    return result
+
+
+# ------------------------------------------------------------------------------- tiers
+
+
+def bench_tiers(work: Path) -> dict:
+    """reader.cache over a throttled slow tier against the data on the fast tier."""
+    if os.geteuid() != 0:
+        print("tiers: skipped (scripts/slow_pfs.sh needs root)", flush=True)
+        return {"skipped": "needs root"}
+    slow_pfs = str(HERE.parent / "slow_pfs.sh")
+    mount, image = work / "slow-pfs", work / "slow-pfs.img"
+    sh([slow_pfs, "up", "--mount", str(mount), "--size", "2G", "--read-mibps", "150",
+        "--read-iops", "1500", "--image", str(image)])
+    try:
+        return _tiers(work, mount, (slow_pfs, "run", "--"))
+    finally:
+        sh([slow_pfs, "down"])
+
+
+def _tiers(work: Path, mount: Path, throttled: tuple[str, ...]) -> dict:
+    fast, cache = work / "tiers-fast-data", work / "tiers-cache"
+
+    def common(data: Path) -> list[str]:
+        return ["demo", *overrides(
+            dataset__data_folder=data, dataset__format="npy", dataset__num_files_train=512,
+            dataset__num_samples_per_file=1, dataset__record_dims=f"[{1 << 20}]",
+            dataset__record_length_bytes_stdev=0, reader__batch_size=8,
+            reader__read_threads=2, reader__odirect="true", train__computation_time=0.03,
+            train__epochs=4)]
+
+    results: dict = {}
+    for name, data, extra in (("fast", fast, []), ("cached", mount / "data",
+                                                   [f"reader.cache.folder={cache}"]),
+                              ("slow", mount / "data", [])):
+        dlio(["generate", *common(data), "workflow.generate_data=true",
+              f"output.folder={work / 'tiers-gen'}"])
+        out = work / f"tiers-out-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        dlio(["run", *common(data), f"output.folder={out}", *extra], prefix=throttled)
+        stats = json.loads((out / "per_epoch_stats.json").read_text())
+        results[name] = {"au": [stats[k]["au_percentage"] for k in sorted(stats, key=int)],
+                         "cache": [stats[k].get("cache") for k in sorted(stats, key=int)]}
+    fast_au, cached_au = results["fast"]["au"], results["cached"]["au"]
+    later = statistics.mean(cached_au[1:]) / statistics.mean(fast_au[1:])
+    results.update(cached_over_fast_later_epochs=later,
+                   first_epoch_penalty_points=fast_au[0] - cached_au[0])
+    print(f"tiers: AU per epoch: fast {[round(a, 1) for a in fast_au]}, cached "
+          f"{[round(a, 1) for a in cached_au]}, slow "
+          f"{[round(a, 1) for a in results['slow']['au']]}; cached epochs 2+ / fast "
+          f"{later:.3f}; first epoch penalty {fast_au[0] - cached_au[0]:.1f} AU points",
+          flush=True)
+    return results
 
 
 # ------------------------------------------------------------------------------- large
@@ -1053,7 +1164,7 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
 
 
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
-              "trace": bench_trace,
+              "trace": bench_trace, "stagein": bench_stagein, "tiers": bench_tiers,
               "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
               "formats": bench_formats, "loaders": bench_loaders, "startup": bench_startup}
 

@@ -1,0 +1,439 @@
+"""storage.stage_in: before training, the dataset is copied from dataset.data_folder (the
+parallel file system) to a faster tier, and the run reads the copy.
+
+- scope `job`: one copy under `to` (a burst buffer), made by all ranks together;
+  scope `node`: one copy per node under `to` (node-local storage), made by the node's ranks
+  (the node communicator). With emulated nodes (DLIO_MPI_RANKS_PER_NODE), which share one
+  host's storage, node k's copy goes to `to/node<k>`; on real nodes `to` must be node-local,
+  checked before any copying (a probe file of each node seen by another means a shared folder).
+- The files' bytes are dealt out in pieces of at most `buffer_bytes` (a file of several
+  pieces is copied by several ranks at once), round-robin over the copying ranks, and copied
+  by the C core (`_core.Copier`: pread/pwrite of `buffer_bytes`, O_DIRECT on both sides with
+  `odirect`). With `drop_page_cache` each piece of the source is dropped from the page cache
+  first (posix_fadvise DONTNEED), so the copy reads storage, not memory.
+- Ownership: a copy is ours by the stage manifest (`dlio_mpi_stage.json`) in its folder,
+  written (incomplete) before the first file and marked complete after the last; files are
+  written under O_EXCL temporaries, synced (syncfs) and renamed without replacing anything.
+  A later run replaces its own earlier copy; anything else in the way is refused, naming it,
+  before any copying. `clean: true` removes the copy after the run. A rank failing during the
+  copy aborts the job at once.
+- Timed from a barrier before the first byte to a barrier after the last rename: the
+  `stage_in` phase of summary.json (dlio_mpi.stage_in), with the bytes read from the source
+  tier and written to the staged one, and each rank's time in reads and in writes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _core, progress
+from .dataset import DatasetSplit, FileNaming
+from .errors import UserError, check_all, on_root
+from .manifest import manifest_path, read_manifest
+from .ownership import (
+    create_exclusive,
+    read_own_json,
+    remove_quietly,
+    rename_noreplace,
+    temporary_name,
+)
+
+STAGE_MANIFEST = "dlio_mpi_stage.json"
+KIND = "dlio-mpi stage-in copy"
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage-in did (the same on every rank)."""
+
+    root: str              # the copy this rank reads (its node's, or the job's)
+    to: str
+    scope: str
+    copies: int            # 1 (job) or the number of nodes
+    files: int             # per copy
+    bytes: int             # per copy
+    seconds: float         # barrier to barrier
+    read_seconds: list[float]   # per rank: time in pread
+    write_seconds: list[float]  # per rank: time in pwrite
+
+    def to_json(self, source: str) -> dict:
+        moved = self.bytes * self.copies
+        rate = moved / 2**30 / self.seconds if self.seconds > 0 else 0.0
+        return {"from": source, "to": self.to, "scope": self.scope, "copies": self.copies,
+                "files": self.files, "bytes_per_copy": self.bytes,
+                "bytes_read": moved, "bytes_written": moved, "seconds": round(self.seconds, 6),
+                # the same bytes leave the source tier and reach the staged one
+                "read_GiB_per_second": round(rate, 6), "write_GiB_per_second": round(rate, 6),
+                "read_seconds_per_rank": [round(s, 6) for s in self.read_seconds],
+                "write_seconds_per_rank": [round(s, 6) for s in self.write_seconds]}
+
+
+class StageSet:
+    """The files to copy: those of the located splits (catalog.SplitFiles), numbered one
+    after the other, with their sizes and paths relative to the dataset's root."""
+
+    LISTED_MAX = 100_000  # a manifest lists the files by name up to this many, else namings
+
+    def __init__(self, located: dict) -> None:
+        self.splits = list(located.values())
+        self.first = np.cumsum([0] + [f.count for f in self.splits])
+        self.sizes = np.concatenate(
+            [f.layouts.take(np.arange(f.count, dtype=np.int64)).size for f in self.splits]
+            or [np.zeros(0, dtype=np.int64)]).astype(np.int64)
+
+    def __len__(self) -> int:
+        return int(self.first[-1])
+
+    @property
+    def bytes(self) -> int:
+        return int(self.sizes.sum())
+
+    def relpath(self, f: int) -> str:
+        k = int(np.searchsorted(self.first, f, side="right")) - 1
+        files = self.splits[k]
+        return os.path.relpath(files.path(f - int(self.first[k])), files.split.root)
+
+    def describe(self) -> dict:
+        """What a stage manifest records to know its files again: their names, or (many
+        files of DLIO's names) the namings that generate them."""
+        if len(self) <= self.LISTED_MAX or any(f.listed is not None for f in self.splits):
+            return {"files": [self.relpath(f) for f in range(len(self))]}
+        return {"namings": [dataclasses.asdict(f.split.naming) | {"root": ""}
+                            for f in self.splits]}
+
+
+def covers(body: dict, relpath: str) -> bool:
+    """Whether a stage manifest (`describe`'s record) names the file at `relpath`."""
+    if "files" in body:
+        return relpath in set(body["files"])
+    for naming in body.get("namings", []):
+        try:
+            names = FileNaming(**naming)
+            stem = os.path.basename(relpath)
+            head = f"{names.prefix}_"
+            tail = f"_of_{names.count}.{names.extension}"
+            if stem.startswith(head) and stem.endswith(tail):
+                index = int(stem[len(head):-len(tail)])
+                if 0 <= index < names.count and names.relpath(index) == relpath:
+                    return True
+        except (TypeError, ValueError):
+            continue
+    return False
+
+
+def rerooted(split: DatasetSplit, root: str) -> DatasetSplit:
+    """The split with its files under `root` (the staged copy) instead."""
+    return dataclasses.replace(split, naming=dataclasses.replace(split.naming, root=root))
+
+
+def check_folders(to: str, source: str) -> None:
+    """Refuse a stage folder that is, holds or lies in the data folder."""
+    a, b = os.path.realpath(to), os.path.realpath(source)
+    if a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep):
+        raise UserError(f"storage.stage_in.to: {to} overlaps dataset.data_folder {source}; "
+                        "expected a folder on the faster tier, outside the data folder")
+
+
+def deal(sizes: np.ndarray, piece: int, copiers: int, me: int
+         ) -> tuple[list[tuple[int, int, int]], list[int]]:
+    """This copier's pieces (file, offset, length), in file order: each file cut in pieces of
+    at most `piece` bytes, the pieces of all files dealt round-robin over `copiers`; and the
+    files it creates (those whose first piece it copies)."""
+    count = np.maximum(1, -(-sizes // piece))
+    first = np.cumsum(count) - count  # the global number of each file's first piece
+    creates = np.flatnonzero(first % copiers == me)
+    mine = [(int(f), 0, int(min(piece, sizes[f]))) for f in creates]
+    for f in np.flatnonzero(count > 1).tolist():  # files of several pieces: few
+        size = int(sizes[f])
+        mine += [(f, offset, min(piece, size - offset)) for k, offset in
+                 enumerate(range(piece, size, piece), start=int(first[f]) + 1)
+                 if k % copiers == me]
+    mine.sort()
+    return mine, creates.tolist()
+
+
+class _Stage:
+    """One copy: the ranks of `comm` copy `files` from `source` into `root`."""
+
+    def __init__(self, comm, opts, files: StageSet, source: str, root: str, tag: str) -> None:
+        self.comm, self.opts, self.files = comm, opts, files
+        self.source, self.root, self.tag = source, root, tag
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.pieces, self.creates = deal(files.sizes, opts.buffer_bytes, self.size, self.rank)
+        # files of one piece are created, written and renamed by their copier alone; a file
+        # of several pieces is created before the copy (and renamed after it) by its first
+        # piece's copier
+        self.shared = [f for f in self.creates if self.several(f)]
+        self.copier = _core.Copier(opts.buffer_bytes)
+
+    def several(self, f: int) -> bool:
+        """Whether file f is copied in several pieces (possibly by several ranks)."""
+        return int(self.files.sizes[f]) > self.opts.buffer_bytes
+
+    def dst(self, f: int) -> str:
+        return os.path.join(self.root, self.files.relpath(f))
+
+    def src(self, f: int) -> str:
+        return os.path.join(self.source, self.files.relpath(f))
+
+    def folders(self) -> list[str]:
+        """The folders the copy's files go to."""
+        out = set()
+        for files in self.files.splits:
+            if files.listed is not None:
+                out |= {os.path.join(self.root, os.path.dirname(p)) for p in files.listed}
+            else:
+                out |= set(rerooted(files.split, self.root).naming.folders())
+        return sorted(out)
+
+    # ---------------------------------------------------------------- before the clock
+    def make_way(self) -> None:
+        """Collective: refuse what is in the way and not ours; remove our earlier copy;
+        write the manifest (incomplete); make the folders; create the shared files."""
+        earlier = on_root(self.comm, self._earlier)
+
+        def clear_mine() -> None:
+            for f in self.creates:
+                path = self.dst(f)
+                if os.path.lexists(path):
+                    if earlier is None or not covers(earlier, self.files.relpath(f)):
+                        raise UserError(
+                            f"storage.stage_in.to: {path} exists and is not dlio-mpi's "
+                            "(no stage manifest of ours lists it): it was left as it is; "
+                            "remove it yourself or choose another folder")
+                    os.unlink(path)
+
+        check_all(self.comm, clear_mine)
+        check_all(self.comm, lambda: self._begin(earlier) if self.rank == 0 else None)
+
+        def create_shared() -> None:
+            for f in self.shared:
+                fd = create_exclusive(temporary_name(self.dst(f), self.tag))
+                try:
+                    os.ftruncate(fd, int(self.files.sizes[f]))
+                finally:
+                    os.close(fd)
+
+        check_all(self.comm, create_shared)
+
+    def _earlier(self) -> dict | None:
+        """Our earlier copy's manifest in this folder (None: no copy of ours)."""
+        path = os.path.join(self.root, STAGE_MANIFEST)
+        body = read_own_json(path, f"storage.stage_in.to: {path} is not dlio-mpi's")
+        if body is None:
+            return None
+        if body.get("kind") != KIND:
+            raise UserError(f"storage.stage_in.to: {path} is not a stage manifest of "
+                            "dlio-mpi; remove it yourself or choose another folder")
+        return body
+
+    def _begin(self, earlier: dict | None) -> None:
+        os.makedirs(self.root, exist_ok=True)
+        for side in (earlier or {}).get("side_files", []):
+            if isinstance(side, str) and os.sep not in side:
+                remove_quietly([os.path.join(self.root, side)])
+        if earlier and "files" in earlier:  # our earlier copy's files this one does not replace
+            now = set(self.files.describe().get("files", []))
+            remove_quietly(os.path.join(self.root, rel) for rel in earlier["files"]
+                           if rel not in now and covers(earlier, rel))
+        self._write_manifest(complete=False)
+        if self.opts.odirect and len(self.files):  # both tiers must do real direct I/O
+            for path in (self.src(0), os.path.join(self.root, STAGE_MANIFEST)):
+                try:
+                    _core.probe_odirect(path)
+                except OSError:
+                    raise UserError(f"storage.stage_in.odirect: true, but {path} is on a file "
+                                    "system without real direct I/O (tmpfs only emulates it "
+                                    "through the page cache); set storage.stage_in.odirect: "
+                                    "false or stage to another folder") from None
+        for folder in self.folders():
+            os.makedirs(folder, exist_ok=True)
+
+    def _write_manifest(self, complete: bool) -> None:
+        body = {"tool": "dlio-mpi", "kind": KIND, "tag": self.tag, "source": self.source,
+                "complete": complete, "count": len(self.files), "bytes": self.files.bytes,
+                "side_files": self._side_files(), **self.files.describe()}
+        final = os.path.join(self.root, STAGE_MANIFEST)
+        tmp = temporary_name(final, self.tag)
+        with os.fdopen(create_exclusive(tmp), "w") as fp:
+            json.dump(body, fp)
+            fp.flush()
+            os.fsync(fp.fileno())
+        os.replace(tmp, final)  # our own manifest (read above), or none
+
+    def _side_files(self) -> list[str]:
+        """Our generation's manifest and recorded sizes beside the source's files."""
+        manifest = read_manifest(self.source)
+        if manifest is None:
+            return []
+        names = [os.path.basename(manifest_path(self.source))]
+        names += [n for n in (manifest.get("sizes") or {}).values() if isinstance(n, str)]
+        return [n for n in names if os.path.isfile(os.path.join(self.source, n))]
+
+    # ---------------------------------------------------------------- on the clock
+    def copy(self, shown) -> None:
+        """This rank's pieces, then a syncfs, then the renames of the files it alone wrote."""
+        o = self.opts
+        direct = os.O_DIRECT if o.odirect else 0
+        done = 0
+        alone = []
+        for f, offset, length in self.pieces:
+            src_path, dst_path = self.src(f), self.dst(f)
+            tmp = temporary_name(dst_path, self.tag)
+            src = os.open(src_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | direct)
+            try:
+                if self.several(f):
+                    dst = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC | direct)
+                else:
+                    dst = _create_direct(tmp) if direct else create_exclusive(tmp)
+                    alone.append(f)
+                try:
+                    if o.drop_page_cache and length and not direct:
+                        os.posix_fadvise(src, offset, length, os.POSIX_FADV_DONTNEED)
+                    self.copier.copy(src, dst, offset, length, src_path, tmp)
+                finally:
+                    os.close(dst)
+            finally:
+                os.close(src)
+            done += length
+            shown.update_to(done)
+        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            _core.syncfs(fd)
+        finally:
+            os.close(fd)
+        for f in alone:
+            rename_noreplace(temporary_name(self.dst(f), self.tag), self.dst(f))
+
+    def finish(self) -> None:
+        """After every rank's copy: the shared files' renames, the side files, the manifest
+        marked complete."""
+        self.comm.Barrier()  # every piece of the shared files is in (and synced)
+        check_all(self.comm, lambda: [rename_noreplace(temporary_name(self.dst(f), self.tag),
+                                                       self.dst(f)) for f in self.shared])
+
+        def complete() -> None:
+            for side in self._side_files():
+                _copy_small(os.path.join(self.source, side), os.path.join(self.root, side),
+                            self.tag)
+            self._write_manifest(complete=True)
+
+        check_all(self.comm, lambda: complete() if self.rank == 0 else None)
+
+    # ---------------------------------------------------------------- after the run
+    def clean(self) -> None:
+        """Collective: remove this copy (each rank the files it created, rank 0 the rest)."""
+        remove_quietly(self.dst(f) for f in self.creates)
+        self.comm.Barrier()
+        if self.rank == 0:
+            remove_quietly(os.path.join(self.root, n)
+                           for n in [*self._side_files(), STAGE_MANIFEST])
+            folders = self.folders()
+            for folder in [*sorted(folders, key=len, reverse=True),
+                           *_parents(folders, self.root), self.root]:
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    pass  # not empty: something else lives there
+
+
+def _parents(folders: list[str], root: str) -> list[str]:
+    out: set[str] = set()
+    for folder in folders:
+        parent = os.path.dirname(folder)
+        while len(parent) > len(root):
+            out.add(parent)
+            parent = os.path.dirname(parent)
+    return sorted(out, key=len, reverse=True)
+
+
+def _create_direct(path: str) -> int:
+    """create_exclusive with O_DIRECT."""
+    try:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT,
+                       0o644)
+    except FileExistsError:
+        return create_exclusive(path)  # raises its refusal
+
+
+def _copy_small(src: str, dst: str, tag: str) -> None:
+    with open(src, "rb") as fp:
+        data = fp.read()
+    tmp = temporary_name(dst, tag)
+    with os.fdopen(create_exclusive(tmp), "wb") as fp:
+        fp.write(data)
+        fp.flush()
+        os.fsync(fp.fileno())
+    remove_quietly([dst])  # ours: this copy's side file, cleared when it began
+    rename_noreplace(tmp, dst)
+
+
+def node_root(to: str, scope: str, node: int, emulated: bool) -> str:
+    """Where this rank's copy goes."""
+    return os.path.join(to, f"node{node}") if scope == "node" and emulated else to
+
+
+def check_node_local(comm, to: str, node: int, leader: bool, tag: str) -> None:
+    """Collective (scope node on real nodes): refuse a `to` that the nodes share."""
+    probe = os.path.join(to, f".dlio_mpi-{tag}-node{node}.probe")
+
+    def write() -> None:
+        if leader:
+            os.makedirs(to, exist_ok=True)
+            os.close(create_exclusive(probe))
+
+    check_all(comm, write)
+    comm.Barrier()
+    seen = []
+    if leader:
+        seen = sorted(n for n in os.listdir(to)
+                      if n.startswith(f".dlio_mpi-{tag}-node") and n.endswith(".probe")
+                      and n != os.path.basename(probe))
+    seen = comm.allgather(seen)
+    comm.Barrier()
+    if leader:
+        remove_quietly([probe])
+    shared = [(n, s) for n, s in enumerate(seen) if s]
+    if shared:
+        raise UserError(f"storage.stage_in.scope: node, but {to} is one folder the nodes "
+                        f"share (a rank sees {shared[0][1][0]}, another node's file there); "
+                        "expected a node-local folder, or scope: job")
+
+
+def stage_in(comm, opts, files: StageSet, source: str, topo, tag: str
+             ) -> tuple[StageResult, _Stage]:
+    """Collective: copy `files` (relative to `source`) to the stage folder per opts.scope;
+    the result and the copy (for `clean`)."""
+    scope = opts.scope
+    node = topo.node if scope == "node" else 0
+    group = comm.Split(node, comm.Get_rank())
+    if scope == "node" and not topo.emulated and topo.nodes > 1:
+        check_node_local(comm, opts.to, node, group.Get_rank() == 0, tag)
+    root = node_root(opts.to, scope, node, topo.emulated)
+    stage = _Stage(group, opts, files, source, root, tag)
+    stage.make_way()
+    mine = sum(length for _, _, length in stage.pieces)
+    comm.Barrier()
+    start = _core.now_ns()
+    # a rank failing in the copy aborts the job at once (cli.main), not after the others' copies
+    with progress.task("stage-in (rank 0's pieces)", mine, progress.BYTES) as shown:
+        stage.copy(shown)
+    stage.finish()
+    comm.Barrier()
+    seconds = (_core.now_ns() - start) / 1e9
+    seconds = comm.bcast(seconds, root=0)
+    times = comm.allgather((stage.copier.read_ns / 1e9, stage.copier.write_ns / 1e9))
+    result = StageResult(root, opts.to, scope, topo.nodes if scope == "node" else 1,
+                         len(files), files.bytes, seconds,
+                         [t[0] for t in times], [t[1] for t in times])
+    return result, stage
+
+
+def clean_stage(comm, stage: _Stage) -> None:
+    """Collective: remove the staged copy (storage.stage_in.clean)."""
+    check_all(comm, stage.clean)
+
