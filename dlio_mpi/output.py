@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 import time
 
 from .errors import UserError
@@ -32,9 +33,10 @@ from .report.folder import own_report_files
 RESULTS_MANIFEST = "dlio_mpi_results.json"
 ACCESS_LOG = "access_log"
 REPORT = "report"  # dlio-mpi report's plots of the results
+INTERVAL_STATS = "interval_stats.json"  # output.stats_interval's time series
 # what a run writes besides its log (output.log_file may not take these names)
 RESERVED = ("summary.json", "per_epoch_stats.json", "config.yaml", RESULTS_MANIFEST,
-            ACCESS_LOG, REPORT, "dlio_mpi.lock")
+            ACCESS_LOG, REPORT, INTERVAL_STATS, "dlio_mpi.lock")
 
 
 class OutputFolder:
@@ -48,6 +50,7 @@ class OutputFolder:
         self.tag = new_tag()
         self._log = None
         self._lock: FolderLock | None = None
+        self._log_lock = threading.Lock()  # interval lines come from a thread
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
@@ -165,9 +168,10 @@ class OutputFolder:
         self.files[name] = [st.st_size, st.st_mtime_ns]
 
     def log(self, text: str) -> None:
-        if self._log is not None:
-            self._log.write(text + "\n")
-            self._log.flush()
+        with self._log_lock:
+            if self._log is not None:
+                self._log.write(text + "\n")
+                self._log.flush()
 
     def finish(self, state: str) -> None:
         """Close the log and write the manifest with the final state ('complete',

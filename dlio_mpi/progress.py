@@ -199,3 +199,16 @@ def configure(rank: int, interval: float, stream: TextIO | None = None) -> None:
 def task(what: str, total: int, unit: str) -> Task:
     """A task of the configured reporter (inactive unless rank 0 shows progress)."""
     return _reporter.task(what, total, unit)
+
+
+def write(text: str) -> None:
+    """Rank 0's lines on stdout in one write (they come from several threads), above a bar
+    being drawn there (tqdm.write clears it and draws it again) so that neither breaks the
+    other."""
+    if _reporter.bar and _reporter.stream is sys.stdout:
+        from tqdm import tqdm
+
+        tqdm.write(text, file=sys.stdout)
+    else:
+        sys.stdout.write(text + "\n")
+    sys.stdout.flush()

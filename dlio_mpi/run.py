@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import yaml
 
-from . import __version__, _core
+from . import __version__, _core, progress
 from .cache_tier import CacheTier
 from .catalog import SplitFiles, locate_split
 from .checkpoint.checkpointer import Checkpointer
@@ -42,8 +42,16 @@ from .generate import (
     generate,
     side_folders,
 )
+from .intervals import IntervalStats
 from .manifest import differing_params, generation_params, manifest_path, read_manifest
-from .metrics.summary import EpochSummary, build_summary, condense, format_table, last_arrivals
+from .metrics.summary import (
+    EpochSummary,
+    build_summary,
+    condense,
+    format_table,
+    last_arrivals,
+    node_bandwidth,
+)
 from .output import OutputFolder, access_log_name
 from .ownership import remove_quietly
 from .pacing import Pacing, make_pacing
@@ -66,7 +74,7 @@ def data_root(cfg) -> str:
 def say(comm, *lines: str, out: OutputFolder | None = None) -> None:
     """Print on rank 0 only, and append to the run's log when there is one."""
     if comm.Get_rank() == 0:
-        print(*lines, sep="\n", flush=True)
+        progress.write("\n".join(lines))  # also from the interval thread, also under a bar
         if out is not None:
             out.log("\n".join(lines))
 
@@ -223,10 +231,11 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
                     topo: Topology, wall_offset: int, out: OutputFolder,
                     pause_after: list[int] = (), pause=None,
-                    tracer: RankTrace | None = None) -> EpochSummary | None:
+                    tracer: RankTrace | None = None,
+                    intervals: IntervalStats | None = None) -> EpochSummary | None:
     """One epoch of a phase on every rank; the gathered summary on rank 0, else None.
     `pause_after`, `pause`: checkpoints ending blocks of steps (training.run_epoch);
-    `tracer`: output.trace's."""
+    `tracer`: output.trace's; `intervals`: output.stats_interval's."""
     rank = comm.Get_rank()
     split = phase.split
     entropy = draw_entropy(comm, phase.shuffle)
@@ -246,7 +255,7 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
         reads = phase.cache.plan_epoch(phase.name, reads, cfg.reader.prefetch_size + 2)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
-                      pause=pause, name=phase.name)
+                      pause=pause, name=phase.name, intervals=intervals)
     if tracer is not None:
         tracer.epoch(phase.name, epoch, reads, trace, phase.files.path)
     if cfg.output.access_log:
@@ -291,7 +300,8 @@ class Checkpoints:
 
 
 def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputFolder,
-          checkpoints: Checkpoints | None = None, tracer: RankTrace | None = None
+          checkpoints: Checkpoints | None = None, tracer: RankTrace | None = None,
+          intervals: IntervalStats | None = None
           ) -> tuple[list[EpochSummary], list[EpochSummary], int, dict]:
     """The training epochs, each followed by evaluation when it is due, with the
     checkpoints due (workflow.checkpoint: `checkpoints`); returns the train and eval epoch
@@ -323,7 +333,7 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
                 comm, cfg, phase, epoch, rng, topo, wall_offset, out,
                 pause_after=steps_due(due, phase.steps),
                 pause=lambda step, by_step=by_step: checkpoints.save(by_step[step], out),
-                tracer=tracer)
+                tracer=tracer, intervals=intervals)
             if summary is not None:
                 done[phase.name].append(summary)
             # the step loop stops every rank after the same step; a signal that came during
@@ -414,6 +424,7 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
     wall_offset = time.time_ns() - _core.now_ns()  # rank 0's: checkpoint records' clock
+    node_of_rank = comm.gather(topo.node, root=0)
 
     def write() -> dict:
         # on rank 0 only (lfs runs once); data_file: the layout a data file really took
@@ -430,6 +441,8 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
         header["dlio_mpi"]["generation"] = generation
         header["dlio_mpi"]["trace"] = trace
         header["dlio_mpi"]["stage_in"] = stage_in
+        header["dlio_mpi"]["bandwidth_per_node"] = node_bandwidth(
+            train_epochs, node_of_rank, [h.hostname for h in topo.hosts])
         records = [r for _, r in checkpoints.records] if checkpoints is not None else []
         if checkpoints is not None:
             header["dlio_mpi"]["checkpoint"] = describe_checkpoints(
@@ -604,6 +617,9 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         checkpoints = Checkpoints(open_checkpointer(
             comm, cfg, plan, topo, out.tag, lambda line: say(comm, line, out=out)))
     tracer = RankTrace.start(comm, topo.clock_offset_ns) if cfg.output.trace else None
+    intervals = IntervalStats.start(comm, cfg.output.stats_interval, topo.clock_offset_ns,
+                                    lambda line: say(comm, line, out=out)) \
+        if cfg.workflow.train else None
     generation = None
     if cfg.workflow.generate_data:
         began = _core.now_ns()
@@ -630,7 +646,10 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         read_plan = plan if staged is None else dataclasses.replace(plan, splits={
             name: rerooted(split, staged.root) for name, split in plan.splits.items()})
         train_epochs, eval_epochs, stop, readers = train(comm, cfg, read_plan, topo, pacing,
-                                                         out, checkpoints, tracer)
+                                                         out, checkpoints, tracer, intervals)
+        if intervals is not None:
+            on_root(comm, lambda: intervals.write(out))
+            intervals.close()
         if tracer is not None:
             results["trace"] = write_trace(comm, tracer, out, checkpoints)
         summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import _core, progress
 from .cache_tier import epoch_cache
+from .intervals import IntervalStats
 from .pacing import Pacing, StepSync
 from .planner import ReadPlan
 from .readers import ReaderBackend
@@ -102,12 +103,14 @@ class EpochTrace:
 
 def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray, epoch: int,
               pacing: Pacing, barrier: bool = True, pause_after: Sequence[int] = (),
-              pause: Callable[[int], None] | None = None, name: str = "train") -> EpochTrace:
+              pause: Callable[[int], None] | None = None, name: str = "train",
+              intervals: IntervalStats | None = None) -> EpochTrace:
     """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds.
     After each step number s (counted from 1) in `pause_after` that is not the last, the
     block of steps ends and `pause(s)` runs (a checkpoint: collective); the next block starts
     when it returns, its first step's wait starting then. The reader keeps prefetching
-    meanwhile, as a loader's workers do. `name`: the phase, for rank 0's progress."""
+    meanwhile, as a loader's workers do. `name`: the phase, for rank 0's progress;
+    `intervals`: output.stats_interval's, following the records from a thread."""
     planned = np.round(np.asarray(compute_s, dtype=np.float64) * 1e9).astype(np.int64)
     barrier_ = StepSync(comm, pacing.sync_spin_ns) if barrier else None
     ends = sorted({s for s in pause_after if 0 < s < plan.steps}) + [plan.steps]
@@ -118,10 +121,15 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
     shown = progress.task(f"{name} epoch {epoch}", plan.steps, "steps")
     reader.prepare_epoch(plan)
     before = reader.counters()
+    per_step = len(plan.sample_ids) // max(plan.steps, 1)
+    followed = None
     try:
         comm.Barrier()  # all ranks open the block together ...
         block_start = start = _core.now_ns()
         reader.start_epoch(plan)  # ... and read nothing ahead outside it (in step 0's wait)
+        if intervals is not None:
+            followed = intervals.epoch(name, epoch, records, reader.lat_ns, plan, per_step,
+                                       block_start)
         shown.watch(lambda: int(np.count_nonzero(records[:, SYNCED])),
                     lambda: int(records[:, BYTES].sum()))
         done = 0
@@ -136,10 +144,16 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
             pauses.append((end, paused, start))
         block_end = _core.now_ns()
         table = records[:done]
+    except BaseException:
+        if followed is not None:
+            followed.abandon()
+        raise
     finally:
         shown.close()
         if barrier_ is not None:
             barrier_.close()
+    if followed is not None:  # after the bar: rank 0 shows the last interval of every rank
+        followed.finish(block_end)
     if done < plan.steps:  # the ranks agreed to stop: the rest of the epoch is abandoned
         reader.abandon_epoch()
     elif reader.next_batch() is not None:
@@ -148,7 +162,6 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         reader.end_epoch()
     after = reader.counters()
     requests = int(plan.batch_start[done])
-    per_step = len(plan.sample_ids) // max(plan.steps, 1)
     return EpochTrace(
         epoch=epoch, block_start_ns=block_start, block_end_ns=block_end,
         stamps=np.ascontiguousarray(table[:, :BYTES]), planned_compute_ns=planned[:done],

@@ -105,6 +105,20 @@ def test_checkpoints_and_evaluation_are_shown_when_the_run_has_them(runs, tmp_pa
     assert "evaluation epochs" not in (plain / "report" / "report.html").read_text()
 
 
+def test_interval_statistics_are_drawn_over_time_when_the_run_wrote_them(runs, tmp_path):
+    out = copy_results(runs[1], tmp_path / "out")  # stats_interval 10 s: a row per epoch
+    assert json.loads((out / "interval_stats.json").read_text())
+    assert report(str(out)).returncode == 0
+    assert (out / "report" / "intervals.png").read_bytes().startswith(PNG_MAGIC)
+    assert 'id="intervals.png"' in (out / "report" / "report.html").read_text()
+    bare = copy_results(runs[1], tmp_path / "bare")  # as a run with stats_interval 0
+    (bare / "interval_stats.json").unlink()
+    assert report(str(bare)).returncode == 0
+    assert not (bare / "report" / "intervals.png").exists()
+    assert "intervals.png: no interval_stats.json" in \
+        (bare / "report" / "report.html").read_text()
+
+
 def test_two_runs_are_compared_in_a_csv_with_their_summaries_figures(runs, tmp_path):
     outs = [copy_results(r, tmp_path / f"out{i}") for i, r in enumerate(runs)]
     res = report(*map(str, outs), "--output", str(tmp_path / "cmp"))

@@ -84,6 +84,8 @@ _YamlLoader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."))
 
+MIN_STATS_INTERVAL = 0.01  # seconds: output.stats_interval's shortest
+
 
 def parse_yaml(text: str, what: str) -> Any:
     """The YAML document `text` (from `what`: a file or an override); a key given twice in
@@ -404,6 +406,11 @@ def check_consistency(cfg: Config) -> None:
     if len(ds.record_dims) > MAX_RECORD_DIMS:
         raise ConfigError(f"dataset.record_dims: expected at most {MAX_RECORD_DIMS} dimensions, "
                           f"got {len(ds.record_dims)}")
+    if 0 < cfg.output.stats_interval < MIN_STATS_INTERVAL:
+        raise ConfigError(f"output.stats_interval: {cfg.output.stats_interval:g} s is shorter "
+                          f"than {MIN_STATS_INTERVAL:g} s; expected 0 (off) or at least "
+                          f"{MIN_STATS_INTERVAL:g} (an interval spans several steps, and every "
+                          "rank sends rank 0 a message per interval)")
     if (cfg.workflow.train or cfg.workflow.generate_data) and ds.num_files_train < 1:
         raise ConfigError(f"dataset.num_files_train: expected an integer >= 1 when "
                           f"workflow.train or workflow.generate_data is true, "

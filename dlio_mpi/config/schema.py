@@ -654,6 +654,12 @@ class Output:
     # ours: seconds between rank 0's progress lines when stdout is not a terminal; 0: no
     # progress shown (neither lines nor the bar a terminal gets)
     progress_interval: float = key(10.0, "float", minimum=0)
+    # ours: every N seconds the job's throughput, AU and read latency of the last N seconds
+    # (fio's --status-interval), one line in the log and a row of interval_stats.json; 0: off.
+    # 10 s: long runs get a readable time series (360 rows an hour) while each interval still
+    # spans many steps, so its AU and percentiles mean something; costs one wake-up a rank
+    # per interval. Below 0.01 s refused (config.loader.check_consistency)
+    stats_interval: float = key(10.0, "float", minimum=0)
 
 
 @dataclass(frozen=True)

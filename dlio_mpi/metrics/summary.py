@@ -292,6 +292,23 @@ def phase_metrics(phase: str, epochs: list[EpochSummary], au_target: float) -> d
     }
 
 
+def node_bandwidth(epochs: list[EpochSummary], node_of_rank: list[int],
+                   hostnames: list[str]) -> list[dict]:
+    """Per node (ours, dlio_mpi.bandwidth_per_node): the bytes storage returned to its ranks
+    over the epochs and their rate over the epochs' time (each epoch's slowest rank's block,
+    the same time for every node, so that nodes compare)."""
+    seconds = float(sum(e.seconds for e in epochs))
+    rows = []
+    for node, host in enumerate(hostnames):
+        ranks = [r for r, n in enumerate(node_of_rank) if n == node]
+        nbytes = int(sum(r.bytes_transferred for e in epochs for r in e.records
+                         if node_of_rank[r.rank] == node))
+        rows.append({"node": node, "hostname": host, "ranks": ranks,
+                     "bytes_transferred": nbytes, "seconds": seconds,
+                     "MiB_per_second": nbytes / MIB / seconds if seconds > 0 else 0.0})
+    return rows
+
+
 def build_summary(train: list[EpochSummary], evals: list[EpochSummary], cfg,
                   header: dict) -> dict:
     """summary.json's content (rank 0)."""

@@ -72,6 +72,9 @@ def _run_files(run, compare_link: str | None) -> dict[str, bytes]:
         "the results hold no read latency")
     add("throughput.png", plots.throughput_plot(run), "read throughput (MiB/s) per epoch",
         "the results hold no per-epoch throughput")
+    add("intervals.png", plots.intervals_plot(run),
+        "throughput over time, one point per output.stats_interval",
+        "no interval_stats.json (the run had output.stats_interval: 0)")
     add("checkpoints.png", plots.checkpoint_plot(run), "bandwidth of each checkpoint",
         "the run wrote or read no checkpoint")
     if not traced:

@@ -128,6 +128,48 @@ def throughput_plot(run: RunResults) -> bytes | None:
     return _png(fig)
 
 
+def intervals_plot(run: RunResults) -> bytes | None:
+    """Read throughput and samples/s over time, every output.stats_interval seconds (from
+    interval_stats.json), a series per phase, each point at its interval's end."""
+    if not run.intervals:
+        return None
+    fig, (mib, rate) = _figure(f"throughput over time (interval statistics)\n{run.title}", 2, 1,
+                               size=(8, 6))
+    phases = sorted({str(r.get("phase")) for r in run.intervals})
+    for i, phase in enumerate(phases):
+        x: list[float] = []
+        mibs: list[float] = []
+        rates: list[float] = []
+        epoch = None
+        for r in run.intervals:
+            if str(r.get("phase")) != phase:
+                continue
+            if epoch is not None and r.get("epoch") != epoch:  # no line between epochs
+                x.append(np.nan)
+                mibs.append(np.nan)
+                rates.append(np.nan)
+            epoch = r.get("epoch")
+            x.append(r["start_s"] + r["seconds"])
+            mibs.append(r["MiB_per_second"])
+            rates.append(_number(r.get("samples_per_second")) or 0.0)
+        style = dict(marker=MARKERS[i % len(MARKERS)], color="black", label=phase,
+                     linestyle="-" if i == 0 else "--", markersize=4)
+        mib.plot(x, mibs, **style)
+        rate.plot(x, rates, **style)
+    mib.set(ylabel="MiB/s read")
+    rate.set(xlabel="seconds from the run's start (interval end)", ylabel="samples/s")
+    for ax in (mib, rate):
+        ax.set_ylim(0, max(ax.get_ylim()[1] * 1.1, 1e-9))
+        ax.grid(True, linestyle=":")
+        ax.legend()
+    return _png(fig)
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else None
+
+
 def _epoch_ends(run: RunResults) -> dict[int, float] | None:
     from datetime import datetime
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..errors import UserError
 
 REQUIRED = ("summary.json", "per_epoch_stats.json")
+INTERVAL_STATS = "interval_stats.json"  # output.INTERVAL_STATS (not imported: no MPI here)
 
 
 @dataclass
@@ -38,6 +39,8 @@ class RunResults:
     epochs: list[Epoch]
     checkpoints: list[dict]
     eval_epochs: list[Epoch] = field(default_factory=list)  # evaluation, after its epoch
+    # output.stats_interval's rows (interval_stats.json), when the run wrote them
+    intervals: list[dict] = field(default_factory=list)
 
     @property
     def title(self) -> str:
@@ -98,7 +101,8 @@ def read_results(folder: str) -> RunResults:
     evals.sort(key=lambda e: e.epoch)
     checkpoint = summary.get("dlio_mpi", {}).get("checkpoint") or {}
     records = [r for r in checkpoint.get("records", []) if isinstance(r, dict)]
-    return RunResults(folder, _workload_name(folder), summary, epochs, records, evals)
+    return RunResults(folder, _workload_name(folder), summary, epochs, records, evals,
+                      _intervals(folder))
 
 
 def _epoch(number: int, entry: dict) -> Epoch:
@@ -111,6 +115,21 @@ def _epoch(number: int, entry: dict) -> Epoch:
                  _number(entry.get("read_latency_p50_ms")),
                  _number(entry.get("read_latency_p99_ms")),
                  [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else [])
+
+
+def _intervals(folder: str) -> list[dict]:
+    """interval_stats.json's rows that hold a time and a rate (none without the file)."""
+    path = os.path.join(folder, INTERVAL_STATS)
+    if not os.path.isfile(path):
+        return []
+    try:
+        with open(path) as fp:
+            rows = json.load(fp)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"report: cannot read {path}: {exc}") from exc
+    return [r for r in rows if isinstance(r, dict) and _number(r.get("start_s")) is not None
+            and _number(r.get("seconds")) is not None
+            and _number(r.get("MiB_per_second")) is not None] if isinstance(rows, list) else []
 
 
 def _json(folder: str, name: str) -> dict:
