@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,10 +34,28 @@ def workload_overrides(tmp: Path, **values) -> list[str]:
 
 
 def run_cli(args: list[str], ranks: int = 2, timeout: float = 120,
-            cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run `dlio-mpi ARGS` on `ranks` MPI ranks; fails the test if it hangs."""
+            cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `dlio-mpi ARGS` on `ranks` MPI ranks (`env` added to the environment); fails the
+    test if it hangs."""
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **env} if env else None)
+
+
+def run_cli_opens(args: list[str], ranks: int, log: Path, env: dict | None = None,
+                  timeout: float = 240) -> tuple[subprocess.CompletedProcess, list[str] | None]:
+    """Run `dlio-mpi ARGS` on `ranks` MPI ranks (with `env` added to the environment), under
+    `strace -f` writing to `log` when strace is installed; the result and every path the job
+    opened (openat), None without strace."""
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", *args]
+    traced = shutil.which("strace") is not None
+    if traced:
+        cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log), *cmd]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                         env={**os.environ, **(env or {})})
+    if not traced or res.returncode != 0:
+        return res, None
+    return res, re.findall(r'openat\(AT_FDCWD, "([^"]+)"', log.read_text())
 
 
 def rank_pids(marker: str) -> list[int]:

@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from helpers import mpiexec, run_cli, workload_overrides
+from helpers import run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 RANKS = [2, 3]
@@ -85,11 +83,10 @@ def test_without_room_none_keeps_its_first_copies_and_lru_evicts(tmp_path, ranks
 
 @pytest.mark.parametrize("ranks", RANKS)
 def test_emulated_nodes_keep_a_cache_each(tmp_path, ranks):
-    env = {**os.environ, "DLIO_MPI_RANKS_PER_NODE": "1"}
     # no shuffling: each rank reads the same files every epoch, from its own node's cache
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
-           *_args(tmp_path, reader__file_shuffle="off", reader__sample_shuffle="off")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    res = run_cli(["run", "demo", *_args(tmp_path, reader__file_shuffle="off",
+                                         reader__sample_shuffle="off")], ranks, timeout=240,
+                  env={"DLIO_MPI_RANKS_PER_NODE": "1"})
     assert res.returncode == 0, res.stderr
     first, *later = _cache(tmp_path)
     # each node filled what its rank read: the files together, once each

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
 
 from dlio_mpi.catalog import spot_indices
-from helpers import mpiexec, run_cli, workload_overrides
+from helpers import run_cli, run_cli_opens, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 RANKS = [2, 3]
@@ -37,12 +33,8 @@ def _args(tmp, out: str = "out", **values) -> list[str]:
 def test_files_read_once_and_every_rank_gets_its_samples(tmp_path, ranks):
     res = run_cli(["run", "demo", *_args(tmp_path, out="native")], ranks=ranks)
     assert res.returncode == 0, res.stderr
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
-           *_args(tmp_path, reader__staging="read_once")]
-    log = tmp_path / "strace.log"
-    if shutil.which("strace"):
-        cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log), *cmd]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    res, opened = run_cli_opens(["run", "demo", *_args(tmp_path, reader__staging="read_once")],
+                                ranks, tmp_path / "strace.log")
     assert res.returncode == 0, res.stderr
     # the same samples, rank by rank and epoch by epoch, as a run reading the files
     for epoch in (1, 2):
@@ -63,8 +55,7 @@ def test_files_read_once_and_every_rank_gets_its_samples(tmp_path, ranks):
     assert 0 < ex["bytes_from_other_ranks"] < ex["bytes"]
     assert ex["bytes_from_other_nodes"] == 0  # one node
     assert summary["metric"]["train_file_opens"] == 0  # training opened no file
-    if log.exists():
-        opened = re.findall(r'openat\(AT_FDCWD, "([^"]+)"', log.read_text())
+    if opened is not None:
         data_files = [p for p in opened if p.startswith(str(data))
                       and p.endswith(".indexed_binary")]
         assert sorted(data_files) == sorted(str(p) for p in data.iterdir()
@@ -74,10 +65,9 @@ def test_files_read_once_and_every_rank_gets_its_samples(tmp_path, ranks):
 @pytest.mark.parametrize("ranks", RANKS)
 def test_emulated_nodes_exchange_across_nodes_the_right_bytes(tmp_path, ranks):
     # the exchange's self-check: every delivered sample compared with its file's bytes
-    env = {**os.environ, "DLIO_MPI_RANKS_PER_NODE": "1", "DLIO_MPI_TEST_VERIFY_EXCHANGE": "1"}
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
-           *_args(tmp_path, reader__staging="read_once")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    env = {"DLIO_MPI_RANKS_PER_NODE": "1", "DLIO_MPI_TEST_VERIFY_EXCHANGE": "1"}
+    res = run_cli(["run", "demo", *_args(tmp_path, reader__staging="read_once")], ranks,
+                  timeout=240, env=env)
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     reader = summary["dlio_mpi"]["readers"]["train"]

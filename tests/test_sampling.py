@@ -5,14 +5,10 @@ too), the bytes checked against the files."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from helpers import mpiexec, run_cli, workload_overrides
+from helpers import run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,10 +39,8 @@ def test_draws_with_replacement_are_seeded_and_served_by_read_once(tmp_path, ran
     drawn = np.concatenate([a[(1, r)] for r in range(ranks)])
     assert len(np.unique(drawn)) < len(drawn)  # some sample came twice
     assert not np.array_equal(a[(1, 0)], a[(2, 0)])  # seed_change_epoch: other draws
-    env = {**os.environ, "DLIO_MPI_TEST_VERIFY_EXCHANGE": "1"}
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
-           *_args(tmp_path, "c", reader__staging="read_once")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    res = run_cli(["run", "demo", *_args(tmp_path, "c", reader__staging="read_once")], ranks,
+                  timeout=240, env={"DLIO_MPI_TEST_VERIFY_EXCHANGE": "1"})
     assert res.returncode == 0, res.stderr
     c = _logs(tmp_path / "c", ranks)
     for key in a:

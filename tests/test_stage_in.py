@@ -9,16 +9,13 @@ from __future__ import annotations
 import filecmp
 import json
 import os
-import re
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
 
 from dlio_mpi.catalog import spot_indices
-from helpers import mpiexec, run_cli, workload_overrides
+from helpers import run_cli, run_cli_opens, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 RANKS = [2, 3]
@@ -57,12 +54,8 @@ def test_a_job_copy_is_identical_read_once_and_read_by_training(tmp_path, ranks)
     values = dict(workflow__evaluation="true", dataset__num_files_eval=6,
                   reader__batch_size_eval=1)
     _generate(tmp_path, ranks, **values)
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
-           *_args(tmp_path, **values)]
-    log = tmp_path / "strace.log"
-    if shutil.which("strace"):
-        cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log), *cmd]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    res, opened = run_cli_opens(["run", "demo", *_args(tmp_path, **values)], ranks,
+                                tmp_path / "strace.log")
     assert res.returncode == 0, res.stderr
     data, bb = tmp_path / "data", tmp_path / "bb"
     _identical(data, bb)
@@ -74,9 +67,9 @@ def test_a_job_copy_is_identical_read_once_and_read_by_training(tmp_path, ranks)
     manifest = json.loads((bb / "dlio_mpi_stage.json").read_text())
     assert manifest["complete"] and manifest["source"] == str(data)
     assert "stage-in: 18 file(s)" in res.stdout
-    if not log.exists():
+    if opened is None:
         return
-    opened = re.findall(r'openat\(AT_FDCWD, "([^"]+\.npz)"', log.read_text())
+    opened = [p for p in opened if p.endswith(".npz")]
     source = [p for p in opened if p.startswith(str(data))]
     copy = [p for p in opened if p.startswith(str(bb))]
     # each source file once (by the stage-in); training and evaluation read the copy
@@ -88,10 +81,8 @@ def test_a_job_copy_is_identical_read_once_and_read_by_training(tmp_path, ranks)
 @pytest.mark.parametrize("ranks", RANKS)
 def test_node_scope_makes_one_copy_per_emulated_node(tmp_path, ranks):
     _generate(tmp_path, ranks)
-    env = {**os.environ, "DLIO_MPI_RANKS_PER_NODE": "1"}
-    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
-           *_args(tmp_path, storage__stage_in__scope="node")]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    res = run_cli(["run", "demo", *_args(tmp_path, storage__stage_in__scope="node")], ranks,
+                  timeout=240, env={"DLIO_MPI_RANKS_PER_NODE": "1"})
     assert res.returncode == 0, res.stderr
     for node in range(ranks):
         _identical(tmp_path / "data", tmp_path / "bb" / f"node{node}")
