@@ -193,6 +193,16 @@ NATIVE_ONLY = ("reader.access", "reader.fd_cache_size", "reader.keep_data")
 FRAMEWORK_ONLY = ("reader.pin_memory", "reader.multiprocessing_context")
 
 
+def access_order_refusal(cfg) -> str | None:
+    """reader.access_order sorted reorders the plan's reads; the framework loaders read
+    as their own samplers and workers decide."""
+    if cfg.reader.access_order == "sorted" and cfg.reader.engine == "framework":
+        return ("reader.access_order: sorted with reader.engine framework is not implemented "
+                "yet (the real loader orders its own reads); accepted: reader.access_order "
+                "shuffled, or reader.engine native")
+    return None
+
+
 def _engine_notes(cfg, library_read: str = "") -> list[str]:
     """Reader keys set for the other engine than the one that runs."""
     if cfg.reader.engine == "native" and library_read:
@@ -529,7 +539,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         dataset_bytes = sum(table.total("size") for table in layouts.values())
         if cfg.workflow.train:
             # reader.engine with what it cannot read
-            refused = engine_refusal(cfg, library_read)
+            refused = engine_refusal(cfg, library_read) or access_order_refusal(cfg)
             if refused:
                 raise UserError(refused)
             steps = _train_steps(cfg, train, ranks)
