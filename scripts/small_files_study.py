@@ -63,11 +63,13 @@ def _mpiexec() -> str:
     return str(local) if local.exists() else "mpiexec"
 
 
-def dlio(ranks: int, *args: str, timeout: float) -> str:
-    """`mpiexec -n RANKS dlio-mpi ARGS`; its output, or exit with it on failure."""
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", *args]
+def dlio(ranks: int, work: Path, *args: str, timeout: float) -> str:
+    """`mpiexec -n RANKS dlio-mpi ARGS` in `work` (so that a checkout's source tree in the
+    current folder does not shadow the installed package); its output, or exit with it on
+    failure."""
+    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, "-m", "dlio_mpi", *args]
     print("+", shlex.join(cmd), flush=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=work)
     if done.returncode != 0:
         sys.exit(f"small_files_study: failed (exit {done.returncode}):\n{done.stdout}"
                  f"{done.stderr}")
@@ -143,11 +145,11 @@ def main(argv: list[str] | None = None) -> int:
             f"dataset.record_length_bytes={args.sample_bytes}",
             "dataset.record_length_bytes_stdev=0", "dataset.num_files_eval=0",
             "workflow.evaluation=False", "workflow.checkpoint=False"]
-    dlio(args.ranks, "generate", "demo", *base, timeout=args.timeout)
+    dlio(args.ranks, work, "generate", "demo", *base, timeout=args.timeout)
     pack = ["pack", "demo", *base, "--to", str(work / "packed")]
     if args.samples_per_shard:
         pack += ["--samples-per-shard", str(args.samples_per_shard)]
-    dlio(args.ranks, *pack, timeout=args.timeout)
+    dlio(args.ranks, work, *pack, timeout=args.timeout)
     from dlio_mpi.pack import OVERRIDES_NAME, combined
 
     packed = tuple((work / "packed" / OVERRIDES_NAME).read_text().split())
@@ -168,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
                 k += 1
             out = work / "runs" / f"{name}.{k}"
         settings = [*base, *training, *extra, f"output.folder={out}"]
-        dlio(args.ranks, "run", "demo", *(combined(settings, packed) if name == "packed"
+        dlio(args.ranks, work, "run", "demo", *(combined(settings, packed) if name == "packed"
                                            else settings), timeout=args.timeout)
         rows.append({"variant": name, "description": text, **figures(out),
                      "output_folder": str(out)})
