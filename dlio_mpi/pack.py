@@ -100,10 +100,10 @@ def _near_divisors(n: int, wanted: int) -> list[int]:
     return sorted(sorted(_divisors(n), key=lambda d: abs(d - wanted))[:4])
 
 
-def packed_overrides(cfg, folder: str, per_shard: int, sample_bytes: int,
+def packed_overrides(folder: str, per_shard: int, sample_bytes: int,
                      files: dict[str, int]) -> tuple[str, ...]:
-    """The overrides that make `cfg` read the packed dataset."""
-    out = [
+    """The overrides that make the workload read the packed dataset."""
+    return (
         "dataset.format=indexed_binary",
         f"dataset.data_folder={os.path.abspath(folder)}",
         f"dataset.num_files_train={files['train']}",
@@ -117,10 +117,7 @@ def packed_overrides(cfg, folder: str, per_shard: int, sample_bytes: int,
         "dataset.num_subfolders_eval=0",
         "dataset.sample_layout=first_axis",
         "workflow.generate_data=False",
-    ]
-    if cfg.storage.storage_root not in ("", "./", "."):
-        out.append("storage.storage_root=./")  # data_folder is absolute
-    return tuple(out)
+    )  # data_folder is absolute: storage.storage_root does not apply to it
 
 
 def combined(overrides: list[str], packed: tuple[str, ...]) -> list[str]:
@@ -155,11 +152,11 @@ def plan_pack(comm, cfg, source: str, overrides: list[str], folder: str,
     per_shard = check_all(comm, lambda: shard_samples([c for c in counts if c], sample_bytes,
                                                       samples_per_shard))
     files = {name: split.num_files // per_shard for name, split in splits.items()}
-    packed = packed_overrides(cfg, folder, per_shard, sample_bytes, files)
+    packed = packed_overrides(folder, per_shard, sample_bytes, files)
     packed_cfg = check_all(comm, lambda: load_config(source, combined(overrides, packed)),
                            expected=(ConfigError, UserError))
     params = generation_params(packed_cfg)
-    params["packed_from"] = {"data_folder": located["train"].split.root,
+    params["packed_from"] = {"data_folder": os.path.abspath(located["train"].split.root),
                              "format": cfg.dataset.format,
                              "files": {name: split.num_files for name, split in splits.items()},
                              "sample_bytes": sample_bytes}

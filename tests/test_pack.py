@@ -96,6 +96,34 @@ def test_shards_hold_the_original_files_and_a_rerun_keeps_them(tmp_path, ranks):
     assert _files(packed) == before
 
 
+def test_an_interrupted_pack_resumes_and_keeps_its_complete_shards(tmp_path):
+    args = _generate(tmp_path, 2, dataset__num_files_eval=0)
+    assert _pack(tmp_path, 2, args, "--samples-per-shard", "3").returncode == 0
+    packed = tmp_path / "packed"
+    # the state a pack stopped between two shards leaves: its manifest not complete, a shard
+    # and the overrides missing, a temporary of its tag left
+    manifest_path = packed / "dlio_mpi_manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["complete"] = False
+    manifest["temporaries"] = ["abcdef012345"]
+    manifest_path.write_text(json.dumps(manifest))
+    lost = packed / "train" / "img_2_of_4.indexed_binary"
+    content = lost.read_bytes()
+    lost.unlink()
+    (packed / OVERRIDES_NAME).unlink()
+    stale = packed / "train" / "img_3_of_4.indexed_binary.dlio_mpi-abcdef012345.tmp"
+    stale.write_bytes(b"partial")
+    before = _files(packed)
+    res = _pack(tmp_path, 2, args, "--samples-per-shard", "3")
+    assert res.returncode == 0, res.stderr
+    after = _files(packed)
+    assert lost.read_bytes() == content and not stale.exists()
+    kept = [p for p in before if p.endswith("_of_4.indexed_binary")]
+    assert len(kept) == 3 and all(after[p] == before[p] for p in kept)
+    assert json.loads(manifest_path.read_text())["complete"]
+    assert (packed / OVERRIDES_NAME).exists()
+
+
 def _sample_sets(logs: list[np.ndarray], batch: int) -> list[list[set]]:
     return [[set(b) for b in log.reshape(-1, batch).tolist()] for log in logs]
 
