@@ -28,7 +28,7 @@ from . import _core
 from .catalog import locate_split
 from .config import ConfigError, load_config
 from .config.loader import parse_override
-from .dataset import SPLITS, FileNaming, describe_dataset
+from .dataset import SHAPE_CHUNK, SPLITS, FileNaming, describe_dataset
 from .errors import UserError, check_all, on_root
 from .formats.base import SampleSpec, StagedWrites
 from .formats.indexed_binary import IndexedBinaryFormat
@@ -136,9 +136,10 @@ def plan_pack(comm, cfg, source: str, overrides: list[str], folder: str,
 
     def sizes() -> int:
         found = set()
-        for files in located.values():
-            found.update(np.unique(files.layouts.take(
-                np.arange(files.count, dtype=np.int64)).size).tolist())
+        for files in located.values():  # a chunk at a time: 10^7 files' layouts are GiBs
+            for start in range(0, files.count, SHAPE_CHUNK):
+                chunk = np.arange(start, min(start + SHAPE_CHUNK, files.count))
+                found.update(np.unique(files.layouts.take(chunk).size).tolist())
         if len(found) != 1:
             raise UserError(
                 f"the dataset's files have {len(found)} different sizes "
