@@ -233,6 +233,13 @@ typedef struct dio_file_pattern {
 } dio_file_pattern;
 int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_error *err);
 
+/* The cache tier (reader.cache): where the copies of the file table's files go, named by a
+ * pattern as dio_engine_set_file_pattern's (or, with p NULL, the list paths[0..nfiles)), and
+ * the suffix a fill's temporaries carry (".dlio_mpi-<tag>.tmp").  Requests with
+ * DIO_REQ_CACHED or DIO_REQ_FILL need it.  Abandons an epoch in flight. */
+int dio_engine_set_cache(dio_engine *e, const dio_file_pattern *p, int64_t nfiles,
+                         const char *const *paths, const char *tmp_suffix, dio_error *err);
+
 /* Abandon an epoch in flight and close every descriptor the engine holds (what a loader does
  * with the files it kept open when an epoch ends). */
 void dio_engine_close_files(dio_engine *e);
@@ -254,6 +261,12 @@ int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_er
 #define DIO_REQ_MMAP   8u  /* read by mapping the extent (mmap, MAP_SHARED) and copying it out,
                             * which touches every page, as an mmap reader consuming the sample
                             * does; one read op per request; not with O_DIRECT */
+#define DIO_REQ_CACHED 16u /* read the cache tier's copy of the file (dio_engine_set_cache);
+                            * where that copy is gone, the file table's file is read instead
+                            * (a fallback, counted).  Every request of an access alike */
+#define DIO_REQ_FILL   32u /* before this request, copy the file whole from the file table to
+                            * the cache tier (under a temporary renamed into place, never over
+                            * a copy already there), then read it as DIO_REQ_CACHED */
 
 /* One epoch of requests: batch b covers requests [batch_start[b], batch_start[b+1]).  The
  * arrays are copied by dio_engine_start_epoch.  batch_start[0] must be 0 and batch_start must
@@ -273,6 +286,10 @@ typedef struct dio_epoch_plan {
     const int64_t  *delay_ns;    /* after the read, the reader thread sleeps this long (a
                                   * loader's per-sample preprocessing: the batch is ready only
                                   * after it; read latencies leave it out); NULL = none */
+    const int64_t  *evict_at;    /* NULL, or nreq + 1 non-decreasing offsets into evict_file:
+                                  * before request i, its thread removes the cache tier's
+                                  * copies of evict_file[evict_at[i] .. evict_at[i+1]) */
+    const int64_t  *evict_file;
 } dio_epoch_plan;
 
 /* Per-request outputs, each NULL or nreq entries, owned by the caller, which must keep them
@@ -398,6 +415,12 @@ typedef struct dio_engine_counters {
     int64_t stats;            /* fstat() calls since create (one per open, DIO_REQ_FSTAT) */
     int64_t bytes_read;       /* bytes transferred since create */
     int64_t read_ops;         /* pread calls since create */
+    int64_t cache_reads;      /* requests read from the cache tier's copies */
+    int64_t cache_fills;      /* files copied into the cache tier (DIO_REQ_FILL) */
+    int64_t cache_fill_bytes; /* bytes they held */
+    int64_t cache_fill_ns;    /* time the fills took, summed over the threads */
+    int64_t cache_evictions;  /* copies removed (evict_file) */
+    int64_t cache_fallbacks;  /* DIO_REQ_CACHED requests whose copy was gone */
 } dio_engine_counters;
 
 void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out);

@@ -8,7 +8,9 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "dio_internal.h"
@@ -65,5 +67,20 @@ int dio_copy_range(int src, int dst, int64_t offset, int64_t length, void *buf,
         times->write_ns += dio_now_ns() - t1;
         done += (int64_t)n;
     }
+    return 0;
+}
+
+int dio_rename_noreplace(const char *from, const char *to)
+{
+#ifdef SYS_renameat2
+    if (syscall(SYS_renameat2, AT_FDCWD, from, AT_FDCWD, to, 1 /* RENAME_NOREPLACE */) == 0)
+        return 0;
+    if (errno != ENOSYS && errno != EINVAL)
+        return -1;
+#endif
+    /* a file system without renameat2's flag: link never replaces either */
+    if (link(from, to) != 0)
+        return -1;
+    unlink(from);
     return 0;
 }

@@ -91,6 +91,9 @@ typedef struct batch_state {
     int64_t ready_ns;
 } batch_state;
 
+#define CACHE_KEY ((int64_t)1 << 62) /* fd cache key of a file's cache-tier copy: file | it */
+#define FILL_BUF ((size_t)8 << 20)     /* a fill's copy calls */
+
 typedef struct worker {
     dio_engine *e;
     pthread_t tid;
@@ -99,6 +102,9 @@ typedef struct worker {
     int access_fd;       /* descriptor of the access in progress, -1 if none */
     int64_t access_file;
     char path[PATH_MAX_LEN]; /* a pattern file's name, formatted here */
+    char cpath[PATH_MAX_LEN]; /* its cache-tier copy's */
+    char tpath[PATH_MAX_LEN + 64]; /* a fill's temporary */
+    void *fill_buf;      /* FILL_BUF bytes, aligned; allocated by the first fill */
     char *scratch;       /* with discard: where every request of this thread lands */
     size_t scratch_cap;
     dio_error err;       /* this thread's last failure, copied into the engine under the lock */
@@ -135,12 +141,17 @@ struct dio_engine {
     worker self; /* the caller's reader when nthreads == 0 */
 
     file_table files;
+    file_table cache;    /* the cache tier's copies (nfiles 0: none) */
+    char *tmp_suffix;    /* of a fill's temporaries */
 
     /* the epoch */
     int active;
     int64_t nbatches, nreq;
     req *reqs;
     int64_t reqs_cap;
+    int64_t *evict_at, *evict_file; /* copies of the plan's */
+    int evict_at_on;                /* this epoch's plan has evictions */
+    int64_t evict_at_cap, evict_file_cap;
     batch_state *batches;
     int64_t batches_cap;
     int64_t *out_lat, *out_nread;
@@ -163,6 +174,8 @@ struct dio_engine {
 
     /* counters (atomics) */
     int64_t opens, closes, stats, bytes_read, read_ops;
+    int64_t cache_reads, cache_fills, cache_fill_bytes, cache_fill_ns, cache_evictions,
+        cache_fallbacks;
 
     char who[WHO_MAX_LEN]; /* named in watchdog reports; "" = nobody */
 
@@ -365,9 +378,10 @@ static int worker_init(dio_engine *e, worker *w, int cache_cap)
  * refuses anything but a regular file, checks O_DIRECT's file system), in the thread's watch
  * slot.  On EMFILE the thread gives back its least recently used cached descriptors and tries
  * again. */
-static int open_file(dio_engine *e, worker *w, int64_t file, dio_error *err)
+static int open_file(dio_engine *e, worker *w, int64_t file, int cached, dio_error *err)
 {
-    const char *path = file_path(&e->files, file, w->path);
+    const char *path = cached ? file_path(&e->cache, file, w->cpath)
+                              : file_path(&e->files, file, w->path);
     int fd, victim;
     watch_begin(&w->watch, WATCH_OPEN, file, dio_now_ns());
     if (DIO_UNLIKELY(e->stall_ns > 0))
@@ -381,21 +395,26 @@ static int open_file(dio_engine *e, worker *w, int64_t file, dio_error *err)
     if (fd >= 0) {
         __atomic_fetch_add(&e->opens, 1, __ATOMIC_RELAXED);
         __atomic_fetch_add(&e->stats, 1, __ATOMIC_RELAXED); /* dio_open_regular's fstat */
+    } else if (cached && fd == -ENOENT) { /* the copy is gone: read the file itself */
+        __atomic_fetch_add(&e->cache_fallbacks, 1, __ATOMIC_RELAXED);
+        dio_clear_error(err);
+        return open_file(e, w, file, 0, err);
     }
     return fd;
 }
 
 /* The descriptor for a request outside an access: from the thread's cache, else opened. */
-static int cached_fd(dio_engine *e, worker *w, int64_t file, dio_error *err)
+static int cached_fd(dio_engine *e, worker *w, int64_t file, int cached, dio_error *err)
 {
-    fd_entry *ent = fd_cache_find(&w->cache, file);
+    int64_t key = cached ? file | CACHE_KEY : file;
+    fd_entry *ent = fd_cache_find(&w->cache, key);
     int fd, victim;
     if (DIO_LIKELY(ent != NULL))
         return ent->fd;
-    fd = open_file(e, w, file, err);
+    fd = open_file(e, w, file, cached, err);
     if (fd < 0)
         return fd;
-    ent = fd_cache_insert(&w->cache, file, &victim);
+    ent = fd_cache_insert(&w->cache, key, &victim);
     if (victim >= 0)
         close_counted(victim, e);
     ent->fd = fd;
@@ -503,6 +522,69 @@ static char *scratch_for(dio_engine *e, worker *w, int64_t need)
     return w->scratch;
 }
 
+/* DIO_REQ_FILL: copy file `file` whole into the cache tier, under a temporary renamed into
+ * place without replacing a copy already there (then the temporary is dropped). */
+static int fill_cache(dio_engine *e, worker *w, int64_t file, dio_error *err)
+{
+    const char *src = file_path(&e->files, file, w->path);
+    const char *dst = file_path(&e->cache, file, w->cpath);
+    dio_copy_times times = {0, 0};
+    struct stat st;
+    int64_t t0 = dio_now_ns();
+    int in, out, rc;
+    if (!w->fill_buf && posix_memalign(&w->fill_buf, 4096, FILL_BUF) != 0) {
+        w->fill_buf = NULL;
+        return dio_fail(err, ENOMEM, dst, "cache fill of %s: out of memory", dst);
+    }
+    snprintf(w->tpath, sizeof w->tpath, "%s%s", dst, e->tmp_suffix);
+    in = open_file(e, w, file, 0, err);
+    if (in < 0)
+        return in;
+    if (fstat(in, &st) != 0) {
+        rc = dio_fail(err, errno, src, "cache fill: fstat %s: %s", src, strerror(errno));
+        close_counted(in, e);
+        return rc;
+    }
+    out = open(w->tpath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC |
+               (e->cfg.odirect ? O_DIRECT : 0), 0644);
+    if (out < 0) {
+        rc = dio_fail(err, errno, w->tpath, "cache fill: create %s: %s", w->tpath,
+                      strerror(errno));
+        close_counted(in, e);
+        return rc;
+    }
+    rc = dio_copy_range(in, out, 0, (int64_t)st.st_size, w->fill_buf, FILL_BUF,
+                        e->cfg.odirect ? e->cfg.align : 4096, &times, src, w->tpath, err);
+    close_counted(in, e);
+    close(out);
+    if (rc == 0 && dio_rename_noreplace(w->tpath, dst) != 0) {
+        int er = errno;
+        if (er != EEXIST)
+            rc = dio_fail(err, er, dst, "cache fill: rename %s to %s: %s", w->tpath, dst,
+                          strerror(er));
+    }
+    unlink(w->tpath); /* after a failure, or a copy that was there first; else gone already */
+    if (rc < 0)
+        return rc;
+    __atomic_fetch_add(&e->cache_fills, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&e->cache_fill_bytes, (int64_t)st.st_size, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&e->cache_fill_ns, dio_now_ns() - t0, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* Remove the cache tier's copies the plan evicts before request i (gone already: fine). */
+static void evict_before(dio_engine *e, worker *w, int64_t i)
+{
+    for (int64_t k = e->evict_at[i]; k < e->evict_at[i + 1]; k++) {
+        int64_t f = e->evict_file[k];
+        int fd = fd_cache_remove(&w->cache, f | CACHE_KEY);
+        if (fd >= 0) /* a descriptor this thread keeps on the copy would hold its space */
+            close_counted(fd, e);
+        if (unlink(file_path(&e->cache, f, w->cpath)) == 0)
+            __atomic_fetch_add(&e->cache_evictions, 1, __ATOMIC_RELAXED);
+    }
+}
+
 /* Read requests [first, last) of batch b into its slot.  Never takes the lock. */
 static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_t last,
                       chunk_result *r)
@@ -513,9 +595,13 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
     for (int64_t i = first; i < last; i++) {
         const req *q = &e->reqs[i];
         int64_t got = 0, ops = 0, t0, t1;
-        int fd, rc = 0;
+        int fd, rc = 0, cached = (q->flags & (DIO_REQ_CACHED | DIO_REQ_FILL)) != 0;
+        if (e->evict_at_on)
+            evict_before(e, w, i);
+        if ((q->flags & DIO_REQ_FILL) && (rc = fill_cache(e, w, q->file, &w->err)) < 0)
+            return rc;
         if (q->flags & DIO_REQ_OPEN) {
-            fd = open_file(e, w, q->file, &w->err);
+            fd = open_file(e, w, q->file, cached, &w->err);
             if (fd < 0)
                 return fd;
             w->access_fd = fd;
@@ -524,7 +610,7 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
         if (w->access_fd >= 0) {
             fd = w->access_fd;
         } else if (q->rd_len > 0 || (q->flags & DIO_REQ_FSTAT)) {
-            fd = cached_fd(e, w, q->file, &w->err);
+            fd = cached_fd(e, w, q->file, cached, &w->err);
             if (fd < 0)
                 return fd;
         } else {
@@ -553,6 +639,8 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
             done_ns = dio_sleep_until_ns(dio_now_ns() + q->delay_ns, 0);
         r->bytes += got;
         r->ops += ops;
+        if (cached && q->rd_len > 0)
+            __atomic_fetch_add(&e->cache_reads, 1, __ATOMIC_RELAXED);
         if (q->flags & DIO_REQ_CLOSE || (rc < 0 && w->access_fd >= 0)) {
             close_counted(w->access_fd, e);
             w->access_fd = -1;
@@ -783,11 +871,13 @@ void dio_engine_destroy(dio_engine *e)
             flush_worker(e, &e->workers[i]);
             fd_cache_free(&e->workers[i].cache);
             free(e->workers[i].scratch);
+            free(e->workers[i].fill_buf);
         }
     }
     flush_worker(e, &e->self);
     fd_cache_free(&e->self.cache);
     free(e->self.scratch);
+    free(e->self.fill_buf);
     free(e->workers);
     if (e->slot)
         for (int i = 0; i < e->nslots; i++)
@@ -797,6 +887,10 @@ void dio_engine_destroy(dio_engine *e)
     free(e->reqs);
     free(e->batches);
     table_free(&e->files);
+    table_free(&e->cache);
+    free(e->tmp_suffix);
+    free(e->evict_at);
+    free(e->evict_file);
     free(e->stall_suffix);
     pthread_cond_destroy(&e->work_cv);
     pthread_cond_destroy(&e->done_cv);
@@ -814,11 +908,11 @@ static void install_files(dio_engine *e, file_table *t)
     pthread_mutex_unlock(&e->mu);
 }
 
-int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths, dio_error *err)
+static int list_table(file_table *tp, int64_t nfiles, const char *const *paths,
+                      dio_error *err)
 {
     file_table t = {0};
-    dio_clear_error(err);
-    if (!e || nfiles < 0 || (nfiles > 0 && !paths))
+    if (nfiles < 0 || (nfiles > 0 && !paths))
         return dio_fail(err, EINVAL, "", "set_files: invalid arguments");
     t.nfiles = nfiles;
     t.paths = calloc((size_t)(nfiles > 0 ? nfiles : 1), sizeof *t.paths);
@@ -835,15 +929,14 @@ int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths
             return dio_fail(err, ENOMEM, "", "set_files: out of memory");
         }
     }
-    install_files(e, &t);
+    *tp = t;
     return 0;
 }
 
-int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_error *err)
+static int pattern_table(file_table *tp, const dio_file_pattern *p, dio_error *err)
 {
     file_table t = {0};
-    dio_clear_error(err);
-    if (!e || !p || p->nfiles < 0 || !p->folder || !p->stem || !p->tail || p->digits < 1 ||
+    if (!p || p->nfiles < 0 || !p->folder || !p->stem || !p->tail || p->digits < 1 ||
         p->digits > 20 || p->sub_digits < 1 || p->sub_digits > 20)
         return dio_fail(err, EINVAL, "", "set_file_pattern: invalid arguments");
     t.nfiles = p->nfiles;
@@ -857,7 +950,59 @@ int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_er
         table_free(&t);
         return dio_fail(err, ENOMEM, "", "set_file_pattern: out of memory");
     }
+    *tp = t;
+    return 0;
+}
+
+int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths, dio_error *err)
+{
+    file_table t;
+    int rc;
+    dio_clear_error(err);
+    if (!e)
+        return dio_fail(err, EINVAL, "", "set_files: invalid arguments");
+    if ((rc = list_table(&t, nfiles, paths, err)) < 0)
+        return rc;
     install_files(e, &t);
+    return 0;
+}
+
+int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_error *err)
+{
+    file_table t;
+    int rc;
+    dio_clear_error(err);
+    if (!e)
+        return dio_fail(err, EINVAL, "", "set_file_pattern: invalid arguments");
+    if ((rc = pattern_table(&t, p, err)) < 0)
+        return rc;
+    install_files(e, &t);
+    return 0;
+}
+
+int dio_engine_set_cache(dio_engine *e, const dio_file_pattern *p, int64_t nfiles,
+                         const char *const *paths, const char *tmp_suffix, dio_error *err)
+{
+    file_table t;
+    char *suffix;
+    int rc;
+    dio_clear_error(err);
+    if (!e || !tmp_suffix || !*tmp_suffix || strlen(tmp_suffix) > 60)
+        return dio_fail(err, EINVAL, "", "set_cache: invalid arguments");
+    rc = p ? pattern_table(&t, p, err) : list_table(&t, nfiles, paths, err);
+    if (rc < 0)
+        return rc;
+    if (!(suffix = strdup(tmp_suffix))) {
+        table_free(&t);
+        return dio_fail(err, ENOMEM, "", "set_cache: out of memory");
+    }
+    close_all(e);
+    pthread_mutex_lock(&e->mu);
+    table_free(&e->cache);
+    free(e->tmp_suffix);
+    e->cache = t;
+    e->tmp_suffix = suffix;
+    pthread_mutex_unlock(&e->mu);
     return 0;
 }
 
@@ -992,6 +1137,11 @@ static int check_plan(dio_engine *e, const dio_epoch_plan *p, dio_error *err)
                 return dio_fail(err, EINVAL, "",
                                 "start_epoch: request %lld breaks an access (open .. close on "
                                 "one file within one batch)", (long long)i);
+            if ((fl & (DIO_REQ_CACHED | DIO_REQ_FILL)) && f >= e->cache.nfiles)
+                return dio_fail(err, EINVAL, "",
+                                "start_epoch: request %lld reads the cache tier's copy of file "
+                                "%lld, but the cache tier has %lld files", (long long)i,
+                                (long long)f, (long long)e->cache.nfiles);
             if (fl & DIO_REQ_OPEN)
                 access_file = f;
             if (fl & DIO_REQ_CLOSE)
@@ -1000,6 +1150,22 @@ static int check_plan(dio_engine *e, const dio_epoch_plan *p, dio_error *err)
         if (access_file >= 0)
             return dio_fail(err, EINVAL, "",
                             "start_epoch: an access of batch %lld is not closed", (long long)b);
+    }
+    if (p->evict_at) {
+        if (!p->evict_file && p->evict_at[nreq] > 0)
+            return dio_fail(err, EINVAL, "", "start_epoch: evictions without their files");
+        if (p->evict_at[0] != 0)
+            return dio_fail(err, EINVAL, "", "start_epoch: evict_at[0] is not 0");
+        for (int64_t i = 0; i < nreq; i++)
+            if (p->evict_at[i + 1] < p->evict_at[i])
+                return dio_fail(err, EINVAL, "", "start_epoch: evict_at decreases at %lld",
+                                (long long)i);
+        for (int64_t k = 0; k < p->evict_at[nreq]; k++)
+            if (p->evict_file[k] < 0 || p->evict_file[k] >= e->cache.nfiles)
+                return dio_fail(err, EINVAL, "",
+                                "start_epoch: eviction %lld names file %lld outside the cache "
+                                "tier's %lld files", (long long)k, (long long)p->evict_file[k],
+                                (long long)e->cache.nfiles);
     }
     return 0;
 }
@@ -1102,10 +1268,21 @@ int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *p, const dio_epo
     rc = e->cfg.discard ? 0 : grow_slots(e, footprint, err);
     if (rc < 0)
         return rc;
+    if (p->evict_at) {
+        int64_t nev = p->evict_at[nreq];
+        if (grow((void **)&e->evict_at, &e->evict_at_cap, nreq + 1, sizeof(int64_t)) != 0 ||
+            grow((void **)&e->evict_file, &e->evict_file_cap, nev > 0 ? nev : 1,
+                 sizeof(int64_t)) != 0)
+            return dio_fail(err, ENOMEM, "", "start_epoch: out of memory (evictions)");
+        memcpy(e->evict_at, p->evict_at, (size_t)(nreq + 1) * sizeof(int64_t));
+        if (nev > 0)
+            memcpy(e->evict_file, p->evict_file, (size_t)nev * sizeof(int64_t));
+    }
 
     pthread_mutex_lock(&e->mu);
     e->nbatches = p->nbatches;
     e->nreq = nreq;
+    e->evict_at_on = p->evict_at != NULL;
     e->out_lat = out ? out->lat_ns : NULL;
     e->out_nread = out ? out->nread : NULL;
     /* both or neither */
@@ -1227,4 +1404,10 @@ void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out)
     out->stats = __atomic_load_n(&e->stats, __ATOMIC_RELAXED);
     out->bytes_read = __atomic_load_n(&e->bytes_read, __ATOMIC_RELAXED);
     out->read_ops = __atomic_load_n(&e->read_ops, __ATOMIC_RELAXED);
+    out->cache_reads = __atomic_load_n(&e->cache_reads, __ATOMIC_RELAXED);
+    out->cache_fills = __atomic_load_n(&e->cache_fills, __ATOMIC_RELAXED);
+    out->cache_fill_bytes = __atomic_load_n(&e->cache_fill_bytes, __ATOMIC_RELAXED);
+    out->cache_fill_ns = __atomic_load_n(&e->cache_fill_ns, __ATOMIC_RELAXED);
+    out->cache_evictions = __atomic_load_n(&e->cache_evictions, __ATOMIC_RELAXED);
+    out->cache_fallbacks = __atomic_load_n(&e->cache_fallbacks, __ATOMIC_RELAXED);
 }

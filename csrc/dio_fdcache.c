@@ -108,6 +108,12 @@ static int drop_entry(fd_cache *c, int k)
     return fd;
 }
 
+int fd_cache_remove(fd_cache *c, int64_t file)
+{
+    int32_t k = c->slot[slot_of(c, file)];
+    return k < 0 ? -1 : drop_entry(c, k);
+}
+
 int fd_cache_evict(fd_cache *c)
 {
     int k = oldest(c);

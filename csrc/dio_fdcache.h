@@ -32,6 +32,9 @@ fd_entry *fd_cache_find(fd_cache *c, int64_t file);
  * used one, whose descriptor is returned in *evicted_fd for the caller to close (-1 if none). */
 fd_entry *fd_cache_insert(fd_cache *c, int64_t file, int *evicted_fd);
 
+/* Drop the entry of `file`, returning its descriptor (-1 if it has none). */
+int fd_cache_remove(fd_cache *c, int64_t file);
+
 /* Drop the least recently used entry, returning its descriptor (-1 if the cache is empty). */
 int fd_cache_evict(fd_cache *c);
 

@@ -55,4 +55,8 @@ void dio_stream_fill(dio_stream *st, void *buf, size_t n);
 int dio_pwrite_all(int fd, const void *buf, size_t n, int64_t offset, const char *path,
                    dio_error *err);
 
+/* Rename from to to unless something is named to (then -1 with errno EEXIST): renameat2's
+ * RENAME_NOREPLACE, or link + unlink where the file system lacks it.  0 or -1 with errno. */
+int dio_rename_noreplace(const char *from, const char *to);
+
 #endif /* DIO_INTERNAL_H */

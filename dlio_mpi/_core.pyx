@@ -125,6 +125,8 @@ cdef extern from "dio.h" nogil:
         const int64_t *expect
         const uint32_t *flags
         const int64_t *delay_ns
+        const int64_t *evict_at
+        const int64_t *evict_file
 
     ctypedef struct dio_epoch_outputs:
         int64_t *req_buf_off
@@ -138,6 +140,8 @@ cdef extern from "dio.h" nogil:
     int dio_engine_set_files(dio_engine *e, int64_t nfiles, const char *const *paths,
                              dio_error *err)
     int dio_engine_set_file_pattern(dio_engine *e, const dio_file_pattern *p, dio_error *err)
+    int dio_engine_set_cache(dio_engine *e, const dio_file_pattern *p, int64_t nfiles,
+                             const char *const *paths, const char *tmp_suffix, dio_error *err)
     void dio_engine_close_files(dio_engine *e)
     int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_error *err)
     int dio_engine_reserve(dio_engine *e, const dio_epoch_plan *plan, dio_error *err)
@@ -147,6 +151,8 @@ cdef extern from "dio.h" nogil:
     uint32_t DIO_REQ_CLOSE
     uint32_t DIO_REQ_FSTAT
     uint32_t DIO_REQ_MMAP
+    uint32_t DIO_REQ_CACHED
+    uint32_t DIO_REQ_FILL
 
     ctypedef struct dio_batch:
         int64_t index
@@ -183,6 +189,12 @@ cdef extern from "dio.h" nogil:
         int64_t stats
         int64_t bytes_read
         int64_t read_ops
+        int64_t cache_reads
+        int64_t cache_fills
+        int64_t cache_fill_bytes
+        int64_t cache_fill_ns
+        int64_t cache_evictions
+        int64_t cache_fallbacks
 
     void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out)
 
@@ -674,7 +686,9 @@ cdef class _BatchView:
 cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
                         const int64_t[::1] file_idx, const int64_t[::1] offset,
                         const int64_t[::1] length, const uint32_t[::1] flags,
-                        const int64_t[::1] expect, const int64_t[::1] delay_ns=None) except -1:
+                        const int64_t[::1] expect, const int64_t[::1] delay_ns=None,
+                        const int64_t[::1] evict_at=None,
+                        const int64_t[::1] evict_file=None) except -1:
     """Point `plan` at the arrays after checking their lengths; returns the request count."""
     if batch_start.shape[0] < 1:
         raise ValueError("batch_start needs nbatches + 1 entries (at least one)")
@@ -689,6 +703,13 @@ cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
     plan.batch_start = &batch_start[0]
     plan.file_idx = plan.offset = plan.length = plan.expect = plan.delay_ns = NULL
     plan.flags = NULL
+    plan.evict_at = plan.evict_file = NULL
+    if evict_at is not None:
+        if evict_at.shape[0] != nreq + 1 or evict_file is None:
+            raise ValueError(f"evict_at needs {nreq + 1} entries and evict_file")
+        plan.evict_at = &evict_at[0]
+        if evict_file.shape[0] > 0:
+            plan.evict_file = &evict_file[0]
     if nreq > 0:
         plan.file_idx = &file_idx[0]
         plan.offset = &offset[0]
@@ -731,6 +752,8 @@ REQ_OPEN = DIO_REQ_OPEN
 REQ_CLOSE = DIO_REQ_CLOSE
 REQ_FSTAT = DIO_REQ_FSTAT
 REQ_MMAP = DIO_REQ_MMAP
+REQ_CACHED = DIO_REQ_CACHED
+REQ_FILL = DIO_REQ_FILL
 
 
 cdef class Engine:
@@ -847,7 +870,8 @@ cdef class Engine:
                     int64_t[::1] lat_ns=None, int64_t[::1] nread=None,
                     const uint32_t[::1] flags=None, const int64_t[::1] expect=None,
                     const int64_t[::1] delay_ns=None, int64_t[::1] start_ns=None,
-                    int64_t[::1] thread=None):
+                    int64_t[::1] thread=None, const int64_t[::1] evict_at=None,
+                    const int64_t[::1] evict_file=None):
         """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
         (file_idx, offset, length) (contiguous int64 arrays; copied), with optional uint32
         `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT, REQ_MMAP), int64 `expect` (bytes that must
@@ -859,15 +883,16 @@ cdef class Engine:
         lat_ns and nread (filled as requests complete: pread latency, bytes transferred, with
         O_DIRECT the aligned extent clipped at end of file); for tracing, start_ns and thread
         (both or neither: when each request's read began, CLOCK_MONOTONIC ns, and the reader
-        thread that served it, -1 for the caller's).  Any epoch in flight is abandoned
-        first."""
+        thread that served it, -1 for the caller's).  The cache tier (set_cache): flags
+        REQ_CACHED and REQ_FILL, and `evict_at` (nreq + 1 offsets) into `evict_file`: the
+        copies removed before each request.  Any epoch in flight is abandoned first."""
         self._ready()
         cdef dio_epoch_plan plan
         cdef dio_epoch_outputs outs
         cdef dio_error err
         cdef int rc
         cdef int64_t nreq = _fill_plan(&plan, batch_start, file_idx, offset, length, flags,
-                                       expect, delay_ns)
+                                       expect, delay_ns, evict_at, evict_file)
         for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread),
                           ("start_ns", start_ns), ("thread", thread)):
             if arr is not None and arr.shape[0] != nreq:
@@ -893,6 +918,45 @@ cdef class Engine:
         # failed before abandoning the epoch in flight.
         if rc == 0:
             self._outs = (req_buf_off, lat_ns, nread, start_ns, thread)
+        _check(rc, &err)
+
+    def set_cache(self, tmp_suffix, int64_t nfiles=0, folder=None, int64_t subfolders=0,
+                  int sub_digits=1, stem=None, int digits=1, tail=None, paths=None):
+        """The cache tier's copies of the file table's files: DLIO's naming formula as
+        set_file_pattern's (folder, stem, tail given), or the list `paths`; `tmp_suffix`
+        ends a fill's temporaries (".dlio_mpi-<tag>.tmp")."""
+        self._ready()
+        cdef bytes bsuffix = _fspath(tmp_suffix)
+        cdef const char *csuffix = bsuffix
+        cdef bytes bfolder, bstem, btail
+        cdef dio_file_pattern p
+        cdef dio_error err
+        cdef int rc
+        cdef const char **cpaths = NULL
+        cdef list keep = []
+        cdef int64_t i, n = 0
+        _clear(&err)
+        if paths is None:
+            bfolder, bstem, btail = _fspath(folder), _fspath(stem), _fspath(tail)
+            p.nfiles, p.folder, p.subfolders, p.sub_digits = nfiles, bfolder, subfolders, sub_digits
+            p.stem, p.digits, p.tail = bstem, digits, btail
+            with nogil:
+                rc = dio_engine_set_cache(self.e, &p, 0, NULL, csuffix, &err)
+        else:
+            keep = [_fspath(x) for x in paths]
+            n = len(keep)
+            cpaths = <const char **>malloc(max(n, 1) * sizeof(char *))
+            if cpaths == NULL:
+                raise MemoryError()
+            try:
+                for i in range(n):
+                    cpaths[i] = <bytes>keep[i]
+                with nogil:
+                    rc = dio_engine_set_cache(self.e, NULL, n, cpaths, csuffix, &err)
+            finally:
+                free(cpaths)
+        if rc == 0:
+            self._outs = None
         _check(rc, &err)
 
     def reserve(self, const int64_t[::1] batch_start not None,
@@ -1032,4 +1096,7 @@ cdef class Engine:
             raise ValueError("the engine is closed")
         dio_engine_get_counters(self.e, &c)
         return {"opens": c.opens, "closes": c.closes, "stats": c.stats,
-                "bytes_read": c.bytes_read, "read_ops": c.read_ops}
+                "bytes_read": c.bytes_read, "read_ops": c.read_ops,
+                "cache_reads": c.cache_reads, "cache_fills": c.cache_fills,
+                "cache_fill_bytes": c.cache_fill_bytes, "cache_fill_ns": c.cache_fill_ns,
+                "cache_evictions": c.cache_evictions, "cache_fallbacks": c.cache_fallbacks}

@@ -440,6 +440,21 @@ def _largest_sample(split: DatasetSplit) -> int:
     return int(np.prod(split.dims.astype(np.int64), axis=1).max())  # two int32 dims each
 
 
+def _check_read_once_memory(cfg, ranks: int, nodes: int, node_memory: int) -> None:
+    """reader.staging: read_once holds the dataset in the nodes' memory: refuse, before any
+    I/O, a dataset (as generated) whose share per node would not fit 80 % of a node's."""
+    ds = cfg.dataset
+    per_file = ds.num_samples_per_file * ds.record_length_bytes
+    files = ds.num_files_train + (ds.num_files_eval if cfg.workflow.evaluation else 0)
+    per_node = -(-files // nodes) * per_file
+    if per_node > 0.8 * node_memory:
+        raise UserError(f"reader.staging: read_once keeps the dataset in the nodes' memory, "
+                        f"about {_size(per_node)} per node ({files} files of about "
+                        f"{_size(per_file)} over {nodes} node(s)), more than 80 % of a node's "
+                        f"{_size(node_memory)}; expected a dataset that fits, more nodes, or "
+                        "reader.staging: none")
+
+
 def _check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
     """Sizes the C engine and int64 arithmetic can hold, checked before any layout is
     computed (they would overflow silently)."""
@@ -512,6 +527,8 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
     if cfg.storage.stage_in is not None and cfg.workflow.train:
         check_folders(cfg.storage.stage_in.to,
                       os.path.join(cfg.storage.storage_root, cfg.dataset.data_folder))
+    if cfg.reader.staging == "read_once" and cfg.workflow.train:
+        _check_read_once_memory(cfg, ranks, nodes, memory_bytes // nodes)
     mode = resolve_read_mode(cfg)
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
@@ -771,6 +788,14 @@ def reader_text(cfg, library_read: str = "") -> str:
     RunPlan.library_read)."""
     rd = cfg.reader
     access = ALIASES.get(rd.file_access, rd.file_access)
+    if rd.staging == "read_once":
+        return ("reader.staging read_once: every file read once into the ranks' memory before "
+                "the first epoch (file f on rank f mod ranks), each step's samples delivered "
+                "from there by one MPI_Alltoallv")
+    if rd.cache is not None:
+        return (f"engine native: the native C engine (threads, prefetch ring, pread) with the "
+                f"access pattern of DLIO's {rd.data_loader} reader, through a node-local cache "
+                f"in {rd.cache.folder} (policy {rd.cache.policy})")
     if rd.engine == "native" and library_read:
         return (f"engine native: h5py in {max(rd.read_threads, 1)} reader thread(s), not the "
                 f"C engine, because {library_read}; reader.file_access {rd.file_access}, "

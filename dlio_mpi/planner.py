@@ -75,6 +75,10 @@ class ReadPlan:
     delay_ns: np.ndarray | None = None
     # the same per sample, in sample_ids' order (the framework loaders sleep it per item)
     sample_delay_ns: np.ndarray | None = None
+    # reader.cache: before request i the cache's copies of evict_file[evict_at[i]:
+    # evict_at[i+1]] are removed (cache_tier.py); None: no evictions
+    evict_at: np.ndarray | None = None
+    evict_file: np.ndarray | None = None
 
     @property
     def steps(self) -> int:

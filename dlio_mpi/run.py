@@ -17,6 +17,7 @@ import numpy as np
 import yaml
 
 from . import __version__, _core
+from .cache_tier import CacheTier
 from .catalog import SplitFiles, locate_split
 from .checkpoint.checkpointer import Checkpointer
 from .checkpoint.phase import (
@@ -50,7 +51,14 @@ from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .planner import AccessPolicy, plan_reads
 from .readers import ReaderBackend, ReaderOptions, open_reader
 from .recorded_sizes import read_sizes, size_column, sizes_path
-from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, order_batches, rank_shard
+from .sharding import (
+    ShuffleSpec,
+    draw_entropy,
+    epoch_shuffle,
+    order_batches,
+    rank_draws,
+    rank_shard,
+)
 from .stage_in import StageSet, clean_stage, rerooted, stage_in
 from .topology import Topology, discover, emulated_ranks_per_node
 from .trace import RankTrace, trace_name
@@ -171,6 +179,7 @@ class Phase:
     barrier: bool
     pacing: Pacing
     policy: AccessPolicy
+    cache: CacheTier | None = None  # reader.cache
 
 
 def _blksize(path: str) -> int:
@@ -180,8 +189,10 @@ def _blksize(path: str) -> int:
         return 4096
 
 
-def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
-    """Find the phase's files and start its engine (collectively)."""
+def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
+               cache: CacheTier | None = None) -> Phase:
+    """Find the phase's files and start its engine (collectively); with reader.cache, its
+    engine reads through `cache`."""
     train = name == "train"
     split = plan.splits["train" if train else "valid"]
     files = locate_split(comm, cfg, split)
@@ -198,14 +209,22 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing) -> Phase:
     options = ReaderOptions.from_config(rd, comm.Get_rank(), decoded_item(cfg), cfg.train.seed,
                                         cfg.output.trace)
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
+    if cache is not None:
+        reader.attach_cache(cache, name, files)
+    staged = getattr(reader, "staging", None)
+    if staged is not None:  # reader.staging: read_once read the files once, just now
+        say(comm, f"staging ({name}, read_once): {staged['files']} file(s), "
+                  f"{staged['bytes_read'] / 2**20:.1f} MiB read once in {staged['seconds']:.2f} s "
+                  f"({staged['GiB_per_second']:.2f} GiB/s), up to "
+                  f"{max(staged['memory_bytes_per_node']) / 2**20:.1f} MiB of memory per node")
     if train:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
                                  cfg.train.seed_change_epoch),
                      plan.steps_per_epoch, rd.batch_size, cfg.train.computation_time, True,
-                     pacing, policy)
+                     pacing, policy, cache)
     return Phase(name, split, files, reader, ShuffleSpec(), plan.eval_steps_per_epoch,
-                 rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing, policy)
+                 rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing, policy, cache)
 
 
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
@@ -217,15 +236,22 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
     `tracer`: output.trace's."""
     rank = comm.Get_rank()
     split = phase.split
-    shuffle = epoch_shuffle(phase.shuffle, epoch, draw_entropy(comm, phase.shuffle))
-    shard = order_batches(rank_shard(split.num_files, split.samples_per_file, shuffle, rank,
-                                     phase.steps * phase.batch),
-                          phase.steps, phase.batch, cfg.reader.access_order)
+    entropy = draw_entropy(comm, phase.shuffle)
+    if phase.barrier and cfg.reader.sampling == "replacement":  # training's draws
+        shard = rank_draws(split.num_samples, phase.shuffle, epoch, entropy, rank,
+                           phase.steps * phase.batch)
+    else:
+        shard = rank_shard(split.num_files, split.samples_per_file,
+                           epoch_shuffle(phase.shuffle, epoch, entropy), rank,
+                           phase.steps * phase.batch)
+    shard = order_batches(shard, phase.steps, phase.batch, cfg.reader.access_order)
     preprocess = cfg.reader.preprocess_time  # per sample, in the reader, before the batch
     delays = (np.round(preprocess.draw(rng, phase.steps * phase.batch) * 1e9).astype(np.int64)
               if preprocess.mean > 0 else None)
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
                        phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays)
+    if phase.cache is not None:  # its readers may run prefetch_size batches ahead
+        reads = phase.cache.plan_epoch(phase.name, reads, cfg.reader.prefetch_size + 2)
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
                       pause=pause, name=phase.name)
@@ -282,9 +308,13 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     rank = comm.Get_rank()
     rng = np.random.default_rng([cfg.train.seed, rank])
     wall_offset = time.time_ns() - _core.now_ns()
-    phases = [open_phase(comm, cfg, plan, "train", pacing)]
+    cache = None
+    if cfg.reader.cache is not None:
+        cache = CacheTier(comm, cfg.reader.cache, topo, out.tag,
+                          next(iter(plan.splits.values())).root)
+    phases = [open_phase(comm, cfg, plan, "train", pacing, cache)]
     if cfg.workflow.evaluation:
-        phases.append(open_phase(comm, cfg, plan, "eval", pacing))
+        phases.append(open_phase(comm, cfg, plan, "eval", pacing, cache))
     done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
     next_eval = cfg.evaluation.eval_after_epoch
     stop = 0
@@ -319,6 +349,9 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     described = {phase.name: phase.reader.describe() for phase in phases}
     for phase in phases:
         phase.reader.close()
+    if cache is not None:
+        described["cache"] = cache.describe()
+        cache.close()
     return done["train"], done["eval"], stop, described
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from . import _core
 
-FILE_STREAM, SAMPLE_STREAM = 0, 1
+FILE_STREAM, SAMPLE_STREAM, DRAW_STREAM = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -113,3 +113,16 @@ def order_batches(ids: np.ndarray, steps: int, batch_size: int, order: str) -> n
 def steps_per_epoch(total_samples: int, ranks: int, batch_size: int) -> int:
     """floor(samples per rank / batch): the same on every rank."""
     return total_samples // ranks // batch_size
+
+
+def rank_draws(total: int, spec: ShuffleSpec, epoch: int, entropy: int, rank: int,
+               per_rank: int) -> np.ndarray:
+    """reader.sampling: replacement: the ids rank `rank` reads this epoch, drawn uniformly
+    from all `total` samples with replacement (a sample may come twice, or never), as
+    training that samples its batches does (the climate runs at NERSC); seeded by train.seed
+    (plus the epoch with seed_change_epoch) and the rank, or by rank 0's entropy with
+    sample_shuffle random."""
+    seed = spec.seed + epoch if spec.seed_change_epoch else spec.seed
+    base = entropy if spec.sample_shuffle == "random" else seed
+    rng = np.random.default_rng([_key(base, DRAW_STREAM), rank])
+    return rng.integers(0, total, size=per_rank, dtype=np.int64)

@@ -3,7 +3,8 @@ format: {"traceEvents": [...], "displayTimeUnit": "ms"}, gzip) that Perfetto and
 chrome://tracing open. Process = rank; one track for the step loop (each step's wait, compute
 and barrier, evaluation steps, checkpoints, generation) and one per reader thread (a span per
 read request, with its file, offset, length, bytes and latency) where the backend records
-requests (the native C engine). Times are microseconds since the run's start on rank 0's clock
+requests (the native C engine, the MPI-IO backends, h5py, the torch DataLoader where a sample
+is one request: readers/*). Times are microseconds since the run's start on rank 0's clock
 (each rank's monotonic clock less topology.clock_offset_ns), so the ranks line up.
 
 Nothing is formatted during an epoch: after each epoch its events are formatted (the read

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core, progress
+from .cache_tier import epoch_cache
 from .pacing import Pacing, StepSync
 from .planner import ReadPlan
 from .readers import ReaderBackend
@@ -50,6 +51,8 @@ class EpochTrace:
     pauses: list[tuple[int, int, int]] = field(default_factory=list)
     # per request, with output.trace and a backend that records it (readers.base)
     request_trace: RequestTrace | None = None
+    # reader.cache: this rank's cache figures of the epoch (cache_tier.epoch_cache)
+    cache: dict | None = None
 
     @property
     def steps(self) -> int:
@@ -155,4 +158,6 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         stats=after["stats"] - before["stats"], requests=requests,
         lat_ns=reader.lat_ns[:requests].copy(), sample_ids=plan.sample_ids[:done * per_step],
         synchronised=barrier, pauses=pauses,
-        request_trace=reader.request_trace.head(requests) if reader.request_trace else None)
+        request_trace=reader.request_trace.head(requests) if reader.request_trace else None,
+        cache=epoch_cache(before, after, plan, requests)
+        if getattr(reader, "cache_attached", False) else None)

@@ -453,6 +453,9 @@ ACTING = {
     "output.trace",
     # issue 10: rank 0's progress lines (progress.py)
     "output.progress_interval",
+    # issue 11: the caching tier (cache_tier.py), read-once staging (readers/read_once.py),
+    # sampling with replacement (sharding.rank_draws)
+    "reader.cache", "reader.staging", "reader.sampling",
 }
 
 

@@ -22,10 +22,12 @@ pytestmark = pytest.mark.timeout(180)
 EPOCHS, STEPS = 6, 16
 
 
-def start_run(tmp_path: Path, step_seconds: float = 0.03) -> tuple[subprocess.Popen, Path]:
+def start_run(tmp_path: Path, step_seconds: float = 0.03, **values
+              ) -> tuple[subprocess.Popen, Path]:
     over = workload_overrides(tmp_path, workflow__generate_data="true",
                               dataset__num_files_train=2 * 2 * STEPS,
-                              train__computation_time=step_seconds, train__epochs=EPOCHS)
+                              train__computation_time=step_seconds, train__epochs=EPOCHS,
+                              **values)
     cmd = [mpiexec(), "-n", "2", sys.executable, "-P", "-m", "dlio_mpi", "run", "demo", *over]
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return job, tmp_path / "out"
@@ -79,6 +81,14 @@ def test_a_signal_to_one_rank_stops_all_of_them_after_the_same_step(tmp_path):
     # the epoch it stopped in is there when AU could count a step of it, and shorter
     last = stats[str(len(summary["metric"]["train_au_percentage"]))]
     assert 1 <= last["steps"] <= STEPS
+
+
+def test_read_once_stops_after_the_same_step_with_its_exchanges_ahead(tmp_path):
+    """reader.staging read_once: the exchange threads, up to prefetch_size steps ahead, end at
+    the same exchange on every rank, so the stop cannot leave one waiting alone."""
+    job, out = start_run(tmp_path, reader__staging="read_once", reader__prefetch_size=3)
+    signal_one_rank_when(job, str(out), lambda: in_epoch_2(out), signal.SIGTERM)
+    assert_stopped(job, out, signal.SIGTERM)
 
 
 def test_a_second_signal_ends_the_job_at_once(tmp_path):

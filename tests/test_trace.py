@@ -100,7 +100,7 @@ def test_two_rank_run_traces_steps_and_every_request(tmp_path):
 
 def test_backend_without_requests_traces_steps_only(tmp_path):
     res = run_cli(["run", "demo", *workload_overrides(
-        tmp_path, output__trace="true", reader__file_access="shared")])
+        tmp_path, output__trace="true", reader__engine="framework")])  # npz: np.load
     assert res.returncode == 0, res.stderr
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     for rank in (0, 1):

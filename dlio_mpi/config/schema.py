@@ -443,6 +443,20 @@ class Dataset:
 
 # --------------------------------------------------------------------------- reader
 @dataclass(frozen=True)
+class ReaderCache:
+    """Ours: a node-local caching tier shared by the node's ranks (cache_tier.py)."""
+
+    folder: str = key("", "str")  # node-local storage (folder/node<k> on emulated nodes)
+    capacity_bytes: int | None = key(None, "int", optional=True, minimum=1)  # None: free space
+    policy: str = key("none", "str", choices=("none", "lru"))
+
+    def __post_init__(self) -> None:
+        if not self.folder.strip():
+            raise ConfigError("reader.cache.folder: expected the node-local folder the cache "
+                              "keeps its copies in")
+
+
+@dataclass(frozen=True)
 class Reader:
     # pytorch and tensorflow: with reader.engine native, the native engine reads with that
     # DLIO reader's access pattern (plan.loader_note); with engine framework the real loader
@@ -541,6 +555,14 @@ class Reader:
     io_watchdog_seconds: float = key(60.0, "float", minimum=0, maximum=2**33 - 1)
     # ours: end the job (every rank, non-zero exit) once the watchdog has reported
     io_watchdog_abort: bool = key(False, "bool")
+    # ours: a node-local caching tier (cache_tier.py); the native C engine's
+    cache: ReaderCache | None = section(ReaderCache, optional=True)
+    # ours: read_once: every file read once for the job into the ranks' memory, batches
+    # served from there through an MPI exchange per step (readers/read_once.py)
+    staging: str = key("none", "str", choices=("none", "read_once"))
+    # ours: how training draws its samples: epoch (each sample once per epoch, DLIO's) or
+    # replacement (each rank draws uniformly from all samples: sharding.rank_draws)
+    sampling: str = key("epoch", "str", choices=("epoch", "replacement"))
 
 
 # --------------------------------------------------------------------------- train, evaluation

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..cache_tier import combine as combine_cache
 from ..training import COMPUTED, SYNCED, EpochTrace
 from . import latency
 from .au import block_metrics
@@ -55,6 +56,7 @@ class EpochRecord:
     closes: int
     stats: int
     latency_hist: np.ndarray
+    cache: dict | None = None           # reader.cache: this rank's figures (cache_tier)
 
     @property
     def overhead_us_per_step(self) -> float:
@@ -104,7 +106,7 @@ def condense(trace: EpochTrace, last_arrival: np.ndarray | None, rank: int, batc
         bytes_transferred=int(trace.step_bytes.sum()),
         read_ops=int(trace.step_read_ops.sum()), requests=trace.requests,
         opens=trace.opens, closes=trace.closes, stats=trace.stats,
-        latency_hist=latency.histogram(trace.lat_ns))
+        latency_hist=latency.histogram(trace.lat_ns), cache=trace.cache)
 
 
 def last_arrivals(comm, trace: EpochTrace, clock_offset_ns: int) -> np.ndarray | None:
@@ -210,8 +212,11 @@ class EpochSummary:
             "read_latency_p50_ms": latency.percentile_ns(hist, 50) / 1e6,
             "read_latency_p99_ms": latency.percentile_ns(hist, 99) / 1e6,
             "emulator_overhead_us_per_step": self.overhead_us_per_step,
+            **({"cache": combine_cache([r.cache for r in self.records])}
+               if all(r.cache for r in self.records) else {}),
             "per_rank": [
-                {k: v for k, v in asdict(r).items() if k not in ("latency_hist", "epoch")}
+                {k: v for k, v in asdict(r).items()
+                 if k not in ("latency_hist", "epoch") and (k != "cache" or v)}
                 for r in self.records],
         }
 

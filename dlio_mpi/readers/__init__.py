@@ -20,6 +20,8 @@ BACKENDS = {
     "collective": ("dlio_mpi.readers.mpiio", "CollectiveReader"),
 }
 ALIASES = {"posix": "multi", "mpio": "shared"}  # DLIO's names for the same access
+# reader.staging: read_once: the files staged into the ranks' memory, served by MPI
+READ_ONCE = ("dlio_mpi.readers.read_once", "ReadOnceReader")
 
 # reader.engine native with files the C engine cannot read at their samples' file offsets
 # (formats.library_read_reason): format -> the backend reading them through its library
@@ -95,9 +97,27 @@ def engine_refusal(cfg, library_reason: str = "") -> str | None:
     keys and what is accepted), or None when it can. `library_reason`: why the format's
     library reads the files instead of the C engine (formats.library_read_reason)."""
     rd = cfg.reader
+    access = ALIASES.get(rd.file_access, rd.file_access)
+    if rd.staging == "read_once":
+        why = [what for what, bad in (
+            (f"reader.engine {rd.engine}", rd.engine != "native"),
+            (f"reader.file_access {rd.file_access}", access != "multi"),
+            ("reader.cache", rd.cache is not None),
+            ("a format its library reads", bool(library_reason)),
+            (f"dataset.format {cfg.dataset.format}'s ragged read units",
+             cfg.dataset.format == "parquet")) if bad]
+        if why:
+            return ("reader.staging: read_once is not implemented yet with "
+                    f"{', '.join(why)}; it stages files whose samples sit at extents "
+                    "(reader.engine: native, reader.file_access: multi, no reader.cache)")
+    if rd.cache is not None and (rd.engine != "native" or access != "multi" or library_reason):
+        return ("reader.cache: the caching tier is not implemented yet for reader.engine "
+                f"{rd.engine}, reader.file_access {rd.file_access}"
+                + (" and a format its library reads" if library_reason else "")
+                + "; it caches for the native C engine (reader.engine: native, "
+                "reader.file_access: multi)")
     if rd.engine != "framework":
         return library_refusal(cfg, library_reason) if library_reason else None
-    access = ALIASES.get(rd.file_access, rd.file_access)
     if access != "multi":
         return (f"reader.engine: framework reads through the loader's own file calls in each "
                 f"rank's worker processes, so reader.file_access must be multi (or posix), got "
@@ -161,12 +181,14 @@ def library_refusal(cfg, reason: str) -> str | None:
 
 
 def backend_of(engine: str, data_loader: str, file_access: str,
-               library: str | None = None) -> tuple[str, str]:
+               library: str | None = None, staging: str = "none") -> tuple[str, str]:
     """(module, class) of the backend reading for (reader.engine, reader.data_loader,
     reader.file_access); `library`: the format whose library reads with engine native (files
     the C engine cannot read at their file offsets). KeyError for a combination
     engine_refusal refuses."""
     access = ALIASES.get(file_access, file_access)
+    if staging == "read_once":
+        return READ_ONCE
     if engine == "framework":
         loader = FRAMEWORK_LOADERS[data_loader]
         if access not in loader["file_access"]:
@@ -187,7 +209,8 @@ def open_reader(file_access: str, files: SplitFiles, options: ReaderOptions,
     backend (LIBRARY_BACKENDS)."""
     split = files.split
     library = split.format.name if library_read_reason(split.format, split.spec(0)) else None
-    module, name = backend_of(options.engine, options.data_loader, file_access, library)
+    module, name = backend_of(options.engine, options.data_loader, file_access, library,
+                              options.staging)
     return getattr(import_module(module), name)(files, options, comm)
 
 

@@ -70,6 +70,7 @@ class ReaderOptions:
     shuffle_size: int = 0
     shuffle_seed: int | None = None
     trace: bool = False  # output.trace: record each request's start and reader thread
+    staging: str = "none"  # reader.staging (read_once: readers/read_once.py)
 
     @staticmethod
     def from_config(reader_cfg, rank: int, item: tuple[tuple[int, ...], str] = ((), "|u1"),
@@ -84,7 +85,8 @@ class ReaderOptions:
                              rd.file_access, rd.mpiio_hints, rd.engine, rd.data_loader,
                              rd.pin_memory, rd.multiprocessing_context, rd.read_type,
                              item[0], rd.transfer_size, rd.computation_threads, item[1],
-                             shuffle, seed if rd.sample_shuffle == "seed" else None, trace)
+                             shuffle, seed if rd.sample_shuffle == "seed" else None, trace,
+                             rd.staging)
 
 
 def as_item(sample: np.ndarray, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -181,10 +183,45 @@ def thread_io() -> tuple[int, int, int] | None:
 def io_since(before: tuple[int, int, int] | None) -> tuple[int, int]:
     """(bytes, read calls) of the calling thread since `before` = thread_io() (the reads of
     /proc themselves left out); (-1, -1) where the kernel does not say."""
-    after = thread_io()
+    return io_between(before, thread_io())
+
+
+def io_between(before: tuple[int, int, int] | None, after: tuple[int, int, int] | None
+               ) -> tuple[int, int]:
+    """(bytes, read calls) of the calling thread between two thread_io() (the read of
+    `before` left out; of `after` too, as it counts only in the next); (-1, -1) where the
+    kernel does not say. Chained probes split the thread's reads exactly."""
     if before is None or after is None:
         return -1, -1
     return after[0] - before[0] - before[2], after[1] - before[1] - 1
+
+
+class IoChain:
+    """The calling thread's reads over a batch, split into parts by chained thread_io()
+    probes (output.trace: each sample's own bytes): `part()` the bytes since the last probe,
+    `end()` the whole batch's (bytes, read calls), the probes' own reads left out, as
+    io_since(thread_io() at the start) gives them without parts. -1 where the kernel does
+    not say."""
+
+    def __init__(self) -> None:
+        self.mark = thread_io()
+        self.bytes = self.calls = 0
+
+    def part(self) -> int:
+        if self.mark is None:
+            return -1
+        probe = thread_io()
+        got, calls = io_between(self.mark, probe)
+        self.mark = probe
+        self.bytes += got
+        self.calls += calls
+        return got
+
+    def end(self) -> tuple[int, int]:
+        if self.mark is None:
+            return -1, -1
+        got, calls = io_since(self.mark)
+        return self.bytes + got, self.calls + calls
 
 
 def forget_thread_io() -> None:

@@ -18,6 +18,12 @@ the page cache, metadata at each open included (without /proc io: the plan's byt
 requests). Opens and closes: the h5py.File calls. Stats: not counted. lat_ns: per sample, its
 open (when it opens), read and close, the preprocessing sleep excluded.
 
+output.trace: a span per sample (the plan's request for it), from its start with its
+latency, on the track of the thread t that read it; its bytes are the sample's own
+/proc/thread-self/io delta (rchar from just before its open to just after its close: what its
+HDF5 reads returned, the open's metadata included; the plan's bytes for it without /proc io).
+The per-sample probes are chained so that the batch's figures stay exact.
+
 h5py serialises every HDF5 call under one lock, so the threads overlap their waits and the
 steps, not their reads (DLIO's pytorch workers are processes; describe() says so). h5py also
 keeps the GIL while HDF5 waits in the kernel: during a stuck open or read no Python thread of
@@ -44,12 +50,12 @@ from ..formats.hdf5 import Rows
 from ..planner import ReadPlan
 from .base import (
     BatchStats,
+    IoChain,
     ReaderOptions,
+    RequestTrace,
     drop_cached_pages,
     forget_thread_io,
-    io_since,
     python_steps,
-    thread_io,
 )
 
 if TYPE_CHECKING:
@@ -125,7 +131,9 @@ class H5pyReader:
         self.memory = options.read_type == "memory"
         self.watchdog = _Watchdog(options.watchdog.seconds, options.watchdog.abort)
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per sample of the current epoch
-        self.request_trace = None  # output.trace: step spans only, no request's
+        self.trace = options.trace
+        self.request_trace: RequestTrace | None = None  # per sample (output.trace)
+        self._request_trace: RequestTrace | None = None  # the next epoch's (prepare_epoch)
         self.batch: list | None = None  # the samples of the batch the step holds (keep_data)
         self.ids = np.zeros(0, dtype=np.int64)  # their ids
         self._cond = threading.Condition()
@@ -146,6 +154,8 @@ class H5pyReader:
         """Before the clock: dropping the plan's files from the page cache if asked."""
         if self.options.drop_page_cache:
             drop_cached_pages(self._paths(plan))
+        if self.trace:  # its pages faulted in here, not by the readers inside the clock
+            self._request_trace = RequestTrace.empty(len(plan.offset))
 
     def _paths(self, plan: ReadPlan) -> list[str]:
         files = np.unique(plan.sample_ids // self.samples_per_file)
@@ -159,6 +169,11 @@ class H5pyReader:
         self._steps = plan.sample_ids[:steps * batch].reshape(steps, batch)
         self._delays = sample_delays(plan)
         self.lat_ns = np.zeros(steps * batch, dtype=np.int64)
+        rt, self._request_trace = self._request_trace, None
+        if self.trace and (rt is None or len(rt.start_ns) != len(plan.offset)):
+            rt = RequestTrace.empty(len(plan.offset))  # without prepare_epoch
+        # a span per sample stands for the plan's request of it: one each (read_mode sample)
+        self.request_trace = rt if self.trace and len(plan.offset) == steps * batch else None
         self._done, self._claimed, self._handed = {}, 0, 0
         self._stop, self._error = False, None
         self._kept = [{} for _ in range(self.threads)]
@@ -265,7 +280,8 @@ class H5pyReader:
         samples: list | None = [] if keep else None
         lat = np.zeros(len(ids), dtype=np.int64)
         opens = 0
-        before = thread_io()
+        rt = self.request_trace
+        io = IoChain()  # with output.trace: each sample's part of the batch's io too
         for k, sample_id in enumerate(ids):
             if self._stop:
                 return None
@@ -288,11 +304,15 @@ class H5pyReader:
             finally:
                 self.watchdog.end()
             lat[k] = _core.now_ns() - start
+            if rt is not None:
+                rt.start_ns[first + k], rt.thread[first + k] = start, thread
+                got = io.part()  # without /proc io: the plan's bytes for it
+                rt.nread[first + k] = got if got >= 0 else self._plan.expect[first + k]
             if keep:
                 samples.append(sample)
             if self._delays is not None and self._delays[first + k] > 0:
                 time.sleep(self._delays[first + k] / 1e9)
-        nbytes, reads = io_since(before)
+        nbytes, reads = io.end()
         return _Batch(_core.now_ns(), nbytes, reads, opens, lat, samples)
 
     # -- what it did ------------------------------------------------------------------------
@@ -320,6 +340,8 @@ class H5pyReader:
                              + (", then the process ends" if self.watchdog.abort else "")
                              if self.watchdog.seconds > 0 else None),
                 "bytes_read_measured": self._bytes,
+                "trace": "a span per sample on its thread's track, its bytes its own "
+                         "/proc/thread-self/io delta" if self.trace else None,
                 "counted": "bytes and read calls: /proc/thread-self/io of each reader thread "
                            "over its batch (HDF5's metadata reads at each open included); "
                            "opens and closes: the h5py.File calls; stats: not counted",

@@ -25,7 +25,10 @@ has one lock for the whole library, which the reader's calls hold while they run
   the whole call (measured with 2 ranks, 16 MiB samples, 50 ms compute: AU 97.6 % against
   83 %; computation 0: 214 against 143 samples/s).
 A request's latency is its read call's time (for a collective read, the call's time, given to
-each of its requests).
+each of its requests). With output.trace each request also records when its call was posted,
+the thread that made it (0: the reader thread; -1: the step loop's own, inline reads) and the
+bytes it returned; a collective call's requests share the call's start and latency, each with
+the bytes of its own extent.
 
 The watchdog (reader.io_watchdog_seconds) watches the read the thread has in flight from the
 step loop's wait for a batch, as the native engine's does: reported once on stderr, or with
@@ -51,7 +54,14 @@ from ..catalog import SplitFiles
 from ..errors import UserError
 from ..mpi_library import file_hints, honoured_hints, is_open_mpi, mpi_library, mpiio_implementation
 from ..planner import ReadPlan
-from .base import BatchStats, IoWatchdog, ReaderOptions, drop_cached_pages, python_steps
+from .base import (
+    BatchStats,
+    IoWatchdog,
+    ReaderOptions,
+    RequestTrace,
+    drop_cached_pages,
+    python_steps,
+)
 
 COLLECTIVE_FILE_LIMIT = 1024  # files opened on the communicator by `collective`
 NO_WATCHDOG = IoWatchdog(0)
@@ -282,7 +292,9 @@ class _MpiioReader:
         self.read_back: dict[str, str] | None = None  # Get_info of the first file opened
         self.totals = dict.fromkeys(("opens", "closes", "stats", "bytes_read", "read_ops"), 0)
         self.lat_ns = np.zeros(0, dtype=np.int64)
-        self.request_trace = None  # output.trace: step spans only, no request's
+        self.trace = options.trace
+        self.request_trace: RequestTrace | None = None  # per request (output.trace)
+        self._request_trace: RequestTrace | None = None  # the next epoch's (prepare_epoch)
         self._ring: list[np.ndarray] = []
         self._prefetch: _Prefetch | None = None
         self._holding = False
@@ -304,10 +316,18 @@ class _MpiioReader:
         count = self.options.prefetch_size + 1 if self.options.keep_data else 1
         if len(self._ring) != count or (self._ring and len(self._ring[0]) < need):
             self._ring = [batch_buffer(need) for _ in range(count)]
+        if self.trace:  # its pages faulted in here, not by the reads inside the clock
+            self._request_trace = RequestTrace.empty(len(plan.offset))
 
     def start_epoch(self, plan: ReadPlan) -> None:
         self.plan = plan
         self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
+        rt, self._request_trace = self._request_trace, None
+        if self.trace and (rt is None or len(rt.start_ns) != len(plan.offset)):
+            rt = RequestTrace.empty(len(plan.offset))  # without prepare_epoch
+        if rt is not None:
+            rt.thread[:] = -1 if self.inline else 0  # the step loop's thread, or the reader
+        self.request_trace = rt if self.trace else None
         self._holding = False
         reads = _InlineReads if self.inline else _Prefetch
         self._prefetch = reads(self._read_into_ring, plan.steps,
@@ -388,6 +408,10 @@ class _MpiioReader:
             if self.inline else "a reader thread",
             "latency": "each read call's time on the reader thread; a collective read's "
                        "time is given to each of its requests",
+            "trace": "output.trace: a span per request from its read call's posting, on the "
+                     "reader thread's track (the step thread's with inline reads); a "
+                     "collective call's requests share its start and latency"
+            if self.trace else None,
             # what the MPI-IO layer really read for what it delivered: data sieving and
             # collective buffering read holes, and aggregators read for other ranks
             "this_rank": {
@@ -434,11 +458,14 @@ class SharedReader(_MpiioReader):
         offsets, dest = plan.offset[first:last].tolist(), self.dest[first:last].tolist()
         expect = plan.expect[first:last].tolist()
         status, got, calls = MPI.Status(), 0, 0
+        rt = self.request_trace
         for i, file in enumerate(files):
             # No read past the end of the file (a loader's read there returns what the file
             # holds; OMPIO never completes a nonblocking read past it); one that would
             # bring nothing is not made, and its latency stays 0.
             if expect[i] == 0:
+                if rt is not None:  # a span of no time, where it was passed over
+                    rt.start_ns[first + i] = _core.now_ns()
                 continue
             handle = self._handle(file)
             posted = _core.now_ns()
@@ -446,6 +473,8 @@ class SharedReader(_MpiioReader):
             handle.Read_at(offsets[i], buffer[dest[i]:dest[i] + expect[i]], status)
             count = status.Get_count(MPI.BYTE)
             self.lat_ns[first + i] = _core.now_ns() - posted
+            if rt is not None:
+                rt.start_ns[first + i], rt.nread[first + i] = posted, count
             if count < expect[i]:
                 raise short_read(self.files.path(file), count, expect[i], offsets[i])
             got += count
@@ -581,6 +610,9 @@ class CollectiveReader(_MpiioReader):
             for datatype in types:
                 datatype.Free()
         self.lat_ns[rows] = latency
+        if self.request_trace is not None:  # each request: the call's start, its own bytes
+            self.request_trace.start_ns[rows] = posted
+            self.request_trace.nread[rows] = plan.expect[rows]  # short: raised below
         expected = int(view_lengths.sum())
         if count < expected:
             raise short_read(self.files.path(file), count, expected,

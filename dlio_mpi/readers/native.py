@@ -37,6 +37,7 @@ class NativeReader:
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per request of the current epoch
         self.trace = o.trace
         self.request_trace: RequestTrace | None = None
+        self.cache_attached = False  # reader.cache (attach_cache)
         self._request_trace: RequestTrace | None = None  # the next epoch's (prepare_epoch)
 
     def prepare_epoch(self, plan: ReadPlan) -> None:
@@ -58,7 +59,13 @@ class NativeReader:
         self.request_trace = rt if self.trace else None
         self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
                                  None, self.lat_ns, rt and rt.nread, plan.flags, plan.expect,
-                                 plan.delay_ns, rt and rt.start_ns, rt and rt.thread)
+                                 plan.delay_ns, rt and rt.start_ns, rt and rt.thread,
+                                 plan.evict_at, plan.evict_file)
+
+    def attach_cache(self, tier, name: str, files: SplitFiles) -> None:
+        """reader.cache: the engine reads and fills the tier's copies of these files."""
+        tier.attach(name, files, self._engine)
+        self.cache_attached = True
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
                   start_ns: int, out: np.ndarray) -> np.ndarray:

@@ -42,6 +42,12 @@ to their end). Opens and closes: one per streamed file (not observed: TensorFlow
 opens each file once per TFRecordDataset). Stats: none counted. lat_ns: per sample, its
 batch's wait divided by the batch's samples.
 
+output.trace: step spans only, no read span. The TFRecord pipeline reads on TensorFlow's C++
+threads, where no code of ours runs per request or per sample (lat_ns is each batch's wait
+shared out, not a read's time); the generators load whole npy/npz files with np.load, which
+the plan models as several requests per load (modelled from strace, not observed one by one),
+so a span per planned request would be made up (as with the torch loader's whole-file loads).
+
 This module imports no MPI; TensorFlow initialises nothing MPI-related. TF_CPP_MIN_LOG_LEVEL
 is set to 2 unless already set (TensorFlow's INFO and WARNING lines off, errors kept);
 TensorFlow 2.21 still prints its oneDNN line at import, before it reads the level."""
@@ -146,7 +152,7 @@ class TfDataReader:
         self._io = None
         self._bytes = self._reads = self._opens = 0
         self.lat_ns = np.zeros(0, dtype=np.int64)
-        self.request_trace = None  # output.trace: step spans only, no request's
+        self.request_trace = None  # output.trace: step spans only (see the module)
         self._asked_ns = 0
 
     def paths_of(self, plan: ReadPlan) -> tuple[list[str], np.ndarray]:

@@ -34,6 +34,17 @@ not observed: each open counts the fstat calls the loader model (formats/npload.
 against strace) gives the plan's loads (npz: 2 a load), one where the plan has no whole-file
 loads (CPython's open makes one).
 
+output.trace: a span per sample, where the plan has one request per sample (its extent: hdf5,
+indexed_binary, formats read by sample with several samples a file; `one_request_per_sample`),
+recorded where the Dataset reads it: its start (CLOCK_MONOTONIC, as the main process's clock)
+and load time, the worker that read it (its track: `get_worker_info().id`; -1, the step loop's
+thread, without workers) and its bytes (the sample's own /proc/thread-self/io delta, chained
+probes so that the batch's figures stay exact; the plan's bytes without /proc io), handed back
+with the batch in its stats tensor. Where each load is several planned requests (np.load's
+header and data reads of a whole npy/npz file, modelled from strace, not observed one by one),
+no per-request span would be true: the trace has the step spans only, as without output.trace
+(describe() says which). Without output.trace the fetch takes no extra probe.
+
 Worker processes must never initialise MPI: this module imports no MPI (nor does anything it
 imports), since a spawned or forkserver worker unpickling the Dataset imports it, and a
 process that calls MPI_Init under the launcher's environment aborts. Workers start at the
@@ -51,7 +62,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 
 from .. import _core
 from ..catalog import SplitFiles
@@ -62,13 +73,13 @@ from . import FRAMEWORK_LOADERS, torch_prefetch_factor
 from .base import (
     BatchStats,
     BatchWaitWatch,
+    IoChain,
     ReaderOptions,
+    RequestTrace,
     as_item,
     batch_paths,
     drop_cached_pages,
-    io_since,
     python_steps,
-    thread_io,
 )
 
 if TYPE_CHECKING:
@@ -76,6 +87,16 @@ if TYPE_CHECKING:
 
 READS = FRAMEWORK_LOADERS["pytorch"]["reads"]
 STATS_HEAD = 3  # stats tensor: bytes, read calls, file opens, then each sample's load ns
+# (with output.trace, after them: each sample's start ns, each sample's bytes, the worker)
+
+
+def one_request_per_sample(plan: ReadPlan, samples_per_file: int) -> bool:
+    """Whether request i of `plan` is sample i's read (its extent, in its file): then a span
+    per sample is the span of its planned request."""
+    n = len(plan.sample_ids)
+    return (len(plan.offset) == n and plan.steps > 0
+            and np.array_equal(plan.batch_start, np.arange(plan.steps + 1) * (n // plan.steps))
+            and np.array_equal(plan.file_idx, plan.sample_ids // samples_per_file))
 
 
 
@@ -100,11 +121,12 @@ class SampleDataset(Dataset):
 
     def __init__(self, naming: FileNaming, listed: tuple[str, ...] | None, fmt: str,
                  samples_per_file: int, sample_layout: str, item: tuple[tuple[int, ...], str],
-                 memory: bool, datasets: int = 1) -> None:
+                 memory: bool, datasets: int = 1, trace: bool = False) -> None:
         self.naming, self.listed, self.fmt = naming, listed, fmt
         self.datasets = datasets  # hdf5: records_0 .. records_<datasets-1> hold each sample
         self.samples_per_file, self.last_axis = samples_per_file, sample_layout == "last_axis"
         self.item, self.memory = item, memory
+        self.trace = trace  # output.trace: each item's start, bytes and worker too
         self.opens = 0
         self._epoch = -1
         self._kept: dict[str, object] = {}  # read_type memory: loaded arrays / open files
@@ -117,7 +139,8 @@ class SampleDataset(Dataset):
                              files.split.samples_per_file, files.sample_layout,
                              (options.item_shape, options.item_dtype),
                              options.read_type == "memory",
-                             getattr(getattr(fmt, "options", None), "datasets", 1))
+                             getattr(getattr(fmt, "options", None), "datasets", 1),
+                             options.trace)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -154,16 +177,22 @@ class SampleDataset(Dataset):
 
     def __getitems__(self, indices: list) -> Fetched:
         """The batch's items (the DataLoader's batched fetch), timed and measured."""
-        before, opens = thread_io(), self.opens
-        items, lat = [], []
+        io, opens = IoChain(), self.opens
+        items, lat, traced = [], [], []
         for index in indices:
-            start = time.monotonic_ns()
+            start = time.monotonic_ns()  # CLOCK_MONOTONIC: the clock of _core.now_ns
             items.append(self[index])
             lat.append(time.monotonic_ns() - start)
+            if self.trace:  # output.trace: its start and its own bytes (-1: not known)
+                traced.append((start, io.part()))
             if index[2]:  # reader.preprocess_time, after the read as DLIO's read_index sleeps
                 time.sleep(index[2] / 1e9)
-        nbytes, reads = io_since(before)
-        return Fetched(items, torch.tensor([nbytes, reads, self.opens - opens, *lat],
+        nbytes, reads = io.end()
+        if traced:  # then the worker reading (-1: this process, no workers)
+            info = get_worker_info()
+            traced = [*(t[0] for t in traced), *(t[1] for t in traced),
+                      -1 if info is None else info.id]
+        return Fetched(items, torch.tensor([nbytes, reads, self.opens - opens, *lat, *traced],
                                            dtype=torch.int64))
 
     def _load(self, path: str):
@@ -244,7 +273,9 @@ class TorchLoaderReader:
         self._bytes = self._reads = self._opens = self._stats = 0
         self._stats_per_open = 1.0
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per sample of the current epoch
-        self.request_trace = None  # output.trace: step spans only, no request's
+        self.request_trace: RequestTrace | None = None  # per sample (output.trace; see module)
+        self._request_trace: RequestTrace | None = None  # the next epoch's (prepare_epoch)
+        self._spans = False  # this epoch's plan has one request per sample
         self._watch = BatchWaitWatch(options.watchdog, "torch DataLoader")
 
     def _make_loader(self, batch: int) -> DataLoader:
@@ -266,6 +297,12 @@ class TorchLoaderReader:
             self.loader = self._make_loader(len(plan.sample_ids) // plan.steps)
         if self.options.drop_page_cache:
             drop_cached_pages(self.files.path(int(f)) for f in plan.files())
+        if self._trace_of(plan):  # its pages faulted in here, not inside the clock
+            self._request_trace = RequestTrace.empty(len(plan.offset))
+
+    def _trace_of(self, plan: ReadPlan) -> bool:
+        return self.options.trace and one_request_per_sample(plan, self.files.split
+                                                             .samples_per_file)
 
     def start_epoch(self, plan: ReadPlan) -> None:
         """The epoch's order to the sampler, and the DataLoader's iteration started (its
@@ -273,6 +310,11 @@ class TorchLoaderReader:
         self._epochs += 1
         self._plan, self._position = plan, 0
         self.lat_ns = np.zeros(len(plan.sample_ids), dtype=np.int64)
+        rt, self._request_trace = self._request_trace, None
+        self._spans = self._trace_of(plan)
+        if self._spans and (rt is None or len(rt.start_ns) != len(plan.offset)):
+            rt = RequestTrace.empty(len(plan.offset))  # without prepare_epoch
+        self.request_trace = rt if self._spans else None
         self.sampler.start(self._epochs, plan.sample_ids, plan.sample_delay_ns)
         opens = int(np.count_nonzero(plan.flags & _core.REQ_OPEN))
         fstats = int(np.count_nonzero(plan.flags & _core.REQ_FSTAT))
@@ -304,6 +346,10 @@ class TorchLoaderReader:
         self.batch = batch
         head = stats[:STATS_HEAD].tolist()
         lat = stats[STATS_HEAD:].numpy()
+        if self.dataset.trace:  # lat, starts, bytes, then the worker
+            n = (len(lat) - 1) // 3
+            lat, starts, nread, worker = lat[:n], lat[n:2 * n], lat[2 * n:3 * n], int(lat[-1])
+            self._record(starts, nread, worker)
         nbytes, reads, opens = head
         if nbytes < 0:  # no /proc io: the plan's bytes for the batch
             step = self._position // max(len(lat), 1)
@@ -317,6 +363,17 @@ class TorchLoaderReader:
         self._opens += opens
         self._stats += round(opens * self._stats_per_open)
         return BatchStats(ready, nbytes, reads)
+
+    def _record(self, starts: np.ndarray, nread: np.ndarray, worker: int) -> None:
+        """A batch's samples into the epoch's request trace (requests: one per sample)."""
+        rt, at = self.request_trace, self._position
+        if rt is None:
+            return
+        rt.start_ns[at:at + len(starts)] = starts
+        rt.thread[at:at + len(starts)] = worker
+        if (nread < 0).any():  # no /proc io: the plan's bytes of the sample
+            nread = np.where(nread < 0, self._plan.expect[at:at + len(starts)], nread)
+        rt.nread[at:at + len(starts)] = nread
 
     def abandon_epoch(self) -> None:
         """Stop before the epoch's last batch: the next iteration resets the workers."""
@@ -344,6 +401,10 @@ class TorchLoaderReader:
                 "item_shape": list(self.dataset.item[0]) or None,
                 "item_dtype": self.dataset.item[1],
                 "bytes_read_measured": self._bytes,
+                "trace": None if not self.options.trace else
+                "a span per sample (its planned request), on its worker's track"
+                if self._spans else "step spans only: each load is several planned requests "
+                                     "that are not observed one by one",
                 "counted": "bytes and read calls: /proc/thread-self/io of the reading thread; "
                            "opens and closes: the files the Dataset opened; stats: the "
                            "loader model's fstat calls per open, not observed",

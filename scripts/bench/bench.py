@@ -24,6 +24,13 @@
             8 MiB (2 GiB) from one folder to another of the same disk, beside raw_copy.c (a C
             pread/pwrite loop with O_DIRECT, 2 threads, 64 MiB calls, syncfs) between the
             same folders; 3 rounds alternating, medians, ratio ours / reference.
+  tiers:    reader.cache with a slow "PFS" (scripts/slow_pfs.sh: a loop-device ext4 whose reads
+            a block-I/O cgroup throttles to 150 MiB/s and 1500 IOPS; needs root), O_DIRECT
+            reads, 2 ranks, 512 npy files of 1 MiB, batch 8, 30 ms compute, 4 epochs: the
+            data on the slow tier read through a cache on the local disk, beside the same
+            data on the local disk from the start (the reference) and on the slow tier without
+            a cache; AU per epoch, the cached epochs' AU over the reference's (target >= 0.9),
+            the first epoch's penalty.
   large:    16 MiB samples with O_DIRECT against fio and a C loop with huge-page buffers.
   mpiio:    the MPI-IO reader backends against the POSIX engine on one shared file (indexed
             binary), 2 ranks, computation_time 0, data in the page cache (ROMIO's UFS driver
@@ -459,6 +466,70 @@ def bench_stagein(work: Path, rounds: int = 3) -> dict:
     print(f"stagein: {result['dlio_mpi_MiB_per_s']:.0f} MiB/s vs raw_copy "
           f"{result['raw_copy_MiB_per_s']:.0f} MiB/s, ratio {result['ratio']:.3f}", flush=True)
     return result
+
+
+# ------------------------------------------------------------------------------- tiers
+
+
+def bench_tiers(work: Path) -> dict:
+    """reader.cache over a throttled slow tier against the data on the fast tier."""
+    if os.geteuid() != 0:
+        print("tiers: skipped (scripts/slow_pfs.sh needs root)", flush=True)
+        return {"skipped": "needs root"}
+    slow_pfs = str(HERE.parent / "slow_pfs.sh")
+    mount, image = work / "slow-pfs", work / "slow-pfs.img"
+    sh([slow_pfs, "up", "--mount", str(mount), "--size", "2G", "--read-mibps", "150",
+        "--read-iops", "1500", "--image", str(image)])
+    try:
+        return _tiers(work, mount, (slow_pfs, "run", "--"))
+    finally:
+        sh([slow_pfs, "down"])
+
+
+def _tiers(work: Path, mount: Path, throttled: tuple[str, ...]) -> dict:
+    fast, cache = work / "tiers-fast-data", work / "tiers-cache"
+
+    def common(data: Path) -> list[str]:
+        return ["demo", *overrides(
+            dataset__data_folder=data, dataset__format="npy", dataset__num_files_train=512,
+            dataset__num_samples_per_file=1, dataset__record_dims=f"[{1 << 20}]",
+            dataset__record_length_bytes_stdev=0, reader__batch_size=8,
+            reader__read_threads=2, reader__odirect="true", train__computation_time=0.03,
+            train__epochs=4)]
+
+    results: dict = {}
+    for name, data, extra in (("fast", fast, []), ("cached", mount / "data",
+                                                   [f"reader.cache.folder={cache}"]),
+                              ("slow", mount / "data", []),
+                              ("read_once", mount / "data", ["reader.staging=read_once"])):
+        dlio(["generate", *common(data), "workflow.generate_data=true",
+              f"output.folder={work / 'tiers-gen'}"])
+        out = work / f"tiers-out-{name}"
+        shutil.rmtree(out, ignore_errors=True)
+        dlio(["run", *common(data), f"output.folder={out}", *extra], prefix=throttled)
+        stats = json.loads((out / "per_epoch_stats.json").read_text())
+        results[name] = {"au": [stats[k]["au_percentage"] for k in sorted(stats, key=int)],
+                         "cache": [stats[k].get("cache") for k in sorted(stats, key=int)]}
+        if name == "read_once":
+            reader = summary(out)["dlio_mpi"]["readers"]["train"]
+            dataset = sum(p.stat().st_size for p in (data / "train").iterdir())
+            results[name].update(staging=reader["staging"], exchange=reader["exchange"],
+                                 pfs_bytes_over_dataset=reader["staging"]["bytes_read"]
+                                 / dataset)
+    fast_au, cached_au = results["fast"]["au"], results["cached"]["au"]
+    later = statistics.mean(cached_au[1:]) / statistics.mean(fast_au[1:])
+    results.update(cached_over_fast_later_epochs=later,
+                   first_epoch_penalty_points=fast_au[0] - cached_au[0])
+    once = results["read_once"]
+    print(f"tiers: AU per epoch: fast {[round(a, 1) for a in fast_au]}, cached "
+          f"{[round(a, 1) for a in cached_au]}, slow "
+          f"{[round(a, 1) for a in results['slow']['au']]}, read_once "
+          f"{[round(a, 1) for a in once['au']]}; cached epochs 2+ / fast "
+          f"{later:.3f}; first epoch penalty {fast_au[0] - cached_au[0]:.1f} AU points; "
+          f"read_once: PFS bytes / dataset {once['pfs_bytes_over_dataset']:.4f}, staging "
+          f"{once['staging']['seconds']:.2f} s, exchange "
+          f"{once['exchange']['seconds_per_step'] * 1e3:.2f} ms per step", flush=True)
+    return results
 
 
 # ------------------------------------------------------------------------------- large
@@ -1104,7 +1175,7 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
 
 
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
-              "trace": bench_trace, "stagein": bench_stagein,
+              "trace": bench_trace, "stagein": bench_stagein, "tiers": bench_tiers,
               "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
               "formats": bench_formats, "loaders": bench_loaders, "startup": bench_startup}
 

@@ -1,0 +1,297 @@
+"""reader.cache: a node-local caching tier shared by the ranks of a node, as Lustre PCC or
+BeeGFS OnDemand cache files on local SSD.
+
+- Granularity: whole files. The first rank of a node to read a file that is not in the cache
+  copies it whole into the cache (the C engine, DIO_REQ_FILL: before that request, on its
+  reader thread, so a batch waits for it as a read waits for PCC's attach) and reads it from
+  there; later reads of a cached file hit the cache (DIO_REQ_CACHED). Another rank of the node
+  reading a file in the epoch in which it is filled reads it from the PFS (the node's first
+  reader fills it, once).
+- Decisions are planned, per epoch, identically on every rank of the node from the node's
+  plans (one allgather on the node communicator per epoch, before the epoch's clock): the
+  node's reads in step order (rank order within a step) meet the cache's state, its
+  `capacity_bytes` (default: the folder's free space when the run starts) and its policy:
+  `none` fills while there is room and then reads from the PFS; `lru` makes room by evicting
+  the least recently used copies (the C engine removes them before the filling request), never
+  one that a rank of the node uses within `prefetch_size + 2` steps (its readers may run that
+  far ahead). A copy found gone anyway is read from the PFS instead, and counted.
+- The cache folder: `folder`, or `folder/node<k>` on emulated nodes (which share one host's
+  storage); on real nodes a folder the nodes share is refused. Its copies are ours by
+  `dlio_mpi_cache.json`; a run starts with the cache empty (removing our earlier copies,
+  refusing anything else in the way) and removes its copies when it ends.
+- Reported per epoch (per_epoch_stats.json `cache`): the hit ratio (requests of files the
+  cache held when the epoch began, over all requests), the requests the cache served (hits and
+  the reads of the copies filled), bytes from each tier, files filled, their bytes and time,
+  evictions, fallbacks."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import _core
+from .errors import UserError, check_all, on_root
+from .ownership import create_exclusive, read_own_json, remove_quietly, temporary_name
+from .planner import ReadPlan
+from .stage_in import check_node_local, node_root
+
+CACHE_MANIFEST = "dlio_mpi_cache.json"
+KIND = "dlio-mpi cache tier"
+COUNTERS = ("cache_reads", "cache_fills", "cache_fill_bytes", "cache_fill_ns",
+            "cache_evictions", "cache_fallbacks")
+
+
+@dataclass
+class _Split:
+    """The node's cached copies of one split's files: file -> its recency (a tick)."""
+
+    sizes: np.ndarray
+    resident: dict[int, int] = field(default_factory=dict)
+
+
+class CacheTier:
+    """One run's cache tier on this rank's node (collective construction)."""
+
+    def __init__(self, comm, opts, topo, tag: str, source_root: str) -> None:
+        self.opts, self.tag, self.source_root = opts, tag, source_root
+        self.node = comm.Split(topo.node, comm.Get_rank())
+        self.leader = self.node.Get_rank() == 0
+        if not topo.emulated and topo.nodes > 1:
+            check_node_local(comm, opts.folder, topo.node, self.leader, tag)
+        self.root = node_root(opts.folder, "node", topo.node, topo.emulated)
+        self.capacity = on_root(self.node, self._open)
+        self.used = 0
+        self.tick = 0
+        self.splits: dict[str, _Split] = {}
+        self.made: set[str] = set()  # folders of copies (for the removal at the end)
+
+    @property
+    def suffix(self) -> str:
+        """What ends a fill's temporaries (ownership.temporary_name's form)."""
+        return temporary_name("", self.tag)
+
+    # ---------------------------------------------------------------- the folder
+    def _open(self) -> int:
+        """The node leader: claim the folder (empty of ours), return the capacity."""
+        os.makedirs(self.root, exist_ok=True)
+        path = os.path.join(self.root, CACHE_MANIFEST)
+        earlier = read_own_json(path, f"reader.cache.folder: {path} is not dlio-mpi's")
+        if earlier is not None:
+            if earlier.get("kind") != KIND:
+                raise UserError(f"reader.cache.folder: {path} is not a cache manifest of "
+                                "dlio-mpi; remove it yourself or choose another folder")
+            remove_quietly(os.path.join(self.root, rel) for rel in earlier.get("files", [])
+                           if isinstance(rel, str) and not rel.startswith(("/", "..")))
+        self._write_manifest([])
+        if self.opts.capacity_bytes is not None:
+            return int(self.opts.capacity_bytes)
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
+    def _write_manifest(self, files: list[str]) -> None:
+        final = os.path.join(self.root, CACHE_MANIFEST)
+        tmp = temporary_name(final, self.tag)
+        with os.fdopen(create_exclusive(tmp), "w") as fp:
+            json.dump({"tool": "dlio-mpi", "kind": KIND, "tag": self.tag,
+                       "source": self.source_root, "files": files}, fp)
+        os.replace(tmp, final)  # our own manifest (or none)
+
+    def attach(self, name: str, files, engine) -> None:
+        """Collective on the node: give `engine` the cache's copies of split `name`'s files
+        (catalog.SplitFiles), make their folders and list them as ours before any copy."""
+        sizes = files.layouts.take(np.arange(files.count, dtype=np.int64)).size
+        self.splits[name] = _Split(np.asarray(sizes, dtype=np.int64))
+        rel = [os.path.relpath(files.path(i), files.split.root) for i in range(files.count)] \
+            if files.listed is not None or files.count <= 100_000 else None
+        if rel is not None:
+            engine.set_cache(self.suffix, paths=[os.path.join(self.root, r) for r in rel])
+            folders = {os.path.dirname(r) for r in rel}
+        else:
+            naming = files.split.naming
+            folder, sub, sub_digits, stem, digits, tail = naming.pattern()
+            local = os.path.join(self.root, os.path.relpath(folder, files.split.root))
+            engine.set_cache(self.suffix, naming.count, local, sub, sub_digits, stem, digits,
+                             tail)
+            folders = {os.path.relpath(f, files.split.root) for f in naming.folders()}
+
+        def prepare() -> None:
+            names = rel if rel is not None else [
+                os.path.relpath(files.path(i), files.split.root) for i in range(files.count)]
+            self._refuse_in_the_way(folders, names)
+            for f in folders:
+                os.makedirs(os.path.join(self.root, f), exist_ok=True)
+            self.made.update(folders)
+            self._write_manifest(sorted(set(self._listed() + names)))
+
+        check_all(self.node, lambda: prepare() if self.leader else None)
+
+    def describe(self) -> dict:
+        """For summary.json (dlio_mpi.readers.cache): this node's folder, capacity, policy."""
+        return {"folder": self.opts.folder, "node_folder": self.root,
+                "capacity_bytes": self.capacity, "policy": self.opts.policy,
+                "granularity": "file", "fill": "whole file, before the first read, by the "
+                "node's first reader in step order"}
+
+    def _refuse_in_the_way(self, folders, names: list[str]) -> None:
+        """Refuse, naming it, anything under the cache folder a copy would be named as (the
+        earlier copies of ours were removed when the folder was claimed)."""
+        wanted = set(names)
+        for folder in folders:
+            try:
+                with os.scandir(os.path.join(self.root, folder)) as entries:
+                    for entry in entries:
+                        rel = os.path.normpath(os.path.join(folder, entry.name))
+                        if rel in wanted:
+                            raise UserError(
+                                f"reader.cache.folder: {entry.path} exists and is not "
+                                "dlio-mpi's (no cache manifest of ours lists it): it was left "
+                                "as it is; remove it yourself or choose another folder")
+            except FileNotFoundError:
+                continue
+
+    def _listed(self) -> list[str]:
+        body = read_own_json(os.path.join(self.root, CACHE_MANIFEST), "")
+        return list(body.get("files", [])) if body else []
+
+    def close(self) -> None:
+        """Collective on the node: remove the copies (the leader), the manifest, the folders."""
+        self.node.Barrier()
+        if self.leader:
+            remove_quietly(os.path.join(self.root, rel) for rel in self._listed())
+            remove_quietly([os.path.join(self.root, CACHE_MANIFEST)])
+            for folder in sorted(self.made, key=len, reverse=True):
+                parts = folder.split(os.sep)
+                for k in range(len(parts), 0, -1):
+                    try:
+                        os.rmdir(os.path.join(self.root, *parts[:k]))
+                    except OSError:
+                        break
+            if self.root != self.opts.folder:  # an emulated node's folder, made by us
+                try:
+                    os.rmdir(self.root)
+                except OSError:
+                    pass  # something else lives there
+        self.node.Barrier()
+
+    # ---------------------------------------------------------------- an epoch's plan
+    def plan_epoch(self, name: str, plan: ReadPlan, window: int) -> ReadPlan:
+        """Collective on the node: `plan` with the cache's flags and evictions."""
+        split = self.splits[name]
+        step = np.searchsorted(plan.batch_start, np.arange(len(plan.file_idx)), side="right") - 1
+        files, first = np.unique(plan.file_idx, return_index=True)
+        last = np.zeros(len(files), dtype=np.int64)
+        np.maximum.at(last, np.searchsorted(files, plan.file_idx), step)
+        mine = (files.astype(np.int64), step[first].astype(np.int64), last)
+        everyone = self.node.allgather(mine)
+        decisions, evictions = self._simulate(split, everyone, window)
+        me = self.node.Get_rank()
+        flags = plan.flags.copy()
+        fill, hit = decisions[me]
+        index = np.searchsorted(files, plan.file_idx)
+        hit_mask = np.isin(files, hit)
+        fill_mask = np.isin(files, fill)
+        flags[hit_mask[index] | fill_mask[index]] |= _core.REQ_CACHED
+        fill_first = first[fill_mask]
+        flags[fill_first] |= _core.REQ_FILL
+        evict_at = evict_file = None
+        mine_evictions = evictions.get(me, {})
+        if mine_evictions:
+            counts = np.zeros(len(plan.file_idx) + 1, dtype=np.int64)
+            ordered = []
+            for f in sorted(mine_evictions, key=lambda f: int(first[np.searchsorted(files, f)])):
+                at = int(first[np.searchsorted(files, f)])
+                counts[at + 1] += len(mine_evictions[f])
+                ordered += mine_evictions[f]
+            evict_at = np.cumsum(counts)
+            evict_file = np.asarray(ordered, dtype=np.int64)
+        return dataclasses.replace(plan, flags=flags, evict_at=evict_at, evict_file=evict_file)
+
+    def _simulate(self, split: _Split, everyone: list, window: int):
+        """The node's decisions, the same on each of its ranks: per rank, the files it fills
+        and the files it reads from the cache; per rank, per file it fills, the copies it
+        evicts first."""
+        busy: dict[int, tuple[int, int]] = {}  # file -> its span of steps this epoch
+        events = []
+        for rank, (files, first, last) in enumerate(everyone):
+            for f, a, b in zip(files.tolist(), first.tolist(), last.tolist()):
+                lo, hi = busy.get(f, (a, b))
+                busy[f] = (min(lo, a), max(hi, b))
+                events.append((a, rank, f, b))
+        events.sort()
+        base = self.tick
+        filled: set[int] = set()
+        fills: list[list[int]] = [[] for _ in everyone]
+        hits: list[list[int]] = [[] for _ in everyone]
+        evictions: dict[int, dict[int, list[int]]] = {}
+        for a, rank, f, b in events:
+            if f in split.resident and f not in filled:
+                hits[rank].append(f)
+                split.resident[f] = max(split.resident[f], base + b)
+                continue
+            if f in filled:
+                continue  # filled by the node's first reader this epoch: the PFS for this one
+            size = int(split.sizes[f])
+            victims: list[int] = []
+            if self.used + size > self.capacity and self.opts.policy == "lru":
+                room = self.used
+                for g, _ in sorted(split.resident.items(), key=lambda kv: kv[1]):
+                    if room + size <= self.capacity:
+                        break
+                    lo, hi = busy.get(g, (None, None))
+                    if lo is not None and lo - window <= a <= hi + window:
+                        continue  # in use around now by a rank of the node
+                    victims.append(g)
+                    room -= int(split.sizes[g])
+                if room + size > self.capacity:
+                    victims = []
+            if self.used - sum(int(split.sizes[g]) for g in victims) + size > self.capacity:
+                continue  # no room: read from the PFS
+            for g in victims:
+                del split.resident[g]
+                self.used -= int(split.sizes[g])
+            self.used += size
+            split.resident[f] = base + b
+            filled.add(f)
+            fills[rank].append(f)
+            if victims:
+                evictions.setdefault(rank, {})[f] = victims
+        self.tick = base + 1 + max((b for _, _, _, b in events), default=0)
+        decisions = [(np.asarray(fills[r], dtype=np.int64), np.asarray(hits[r], dtype=np.int64))
+                     for r in range(len(everyone))]
+        return decisions, evictions
+
+
+def epoch_cache(before: dict, after: dict, plan: ReadPlan, requests: int) -> dict:
+    """This rank's cache figures for an epoch: the engine's counter deltas, and the bytes
+    requested from each tier (by the planned tier of each request; a fill's whole file comes
+    from the PFS too)."""
+    out = {k: after.get(k, 0) - before.get(k, 0) for k in COUNTERS}
+    flags, files = plan.flags[:requests], plan.file_idx[:requests]
+    cached = (flags & (_core.REQ_CACHED | _core.REQ_FILL)) != 0
+    length = plan.length[:requests]
+    # hits: requests of files the cache held when the epoch began (a filled file's requests
+    # are served by its new copy, but they missed)
+    filled = np.isin(files, files[(flags & _core.REQ_FILL) != 0])
+    out["requests"] = int(np.count_nonzero(length > 0))
+    out["hits"] = int(np.count_nonzero(cached & ~filled & (length > 0)))
+    out["bytes_from_cache"] = int(length[cached].sum())
+    out["bytes_from_pfs"] = int(length[~cached].sum()) + out["cache_fill_bytes"]
+    return out
+
+
+def combine(records: list[dict]) -> dict:
+    """The node's or job's cache figures of an epoch, from the ranks'."""
+    total = {k: sum(r[k] for r in records) for k in records[0]}
+    reads = total["requests"]
+    return {"hit_ratio": round(total["hits"] / reads, 6) if reads else 0.0,
+            "requests": reads, "hits": total["hits"],
+            "requests_from_cache": total["cache_reads"],
+            "bytes_from_cache": total["bytes_from_cache"],
+            "bytes_from_pfs": total["bytes_from_pfs"],
+            "files_filled": total["cache_fills"], "fill_bytes": total["cache_fill_bytes"],
+            "fill_seconds": round(total["cache_fill_ns"] / 1e9, 6),
+            "evictions": total["cache_evictions"], "fallbacks": total["cache_fallbacks"]}

@@ -1,0 +1,324 @@
+"""reader.staging: read_once: the split's files are read from the file system exactly once
+for the whole job, into the memory of the ranks (file f on rank f mod P, so a node holds its
+ranks' share), and each step's batches are then served from memory: the samples a rank's batch
+needs travel from the ranks holding them through one MPI_Alltoallv per step (the samples a rank
+holds itself included, which MPI copies locally). The file system sees one pass; the
+interconnect carries the shuffle (as the large climate training runs at NERSC did).
+
+- Staging: when the backend opens (before the first epoch), timed from a barrier to a barrier:
+  each rank reads its files whole (pread of 64 MiB, O_DIRECT with reader.odirect), one open
+  each. Reported in describe()["staging"]: files, bytes read from the file system, seconds,
+  GiB/s, memory per rank and per node.
+- A step's batch: the epoch's sample lists of every rank are gathered before the epoch's clock
+  (prepare_epoch); for each step every rank packs the samples others need from it (in their
+  batch order) and the Alltoallv delivers them, on a communicator of its own, in a thread
+  running up to reader.prefetch_size steps (at least one) ahead of the step loop, as a
+  loader's prefetch; the batch is ready when its exchange has returned. The step's
+  bytes (the step records' BYTES) are the bytes delivered, none of them from storage; each
+  request's latency is its step's exchange time. describe()["exchange"]: bytes delivered,
+  those from other ranks and from other nodes, seconds in the exchanges, per step.
+- Samples move, not files: formats whose samples sit at extents of their files (layouts);
+  ragged formats (parquet's row groups) are refused before any I/O."""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+
+import numpy as np
+
+from .. import _core
+from ..catalog import SplitFiles
+from ..errors import describe
+from ..planner import ReadPlan
+from ..topology import emulated_ranks_per_node
+from .base import BatchStats, ReaderOptions, python_steps
+
+CHUNK = 64 << 20  # bytes per read call while staging
+# test hook: each delivered sample checked against a pread of its file (slow; tests only)
+VERIFY_ENV = "DLIO_MPI_TEST_VERIFY_EXCHANGE"
+ALIGN = 4096      # of each file's place in memory (O_DIRECT reads land there)
+
+
+class StagingFailed(RuntimeError):
+    """A rank's staging read failed: fatal for the job at once (cli.main aborts it)."""
+
+
+class ReadOnceReader:
+    """A ReaderBackend serving a split from the ranks' memory (collective construction)."""
+
+    def __init__(self, files: SplitFiles, options: ReaderOptions, comm) -> None:
+        from mpi4py import MPI
+
+        self.MPI, self.comm, self.files = MPI, comm, files
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.odirect = options.odirect
+        self.verify = bool(os.environ.get(VERIFY_ENV))
+        all_files = np.arange(files.count, dtype=np.int64)
+        lay = files.layouts.take(all_files)
+        self.sizes = lay.size.astype(np.int64)
+        self.data_offset, self.sample_step = lay.data_offset, lay.sample_step
+        self.sample_bytes = lay.sample_bytes
+        self.owner = all_files % self.size
+        # each file's place in its owner's memory: its owner's earlier files, padded
+        padded = (self.sizes + ALIGN - 1) // ALIGN * ALIGN
+        self.base = np.zeros(files.count, dtype=np.int64)
+        for r in range(self.size):
+            mine = np.flatnonzero(self.owner == r)
+            self.base[mine] = np.cumsum(padded[mine]) - padded[mine]
+        held = int(padded[self.owner == self.rank].sum())
+        self._map = mmap.mmap(-1, max(held, ALIGN))  # page-aligned, for O_DIRECT reads
+        self.memory = np.frombuffer(self._map, dtype=np.uint8)
+        self.memory[::4096] = 0  # faulted in before the staging clock
+        self.node = self._nodes()
+        self.staging = self._stage(held)
+        self.lat_ns = np.zeros(0, dtype=np.int64)
+        self.request_trace = None  # output.trace: step spans only
+        self._steps: list = []
+        self._step = 0
+        self._plan: ReadPlan | None = None
+        self.received = 0
+        # the exchanges run on their own communicator, in a thread up to `depth` steps ahead
+        # of the step loop (reader.prefetch_size, at least 1), as a loader's prefetch
+        self.xcomm = comm.Dup()
+        self.depth = max(options.prefetch_size, 1)
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        self.exchanged = {"bytes": 0, "bytes_from_other_ranks": 0,
+                          "bytes_from_other_nodes": 0, "seconds": 0.0, "steps": 0}
+
+    def _nodes(self) -> np.ndarray:
+        """The node of every rank (its shared-memory group's first rank, or emulated nodes of
+        DLIO_MPI_RANKS_PER_NODE ranks)."""
+        local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
+        first = local.allreduce(self.rank, op=self.MPI.MIN)
+        local_rank = local.Get_rank()
+        local.Free()
+        per = emulated_ranks_per_node()
+        key = (first, local_rank // per) if per else (first, 0)
+        keys = self.comm.allgather(key)
+        numbering = {k: i for i, k in enumerate(sorted(set(keys)))}
+        return np.array([numbering[k] for k in keys], dtype=np.int64)
+
+    def _stage(self, held: int) -> dict:
+        """Read this rank's files into memory, once; timed from a barrier to a barrier."""
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECT if self.odirect else 0)
+        mine = np.flatnonzero(self.owner == self.rank).tolist()
+        self.comm.Barrier()
+        began = _core.now_ns()
+        try:
+            read = self._read_files(mine, flags)
+        except OSError as exc:
+            # not an error the ranks agree on (check_all around the backend's opening): the
+            # others are reading or waiting in the barrier, so this rank aborts the job now
+            raise StagingFailed(describe(exc)) from exc
+        self.comm.Barrier()
+        seconds = (_core.now_ns() - began) / 1e9
+        total = self.comm.allreduce(read)
+        per_node = np.zeros(int(self.node.max()) + 1, dtype=np.int64)
+        np.add.at(per_node, self.node, np.array(self.comm.allgather(held), dtype=np.int64))
+        return {"files": int(len(self.sizes)), "opens": int(len(self.sizes)),
+                "bytes_read": int(total), "seconds": round(seconds, 6),
+                "GiB_per_second": round(total / 2**30 / seconds, 6) if seconds > 0 else 0.0,
+                "memory_bytes_per_rank_max": int(self.comm.allreduce(held, op=self.MPI.MAX)),
+                "memory_bytes_per_node": per_node.tolist()}
+
+    def _read_files(self, mine: list[int], flags: int) -> int:
+        """Read files `mine` whole into their places in memory; the bytes read."""
+        read = 0
+        for f in mine:
+            path, size, at = self.files.path(f), int(self.sizes[f]), int(self.base[f])
+            fd = os.open(path, flags)
+            try:
+                done = 0
+                while done < size:
+                    want = min(CHUNK, size - done)
+                    if self.odirect:
+                        want = (want + ALIGN - 1) // ALIGN * ALIGN
+                    got = os.preadv(fd, [memoryview(self._map)[at + done:at + done + want]],
+                                    done)
+                    if got <= 0:
+                        raise OSError(5, f"{path} ends at {done} bytes, before its "
+                                         f"{size} bytes: it changed since its size was taken",
+                                      path)
+                    done += got
+            finally:
+                os.close(fd)
+            read += min(done, size)
+        return read
+
+    # ------------------------------------------------------------------ an epoch
+    def prepare_epoch(self, plan: ReadPlan) -> None:
+        """Before the clock: every rank's sample lists, and each step's exchange."""
+        steps = plan.steps
+        everyone = np.stack(self.comm.allgather(np.ascontiguousarray(plan.sample_ids)))
+        batch = everyone.shape[1] // max(steps, 1)
+        spf = self.files.split.samples_per_file
+        ids = everyone[:, :steps * batch].reshape(self.size, steps, batch)
+        file = ids // spf
+        where = (self.base[file] + self.data_offset[file]
+                 + (ids % spf) * self.sample_step[file])
+        length = self.sample_bytes[file]
+        owner = self.owner[file]
+        self._steps = []
+        for s in range(steps):
+            # what I send: the samples each rank's batch s needs from me, in its batch order
+            dest, pos = np.nonzero(owner[:, s, :] == self.rank)
+            send_at, send_len = where[dest, s, pos], length[dest, s, pos]
+            send_counts = np.bincount(dest, weights=send_len, minlength=self.size)
+            # what I receive: my batch's samples, grouped by the rank holding them
+            mine_owner = owner[self.rank, s]
+            recv_counts = np.bincount(mine_owner, weights=length[self.rank, s],
+                                      minlength=self.size)
+            self._steps.append((send_at, send_len, send_counts.astype(np.int64),
+                                recv_counts.astype(np.int64)))
+        self._plan = plan
+        # the samples of my batches in the order they arrive (by holding rank, then position)
+        order = np.argsort(owner[self.rank], axis=1, kind="stable")
+        self._arriving = np.take_along_axis(ids[self.rank], order, axis=1)
+
+    def start_epoch(self, plan: ReadPlan) -> None:
+        """Start the exchange thread on the epoch's steps (it runs up to `depth` ahead)."""
+        if self._plan is not plan:
+            self.prepare_epoch(plan)
+        self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
+        self._step = 0
+        self._done: list = [None] * len(self._steps)
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._exchange_all, name="read-once-exchange",
+                                        daemon=True)
+        self._thread.start()
+
+    def _exchange_all(self) -> None:
+        """The exchanges of the epoch, in step order, at most `depth` steps ahead of the step
+        loop (every rank's thread goes as far: the same collective calls on xcomm)."""
+        try:
+            for s in range(len(self._steps)):
+                with self._cond:
+                    # stopped, it still does every exchange it may have started on another
+                    # rank (all below the same steps consumed + depth), so none waits alone
+                    while s >= self._step + self.depth:
+                        if self._stop:
+                            return
+                        self._cond.wait()
+                result = self._exchange(s)
+                with self._cond:
+                    self._done[s] = result
+                    self._cond.notify_all()
+        except BaseException as exc:  # noqa: B036 - handed to the step loop's thread
+            with self._cond:
+                self._failed = exc
+                self._cond.notify_all()
+
+    def _exchange(self, s: int) -> tuple[int, int, np.ndarray]:
+        """Step s's exchange (collective on xcomm): pack, Alltoallv; (began, ready, bytes)."""
+        MPI = self.MPI
+        send_at, send_len, send_counts, recv_counts = self._steps[s]
+        began = _core.now_ns()
+        out = np.empty(int(send_counts.sum()), dtype=np.uint8)
+        put = 0
+        for at, n in zip(send_at.tolist(), send_len.tolist()):
+            out[put:put + n] = self.memory[at:at + n]
+            put += n
+        into = np.empty(int(recv_counts.sum()), dtype=np.uint8)
+        self.xcomm.Alltoallv([out, (send_counts, _displacements(send_counts)), MPI.BYTE],
+                             [into, (recv_counts, _displacements(recv_counts)), MPI.BYTE])
+        return began, _core.now_ns(), into
+
+    def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray, start_ns: int,
+                  out: np.ndarray) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out)
+
+    def next_batch(self) -> BatchStats | None:
+        """Step `self._step`'s batch, once the exchange thread has it."""
+        s = self._step
+        if s >= len(self._steps):
+            return None
+        with self._cond:
+            while self._done[s] is None and self._failed is None:
+                self._cond.wait()
+            if self._failed is not None:
+                raise self._failed
+            began, ready, into = self._done[s]
+            self._done[s] = None
+            self._step += 1
+            self._cond.notify_all()  # room for one more step ahead
+        recv_counts = self._steps[s][3]
+        plan = self._plan
+        first, last = plan.batch_start[s], plan.batch_start[s + 1]
+        self.lat_ns[first:last] = ready - began
+        got = int(recv_counts.sum())
+        self.received += got
+        ex = self.exchanged
+        ex["bytes"] += got
+        ex["bytes_from_other_ranks"] += got - int(recv_counts[self.rank])
+        ex["bytes_from_other_nodes"] += int(recv_counts[self.node != self.node[self.rank]].sum())
+        ex["seconds"] += (ready - began) / 1e9
+        ex["steps"] += 1
+        if self.verify:
+            self._verify(self._arriving[s], into)
+        self.batch = into  # the batch's bytes (what a consumer would take)
+        return BatchStats(ready, got, 0)
+
+    def _verify(self, samples: np.ndarray, into: np.ndarray) -> None:
+        """Each delivered sample equals its bytes in its file (VERIFY_ENV)."""
+        spf, put = self.files.split.samples_per_file, 0
+        for sid in samples.tolist():
+            f, k = divmod(sid, spf)
+            n = int(self.sample_bytes[f])
+            at = int(self.data_offset[f] + k * self.sample_step[f])
+            with open(self.files.path(f), "rb") as fp:
+                fp.seek(at)
+                want = fp.read(n)
+            if into[put:put + n].tobytes() != want:
+                raise RuntimeError(f"read_once: sample {sid} arrived with other bytes than "
+                                   f"{self.files.path(f)} holds at offset {at}")
+            put += n
+
+    def _join(self) -> None:
+        """Stop the exchange thread at the next step boundary and wait for it (every rank
+        stopped after the same step, so their threads end at the same exchange)."""
+        thread = getattr(self, "_thread", None)
+        if thread is not None:
+            with self._cond:
+                self._stop = True
+                self._cond.notify_all()
+            thread.join()
+            self._thread = None
+            self._stop = False
+
+    def end_epoch(self) -> None:
+        self._join()
+        self._plan = None
+
+    def abandon_epoch(self) -> None:
+        self._join()
+        self._plan = None
+
+    def counters(self) -> dict[str, int]:
+        # no file is opened, read or closed while training: the bytes come from memory
+        return {"opens": 0, "closes": 0, "stats": 0, "bytes_read": self.received,
+                "read_ops": 0}
+
+    def describe(self) -> dict:
+        ex = dict(self.exchanged)
+        totals = {k: self.comm.allreduce(v) for k, v in ex.items() if k != "steps"}
+        totals["seconds"] = round(self.comm.allreduce(ex["seconds"], op=self.MPI.MAX), 6)
+        totals["seconds_per_step"] = round(totals["seconds"] / ex["steps"], 9) \
+            if ex["steps"] else 0.0
+        totals["steps"] = ex["steps"]
+        return {"backend": "read_once", "file_access": "multi", "staging": self.staging,
+                "exchange": {"how": "one MPI_Alltoallv per step (samples packed in the "
+                                    "receivers' batch order)", **totals}}
+
+    def close(self) -> None:
+        self._join()
+        self.xcomm.Free()
+        self.memory = None
+        self._map.close()
+
+
+def _displacements(counts: np.ndarray) -> np.ndarray:
+    return np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)

@@ -1,0 +1,119 @@
+"""reader.cache under mpiexec -n 2 and -n 3: the first epoch fills the node's cache (hit ratio
+0) and later ones hit it (1) when it has room; without room `none` keeps what it filled first
+and `lru` evicts; emulated nodes keep a cache each; the copies are byte-identical while they
+exist and removed at the end; what is in the way and not ours is refused and left."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import mpiexec, run_cli, workload_overrides
+
+pytestmark = pytest.mark.timeout(300)
+RANKS = [2, 3]
+
+
+def _args(tmp, **values) -> list[str]:
+    base = dict(dataset__num_files_train=24, dataset__record_length_bytes=30000,
+                reader__batch_size=1, train__epochs=3, train__computation_time=0.001,
+                reader__cache__folder=str(tmp / "cache"))
+    base.update(values)
+    return workload_overrides(tmp, **base)
+
+
+def _cache(tmp) -> list[dict]:
+    stats = json.loads((tmp / "out" / "per_epoch_stats.json").read_text())
+    return [stats[k]["cache"] for k in sorted(stats, key=int)]
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_first_epoch_fills_and_later_epochs_hit(tmp_path, ranks):
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    first, *later = _cache(tmp_path)
+    assert first["hit_ratio"] == 0.0 and first["hits"] == 0
+    # every file the job read was copied once (one node), and its reads served by the copy
+    assert first["files_filled"] == 24 and first["fill_bytes"] > 0
+    assert first["fill_bytes"] == sum(os.path.getsize(p) for p in
+                                      (tmp_path / "data" / "train").iterdir())
+    assert first["requests_from_cache"] > 0
+    for epoch in later:
+        assert epoch["hit_ratio"] == 1.0 and epoch["files_filled"] == 0
+        assert epoch["bytes_from_pfs"] == 0 and epoch["bytes_from_cache"] > 0
+        assert epoch["fallbacks"] == 0 and epoch["evictions"] == 0
+    described = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert described["dlio_mpi"]["readers"]["cache"]["policy"] == "none"
+    assert sorted(os.listdir(tmp_path / "cache")) == []  # the copies and folders removed
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_without_room_none_keeps_its_first_copies_and_lru_evicts(tmp_path, ranks):
+    size = os.path.getsize
+    run = run_cli(["generate", "demo", *_args(tmp_path)], ranks=ranks)
+    assert run.returncode == 0, run.stderr
+    files = sorted((tmp_path / "data" / "train").iterdir())
+    capacity = sum(size(p) for p in files[:10])  # room for about 10 of the 24 files
+    ratios = {}
+    for policy in ("none", "lru"):
+        res = run_cli(["run", "demo", *_args(
+            tmp_path, reader__cache__capacity_bytes=capacity, reader__cache__policy=policy,
+            output__folder=tmp_path / "out")], ranks=ranks)
+        assert res.returncode == 0, res.stderr
+        epochs = _cache(tmp_path)
+        assert epochs[0]["hit_ratio"] == 0.0
+        one = size(files[0])
+        if policy == "none":  # filled while there was room, then the PFS
+            assert epochs[0]["files_filled"] == capacity // one < 24
+            assert all(e["files_filled"] == 0 and e["evictions"] == 0 for e in epochs[1:])
+            assert all(0 < e["hit_ratio"] < 1 for e in epochs[1:])
+        else:  # room made by evicting the least recently used copies: never over capacity
+            for e in epochs:
+                assert e["files_filled"] > 0 and e["evictions"] > 0
+            filled = sum(e["files_filled"] for e in epochs)
+            evicted = sum(e["evictions"] for e in epochs)
+            assert (filled - evicted) * one <= capacity
+        assert all(e["fallbacks"] == 0 for e in epochs)
+        ratios[policy] = [e["hit_ratio"] for e in epochs]
+        (tmp_path / "out").rename(tmp_path / f"out-{policy}")
+    assert ratios["none"] != ratios["lru"]
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_emulated_nodes_keep_a_cache_each(tmp_path, ranks):
+    env = {**os.environ, "DLIO_MPI_RANKS_PER_NODE": "1"}
+    # no shuffling: each rank reads the same files every epoch, from its own node's cache
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
+           *_args(tmp_path, reader__file_shuffle="off", reader__sample_shuffle="off")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0, res.stderr
+    first, *later = _cache(tmp_path)
+    # each node filled what its rank read: the files together, once each
+    assert first["files_filled"] == 24
+    assert all(e["hit_ratio"] == 1.0 for e in later)
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["dlio_mpi"]["readers"]["cache"]["node_folder"].endswith("/node0")
+    assert os.listdir(tmp_path / "cache") == []  # node<k> folders removed with the copies
+
+
+def test_a_file_in_the_way_is_refused_and_left(tmp_path):
+    run = run_cli(["generate", "demo", *_args(tmp_path)], ranks=2)
+    assert run.returncode == 0, run.stderr
+    mine = tmp_path / "cache" / "train" / "img_07_of_24.npz"
+    mine.parent.mkdir(parents=True)
+    mine.write_bytes(b"the user's")
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=2)
+    assert res.returncode == 2, res.stderr
+    assert f"{mine} exists and is not dlio-mpi's" in res.stderr
+    assert mine.read_bytes() == b"the user's"
+
+
+def test_backends_it_cannot_serve_are_refused_before_any_io(tmp_path):
+    res = run_cli(["run", "demo", *_args(tmp_path, reader__file_access="shared")], ranks=2)
+    assert res.returncode == 2 and "reader.cache" in res.stderr, res.stderr
+    assert "not implemented yet" in res.stderr
+    assert not (tmp_path / "data").exists() and not (tmp_path / "cache").exists()

@@ -1,0 +1,121 @@
+"""reader.staging: read_once under mpiexec -n 2 and -n 3: each data file opened on the file
+system once for the job, every rank still consuming exactly the samples the shuffle gives it
+(the access log of a run reading the files), each delivered sample byte-identical to its
+file's (the exchange's self-check, DLIO_MPI_TEST_VERIFY_EXCHANGE), the exchange's bytes
+reported; refusals before any I/O; a rank failing during the staging ends the job."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from dlio_mpi.catalog import spot_indices
+from helpers import mpiexec, run_cli, workload_overrides
+
+pytestmark = pytest.mark.timeout(300)
+RANKS = [2, 3]
+
+
+def _args(tmp, out: str = "out", **values) -> list[str]:
+    base = dict(dataset__format="indexed_binary", dataset__num_files_train=12,
+                dataset__num_samples_per_file=6, dataset__record_length_bytes=8192,
+                reader__batch_size=4, train__epochs=2, train__computation_time=0.001,
+                output__folder=tmp / out, output__access_log="true")
+    base.update(values)
+    return workload_overrides(tmp, **base)
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_files_read_once_and_every_rank_gets_its_samples(tmp_path, ranks):
+    res = run_cli(["run", "demo", *_args(tmp_path, out="native")], ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
+           *_args(tmp_path, reader__staging="read_once")]
+    log = tmp_path / "strace.log"
+    if shutil.which("strace"):
+        cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log), *cmd]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr
+    # the same samples, rank by rank and epoch by epoch, as a run reading the files
+    for epoch in (1, 2):
+        for rank in range(ranks):
+            name = f"access_log/epoch{epoch}_rank{rank}.npy"
+            np.testing.assert_array_equal(np.load(tmp_path / "out" / name),
+                                          np.load(tmp_path / "native" / name))
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    reader = summary["dlio_mpi"]["readers"]["train"]
+    assert reader["backend"] == "read_once"
+    data = tmp_path / "data" / "train"
+    total = sum(p.stat().st_size for p in data.iterdir() if p.name.endswith(".indexed_binary"))
+    assert reader["staging"]["opens"] == 12 and reader["staging"]["bytes_read"] >= total
+    ex = reader["exchange"]
+    stats = json.loads((tmp_path / "out" / "per_epoch_stats.json").read_text())
+    assert ex["bytes"] == sum(e["bytes_read"] for e in stats.values()) > 0  # the samples'
+    assert ex["steps"] == 2 * summary["dlio_mpi"]["steps_per_epoch"]
+    assert 0 < ex["bytes_from_other_ranks"] < ex["bytes"]
+    assert ex["bytes_from_other_nodes"] == 0  # one node
+    assert summary["metric"]["train_file_opens"] == 0  # training opened no file
+    if log.exists():
+        opened = re.findall(r'openat\(AT_FDCWD, "([^"]+)"', log.read_text())
+        data_files = [p for p in opened if p.startswith(str(data))
+                      and p.endswith(".indexed_binary")]
+        assert sorted(data_files) == sorted(str(p) for p in data.iterdir()
+                                            if p.name.endswith(".indexed_binary"))
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_emulated_nodes_exchange_across_nodes_the_right_bytes(tmp_path, ranks):
+    # the exchange's self-check: every delivered sample compared with its file's bytes
+    env = {**os.environ, "DLIO_MPI_RANKS_PER_NODE": "1", "DLIO_MPI_TEST_VERIFY_EXCHANGE": "1"}
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
+           *_args(tmp_path, reader__staging="read_once")]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env)
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    reader = summary["dlio_mpi"]["readers"]["train"]
+    ex = reader["exchange"]
+    assert ex["bytes_from_other_nodes"] == ex["bytes_from_other_ranks"] > 0
+    assert len(reader["staging"]["memory_bytes_per_node"]) == ranks
+
+
+def test_a_dataset_beyond_the_nodes_memory_is_refused_before_any_io(tmp_path):
+    res = run_cli(["run", "demo", *_args(tmp_path, reader__staging="read_once",
+                                         dataset__num_files_train=400,
+                                         dataset__num_samples_per_file=1,
+                                         dataset__record_length_bytes=1 << 30)], ranks=2)
+    assert res.returncode == 2 and "reader.staging: read_once" in res.stderr, res.stderr
+    assert "memory" in res.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_backends_it_cannot_serve_are_refused(tmp_path):
+    res = run_cli(["run", "demo", *_args(tmp_path, reader__staging="read_once",
+                                         reader__file_access="shared")], ranks=2)
+    assert res.returncode == 2, res.stderr
+    assert "reader.staging: read_once is not implemented yet" in res.stderr
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_a_rank_failing_in_the_staging_ends_the_job(tmp_path, ranks):
+    files = 40
+    res = run_cli(["generate", "demo", *_args(tmp_path, dataset__num_files_train=files)],
+                  ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    victim = next(i for i in range(files) if i not in spot_indices(files))
+    path = tmp_path / "data" / "train" / f"img_{victim:02d}_of_{files}.indexed_binary"
+    os.truncate(path, 100)
+    began = time.monotonic()
+    res = run_cli(["run", "demo", *_args(tmp_path, dataset__num_files_train=files,
+                                         reader__staging="read_once")], ranks=ranks)
+    assert res.returncode != 0
+    assert time.monotonic() - began < 60
+    assert str(path) in res.stderr and "changed since its size was taken" in res.stderr
