@@ -194,12 +194,20 @@ FRAMEWORK_ONLY = ("reader.pin_memory", "reader.multiprocessing_context")
 
 
 def access_order_refusal(cfg) -> str | None:
-    """reader.access_order sorted reorders the plan's reads; the framework loaders read
-    as their own samplers and workers decide."""
-    if cfg.reader.access_order == "sorted" and cfg.reader.engine == "framework":
+    """reader.access_order sorted reorders the plan's reads per batch: refused where no
+    planned read per batch goes to storage in the plan's order (the framework loaders read as
+    their own samplers and workers decide; read_once reads every file before the epochs)."""
+    if cfg.reader.access_order != "sorted":
+        return None
+    if cfg.reader.engine == "framework":
         return ("reader.access_order: sorted with reader.engine framework is not implemented "
                 "yet (the real loader orders its own reads); accepted: reader.access_order "
                 "shuffled, or reader.engine native")
+    if cfg.reader.staging == "read_once":
+        return ("reader.access_order: sorted with reader.staging read_once is not implemented "
+                "yet (the files are read once, whole, before the first epoch: there are no "
+                "reads per batch to order); accepted: reader.access_order shuffled, or "
+                "reader.staging none")
     return None
 
 

@@ -198,11 +198,16 @@ def test_sorted_order_sorts_each_batch_by_file_and_offset_in_the_plan(tmp_path):
     assert np.array_equal(order_batches(ids, 3, 2, "shuffled"), ids)
 
 
-def test_sorted_order_is_refused_with_the_framework_engine(tmp_path):
+def test_sorted_order_is_refused_with_the_framework_engine_and_read_once(tmp_path):
     cfg = load_config("demo", _args(tmp_path, reader__access_order="sorted",
                                     reader__engine="framework"))
     with pytest.raises(UserError, match="reader.access_order: sorted with reader.engine "
                                         "framework is not implemented yet"):
+        derive_plan(cfg, 2)
+    cfg = load_config("demo", _args(tmp_path, reader__access_order="sorted",
+                                    reader__staging="read_once"))
+    with pytest.raises(UserError, match="reader.access_order: sorted with reader.staging "
+                                        "read_once is not implemented yet"):
         derive_plan(cfg, 2)
 
 
