@@ -19,7 +19,9 @@ USAGE = """dlio-mpi COMMAND [CONFIG] [KEY=VALUE ...]
 
 CONFIG is a workload YAML path, a shipped workload name (see list-workloads) or workload=NAME;
 overrides are section.key=value or DLIO's ++workload.section.key=value.
-dlio-mpi report OUT [OUT ...] [--output DIR] draws a run's results (no MPI needed)."""
+dlio-mpi report OUT [OUT ...] [--output DIR] draws a run's results (no MPI needed).
+dlio-mpi pack CONFIG [KEY=VALUE ...] --to DIR [--samples-per-shard K] merges a dataset of
+one sample per file into indexed_binary shards and prints the overrides that read them."""
 # Where launchers put the process's rank, read before MPI starts (argparse runs first)
 RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
                   "SLURM_PROCID")
@@ -63,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
                              help="plan for this many ranks (default: the MPI job's size)")
             cmd.add_argument("--json", action="store_true",
                              help="print the plan as one JSON object instead of text")
+    text = ("merge the workload's dataset (one sample per file) into indexed_binary shards in "
+            "DIR; print the overrides that read them")
+    pack = sub.add_parser("pack", help=text, description=text, prog="dlio-mpi pack")
+    pack.add_argument("args", nargs="*", metavar="CONFIG|KEY=VALUE")
+    pack.add_argument("--to", metavar="DIR", required=True, help="the packed dataset's folder")
+    pack.add_argument("--samples-per-shard", metavar="K", type=int, default=None,
+                      help="samples per shard (default: shards of at most 256 MiB)")
     sub.add_parser("list-workloads", help="list the shipped workload names",
                    prog="dlio-mpi list-workloads")
     text = ("plots and an HTML page of finished runs' results in OUT/report (needs the "
@@ -112,6 +121,8 @@ def _command(args, comm) -> int:
             record = plan_record(plan, cfg, warnings=_space_warnings(cfg, plan))
             print(json.dumps(record, indent=2) if args.json else render_plan(record))
         return 0
+    if args.command == "pack":
+        return _pack(comm, cfg, source, overrides, args.to, args.samples_per_shard)
     from . import progress
     from .generate import check_dataset_space
     from .run import data_root, prepare, run, run_generation
@@ -125,6 +136,24 @@ def _command(args, comm) -> int:
         return 0
     path = source[len("workload="):] if source.startswith("workload=") else source
     run(comm, cfg, workload=path if os.path.isfile(path) else None)
+    return 0
+
+
+def _pack(comm, cfg, source: str, overrides: list[str], folder: str,
+          per_shard: int | None) -> int:
+    from .pack import OVERRIDES_NAME, pack
+
+    done = pack(comm, cfg, source, overrides, folder, per_shard)
+    if comm.Get_rank() == 0:
+        what = ("already complete, left as it is" if done["already_complete"] else
+                f"{done['bytes_written'] / 2**20:,.1f} MiB written")
+        print(f"packed into {done['shards']} indexed_binary shards of "
+              f"{done['samples_per_shard']} samples of {done['sample_bytes']} bytes under "
+              f"{done['folder']} ({what}); the overrides (also in "
+              f"{os.path.join(done['folder'], OVERRIDES_NAME)}) that read it:")
+        print(" ".join(done["overrides"]))
+        print(f"run it with: dlio-mpi run {source} {' '.join(done['run_overrides'])}",
+              flush=True)
     return 0
 
 

@@ -193,6 +193,24 @@ NATIVE_ONLY = ("reader.access", "reader.fd_cache_size", "reader.keep_data")
 FRAMEWORK_ONLY = ("reader.pin_memory", "reader.multiprocessing_context")
 
 
+def access_order_refusal(cfg) -> str | None:
+    """reader.access_order sorted reorders the plan's reads per batch: refused where no
+    planned read per batch goes to storage in the plan's order (the framework loaders read as
+    their own samplers and workers decide; read_once reads every file before the epochs)."""
+    if cfg.reader.access_order != "sorted":
+        return None
+    if cfg.reader.engine == "framework":
+        return ("reader.access_order: sorted with reader.engine framework is not implemented "
+                "yet (the real loader orders its own reads); accepted: reader.access_order "
+                "shuffled, or reader.engine native")
+    if cfg.reader.staging == "read_once":
+        return ("reader.access_order: sorted with reader.staging read_once is not implemented "
+                "yet (the files are read once, whole, before the first epoch: there are no "
+                "reads per batch to order); accepted: reader.access_order shuffled, or "
+                "reader.staging none")
+    return None
+
+
 def _engine_notes(cfg, library_read: str = "") -> list[str]:
     """Reader keys set for the other engine than the one that runs."""
     if cfg.reader.engine == "native" and library_read:
@@ -546,7 +564,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         dataset_bytes = sum(table.total("size") for table in layouts.values())
         if cfg.workflow.train:
             # reader.engine with what it cannot read
-            refused = engine_refusal(cfg, library_read)
+            refused = engine_refusal(cfg, library_read) or access_order_refusal(cfg)
             if refused:
                 raise UserError(refused)
             steps = _train_steps(cfg, train, ranks)

@@ -59,7 +59,14 @@ from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .planner import AccessPolicy, plan_reads
 from .readers import ReaderBackend, ReaderOptions, open_reader
 from .recorded_sizes import read_sizes, size_column, sizes_path
-from .sharding import ShuffleSpec, draw_entropy, epoch_shuffle, rank_draws, rank_shard
+from .sharding import (
+    ShuffleSpec,
+    draw_entropy,
+    epoch_shuffle,
+    order_batches,
+    rank_draws,
+    rank_shard,
+)
 from .stage_in import StageSet, clean_stage, rerooted, stage_in
 from .topology import Topology, discover, emulated_ranks_per_node
 from .trace import RankTrace, trace_name
@@ -246,6 +253,7 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
         shard = rank_shard(split.num_files, split.samples_per_file,
                            epoch_shuffle(phase.shuffle, epoch, entropy), rank,
                            phase.steps * phase.batch)
+    shard = order_batches(shard, phase.steps, phase.batch, cfg.reader.access_order)
     preprocess = cfg.reader.preprocess_time  # per sample, in the reader, before the batch
     delays = (np.round(preprocess.draw(rng, phase.steps * phase.batch) * 1e9).astype(np.int64)
               if preprocess.mean > 0 else None)

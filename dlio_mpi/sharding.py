@@ -90,6 +90,26 @@ def rank_shard(num_files: int, samples_per_file: int, shuffle: EpochShuffle, ran
     return order_slice(num_files, samples_per_file, shuffle, rank * per_rank, per_rank)
 
 
+ACCESS_ORDERS = ("shuffled", "sorted")
+
+
+def order_batches(ids: np.ndarray, steps: int, batch_size: int, order: str) -> np.ndarray:
+    """reader.access_order on a rank's shard: "sorted" reads each batch's samples by
+    (file, offset), i.e. by sample id (id = file * samples_per_file + index, and a file's
+    samples lie in index order), so that reads within a file are sequential. Per batch, not
+    per epoch shard: every step still consumes the same samples as with "shuffled" (what
+    SGD sees is unchanged), only the order of the reads changes. Ids past the last batch are
+    left as they are."""
+    if order == "shuffled":
+        return ids
+    if order != "sorted":
+        raise ValueError(f"unknown access order {order!r}; expected one of {ACCESS_ORDERS}")
+    head = steps * batch_size
+    out = np.array(ids, dtype=np.int64, copy=True)
+    out[:head] = np.sort(out[:head].reshape(steps, batch_size), axis=1).reshape(-1)
+    return out
+
+
 def steps_per_epoch(total_samples: int, ranks: int, batch_size: int) -> int:
     """floor(samples per rank / batch): the same on every rank."""
     return total_samples // ranks // batch_size

@@ -537,6 +537,9 @@ class Reader:
     # many-sample files read by extent stay open per reader thread until the epoch ends);
     # 'lean': descriptors cached across epochs and one read per request
     access: str = key("loader", "str", choices=("loader", "lean"))
+    # ours: the order of each batch's reads. 'shuffled': the epoch order's (today's); 'sorted':
+    # each batch's samples read by (file, offset), the same samples per batch (sharding.py)
+    access_order: str = key("shuffled", "str", choices=("shuffled", "sorted"))
     # ours: descriptors kept open per rank for reads outside whole-file loads, split evenly
     # over the reader threads, each a least-recently-used cache
     fd_cache_size: int = key(256, "int", minimum=1, maximum=2**24)  # dio_engine_open's limit
