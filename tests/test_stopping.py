@@ -91,6 +91,20 @@ def test_read_once_stops_after_the_same_step_with_its_exchanges_ahead(tmp_path):
     assert_stopped(job, out, signal.SIGTERM)
 
 
+def test_a_rank_dying_in_the_read_once_exchange_ends_the_job(tmp_path):
+    """A rank killed between exchanges (reader.staging read_once): the others, in or on their
+    way to the next Alltoallv, do not wait for it; the job ends within seconds."""
+    job, out = start_run(tmp_path, reader__staging="read_once")
+    signal_one_rank_when(job, str(out), lambda: in_epoch_2(out), signal.SIGKILL)
+    began = time.monotonic()
+    job.communicate(timeout=60)
+    assert job.returncode != 0
+    assert time.monotonic() - began < 30
+    summary = out / "summary.json"
+    assert not summary.exists() or json.loads(summary.read_text())["dlio_mpi"]["complete"] \
+        is False
+
+
 def test_a_second_signal_ends_the_job_at_once(tmp_path):
     job, out = start_run(tmp_path, step_seconds=20)  # the first stop would wait for the step
     wait_until(lambda: logged(out, "generated"), job)
