@@ -58,11 +58,13 @@ class CacheTier:
 
     def __init__(self, comm, opts, topo, tag: str, source_root: str) -> None:
         self.opts, self.tag, self.source_root = opts, tag, source_root
+        self.comm = comm
         self.node = comm.Split(topo.node, comm.Get_rank())
         self.leader = self.node.Get_rank() == 0
         if not topo.emulated and topo.nodes > 1:
             check_node_local(comm, opts.folder, topo.node, self.leader, tag)
         self.root = node_root(opts.folder, "node", topo.node, topo.emulated)
+        self.created: list[str] = []  # the node leader's: the folders it made (_open)
         self.capacity = on_root(self.node, self._open)
         self.used = 0
         self.tick = 0
@@ -77,6 +79,7 @@ class CacheTier:
     # ---------------------------------------------------------------- the folder
     def _open(self) -> int:
         """The node leader: claim the folder (empty of ours), return the capacity."""
+        self.created = _missing_folders(self.root)  # removed with the copies, when empty
         os.makedirs(self.root, exist_ok=True)
         path = os.path.join(self.root, CACHE_MANIFEST)
         earlier = read_own_json(path, f"reader.cache.folder: {path} is not dlio-mpi's")
@@ -158,7 +161,7 @@ class CacheTier:
         return list(body.get("files", [])) if body else []
 
     def close(self) -> None:
-        """Collective on the node: remove the copies (the leader), the manifest, the folders."""
+        """Collective: remove the copies (each node's leader), the manifests, the folders."""
         self.node.Barrier()
         if self.leader:
             remove_quietly(os.path.join(self.root, rel) for rel in self._listed())
@@ -170,12 +173,16 @@ class CacheTier:
                         os.rmdir(os.path.join(self.root, *parts[:k]))
                     except OSError:
                         break
-            if self.root != self.opts.folder:  # an emulated node's folder, made by us
-                try:
-                    os.rmdir(self.root)
-                except OSError:
-                    pass  # something else lives there
-        self.node.Barrier()
+        # the folders the run made: each node's own first, then (after every node's) the
+        # ones above them the nodes may share (emulated nodes' folder/node<k>)
+        for folders in (self.created[:1], self.created[1:]):
+            self.comm.Barrier()
+            if self.leader:
+                for folder in folders:
+                    try:
+                        os.rmdir(folder)
+                    except OSError:
+                        pass  # something else lives there, or another leader took it
 
     # ---------------------------------------------------------------- an epoch's plan
     def plan_epoch(self, name: str, plan: ReadPlan, window: int) -> ReadPlan:
@@ -263,6 +270,19 @@ class CacheTier:
         decisions = [(np.asarray(fills[r], dtype=np.int64), np.asarray(hits[r], dtype=np.int64))
                      for r in range(len(everyone))]
         return decisions, evictions
+
+
+def _missing_folders(path: str) -> list[str]:
+    """The folders os.makedirs(path) would create, deepest first."""
+    missing = []
+    path = os.path.abspath(path)
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
 
 
 def epoch_cache(before: dict, after: dict, plan: ReadPlan, requests: int) -> dict:

@@ -442,6 +442,10 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
             folders = {"data_folder": train.root, "data_file": train.path(0)}
         if checkpoints is not None:
             folders["checkpoint_folder"] = cfg.checkpoint.checkpoint_folder
+        if stage_in is not None:
+            folders["stage_folder"] = stage_in["to"]
+        if cfg.reader.cache is not None:
+            folders["cache_folder"] = cfg.reader.cache.folder
         header["dlio_mpi"]["filesystems"] = describe_filesystems(
             {**folders, "output_folder": cfg.output.folder})
         header["dlio_mpi"]["striping"] = striping
@@ -617,6 +621,10 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     folders = {"data_folder": root} if plan.splits else {}
     if cfg.workflow.checkpoint:
         folders["checkpoint_folder"] = cfg.checkpoint.checkpoint_folder
+    if cfg.storage.stage_in is not None and cfg.workflow.train:
+        folders["stage_folder"] = cfg.storage.stage_in.to
+    if cfg.reader.cache is not None:
+        folders["cache_folder"] = cfg.reader.cache.folder
     folders["output_folder"] = cfg.output.folder
     filesystems = on_root(comm, lambda: describe_filesystems(folders))
     say(comm, describe_plan(plan, cfg, filesystems, striping), out=out)
