@@ -27,6 +27,7 @@ BeeGFS OnDemand cache files on local SSD.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import os
 from dataclasses import dataclass, field
@@ -47,10 +48,19 @@ COUNTERS = ("cache_reads", "cache_fills", "cache_fill_bytes", "cache_fill_ns",
 
 @dataclass
 class _Split:
-    """The node's cached copies of one split's files: file -> its recency (a tick)."""
+    """The node's cached copies of one split's files: file -> its recency (a tick), and a
+    heap of (recency, file) whose stale entries (the recency changed since) are skipped."""
 
     sizes: np.ndarray
     resident: dict[int, int] = field(default_factory=dict)
+    heap: list[tuple[int, int]] = field(default_factory=list)
+    # entries set aside while their copy is in use: (the step it may be evicted from,
+    # recency, file); back into the heap from that step on, and when the epoch ends
+    parked: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def touch(self, f: int, recency: int) -> None:
+        self.resident[f] = recency
+        heapq.heappush(self.heap, (recency, f))
 
 
 class CacheTier:
@@ -217,6 +227,33 @@ class CacheTier:
             evict_file = np.asarray(ordered, dtype=np.int64)
         return dataclasses.replace(plan, flags=flags, evict_at=evict_at, evict_file=evict_file)
 
+    def _victims(self, split: _Split, size: int, busy: dict, a: int, window: int
+                 ) -> tuple[list[int], int]:
+        """lru: the least recently used copies to evict for `size` more bytes at step `a`,
+        never one a rank of the node uses within `window` steps of now (none if even all the
+        others would not make room); and, when none would, the first step at which one of
+        those in use may be free."""
+        while split.parked and split.parked[0][0] <= a:  # free again by now
+            _, recency, g = heapq.heappop(split.parked)
+            heapq.heappush(split.heap, (recency, g))
+        room, victims = self.used, []
+        while room + size > self.capacity and split.heap:
+            recency, g = heapq.heappop(split.heap)
+            if split.resident.get(g) != recency:
+                continue  # stale: used again since, its newer entry is in the heap
+            lo, hi = busy.get(g, (None, None))
+            if lo is not None and lo - window <= a <= hi + window:
+                # in use around now by a rank of the node: aside until it is not
+                heapq.heappush(split.parked, (hi + window + 1, recency, g))
+                continue
+            victims.append((recency, g))
+            room -= int(split.sizes[g])
+        if room + size <= self.capacity:
+            return [g for _, g in victims], -1
+        for entry in victims:  # no room even so: nothing evicted
+            heapq.heappush(split.heap, entry)
+        return [], split.parked[0][0] if split.parked else -1
+
     def _simulate(self, split: _Split, everyone: list, window: int):
         """The node's decisions, the same on each of its ranks: per rank, the files it fills
         and the files it reads from the cache; per rank, per file it fills, the copies it
@@ -234,39 +271,37 @@ class CacheTier:
         fills: list[list[int]] = [[] for _ in everyone]
         hits: list[list[int]] = [[] for _ in everyone]
         evictions: dict[int, dict[int, list[int]]] = {}
+        blocked_until = -1  # no room to be made before this step (every copy left in use)
         for a, rank, f, b in events:
             if f in split.resident and f not in filled:
                 hits[rank].append(f)
-                split.resident[f] = max(split.resident[f], base + b)
+                split.touch(f, max(split.resident[f], base + b))
                 continue
             if f in filled:
                 continue  # filled by the node's first reader this epoch: the PFS for this one
             size = int(split.sizes[f])
             victims: list[int] = []
-            if self.used + size > self.capacity and self.opts.policy == "lru":
-                room = self.used
-                for g, _ in sorted(split.resident.items(), key=lambda kv: kv[1]):
-                    if room + size <= self.capacity:
-                        break
-                    lo, hi = busy.get(g, (None, None))
-                    if lo is not None and lo - window <= a <= hi + window:
-                        continue  # in use around now by a rank of the node
-                    victims.append(g)
-                    room -= int(split.sizes[g])
-                if room + size > self.capacity:
-                    victims = []
+            if (self.used + size > self.capacity and self.opts.policy == "lru"
+                    and a >= blocked_until):
+                victims, blocked_until = self._victims(split, size, busy, a, window)
             if self.used - sum(int(split.sizes[g]) for g in victims) + size > self.capacity:
                 continue  # no room: read from the PFS
             for g in victims:
                 del split.resident[g]
                 self.used -= int(split.sizes[g])
             self.used += size
-            split.resident[f] = base + b
+            split.touch(f, base + b)
             filled.add(f)
             fills[rank].append(f)
             if victims:
                 evictions.setdefault(rank, {})[f] = victims
+        for _, recency, g in split.parked:  # the next epoch has other spans in use
+            heapq.heappush(split.heap, (recency, g))
+        split.parked.clear()
         self.tick = base + 1 + max((b for _, _, _, b in events), default=0)
+        if len(split.heap) > 4 * len(split.resident) + 1024:  # drop the stale entries
+            split.heap = [(r, f) for f, r in split.resident.items()]
+            heapq.heapify(split.heap)
         decisions = [(np.asarray(fills[r], dtype=np.int64), np.asarray(hits[r], dtype=np.int64))
                      for r in range(len(everyone))]
         return decisions, evictions
