@@ -109,7 +109,7 @@ class StageSet:
 def covers(body: dict, relpath: str) -> bool:
     """Whether a stage manifest (`describe`'s record) names the file at `relpath`."""
     if "files" in body:
-        return relpath in set(body["files"])
+        return relpath in body["files"]  # a set (make_way makes it one)
     for naming in body.get("namings", []):
         try:
             names = FileNaming(**naming)
@@ -195,6 +195,8 @@ class _Stage:
         """Collective: refuse what is in the way and not ours; remove our earlier copy;
         write the manifest (incomplete); make the folders; create the shared files."""
         earlier = on_root(self.comm, self._earlier)
+        if earlier is not None and "files" in earlier:
+            earlier["files"] = set(earlier["files"])  # looked up once per file
 
         def clear_mine() -> None:
             for f in self.creates:
