@@ -36,7 +36,13 @@ import numpy as np
 
 from . import _core
 from .errors import UserError, check_all, on_root
-from .ownership import create_exclusive, read_own_json, remove_quietly, temporary_name
+from .ownership import (
+    create_exclusive,
+    is_temporary_of,
+    read_own_json,
+    remove_quietly,
+    temporary_name,
+)
 from .planner import ReadPlan
 from .stage_in import check_node_local, node_root
 
@@ -97,13 +103,27 @@ class CacheTier:
             if earlier.get("kind") != KIND:
                 raise UserError(f"reader.cache.folder: {path} is not a cache manifest of "
                                 "dlio-mpi; remove it yourself or choose another folder")
-            remove_quietly(os.path.join(self.root, rel) for rel in earlier.get("files", [])
-                           if isinstance(rel, str) and not rel.startswith(("/", "..")))
+            listed = [rel for rel in earlier.get("files", [])
+                      if isinstance(rel, str) and not rel.startswith(("/", ".."))]
+            remove_quietly(os.path.join(self.root, rel) for rel in listed)
+            if isinstance(earlier.get("tag"), str):  # a crashed run's fills in progress
+                self._remove_temporaries({os.path.dirname(rel) for rel in listed},
+                                         earlier["tag"])
         self._write_manifest([])
         if self.opts.capacity_bytes is not None:
             return int(self.opts.capacity_bytes)
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
+
+    def _remove_temporaries(self, folders: set[str], tag: str) -> None:
+        """Remove the fill temporaries of the run that carried `tag` (ours by that tag)."""
+        for folder in folders:
+            try:
+                with os.scandir(os.path.join(self.root, folder)) as entries:
+                    stale = [e.path for e in entries if is_temporary_of(e.name, (tag,))]
+            except FileNotFoundError:
+                continue
+            remove_quietly(stale)
 
     def _write_manifest(self, files: list[str]) -> None:
         final = os.path.join(self.root, CACHE_MANIFEST)

@@ -109,6 +109,27 @@ def test_a_file_in_the_way_is_refused_and_left(tmp_path):
     assert mine.read_bytes() == b"the user's"
 
 
+def test_a_crashed_runs_copies_and_fill_temporaries_are_removed(tmp_path):
+    """What a killed run left (its manifest, a copy, a fill's temporary under its tag) is
+    ours: the next run starts from an empty cache; a file of the user's beside them stays."""
+    run = run_cli(["generate", "demo", *_args(tmp_path)], ranks=2)
+    assert run.returncode == 0, run.stderr
+    train = tmp_path / "cache" / "train"
+    train.mkdir(parents=True)
+    copy, temporary = train / "img_05_of_24.npz", train / "img_06_of_24.npz.dlio_mpi-abc123.tmp"
+    copy.write_bytes(b"an old copy")
+    temporary.write_bytes(b"half a copy")
+    (train / "notes.txt").write_text("mine")
+    (tmp_path / "cache" / "dlio_mpi_cache.json").write_text(json.dumps(
+        {"tool": "dlio-mpi", "kind": "dlio-mpi cache tier", "tag": "abc123",
+         "files": ["train/img_05_of_24.npz", "train/img_06_of_24.npz"]}))
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=2)
+    assert res.returncode == 0, res.stderr
+    assert _cache(tmp_path)[0]["hit_ratio"] == 0.0  # the old copy was not served
+    assert sorted(os.listdir(train)) == ["notes.txt"]
+    assert (train / "notes.txt").read_text() == "mine"
+
+
 def test_backends_it_cannot_serve_are_refused_before_any_io(tmp_path):
     res = run_cli(["run", "demo", *_args(tmp_path, reader__file_access="shared")], ranks=2)
     assert res.returncode == 2 and "reader.cache" in res.stderr, res.stderr
