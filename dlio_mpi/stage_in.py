@@ -238,6 +238,12 @@ class _Stage:
         for side in (earlier or {}).get("side_files", []):
             if isinstance(side, str) and os.sep not in side:
                 remove_quietly([os.path.join(self.root, side)])
+        for side in self._side_files():  # what is there now is not ours
+            if os.path.lexists(os.path.join(self.root, side)):
+                raise UserError(f"storage.stage_in.to: {os.path.join(self.root, side)} exists "
+                                "and is not dlio-mpi's (no stage manifest of ours lists it): "
+                                "it was left as it is; remove it yourself or choose another "
+                                "folder")
         if earlier and "files" in earlier:  # our earlier copy's files this one does not replace
             now = set(self.files.describe().get("files", []))
             remove_quietly(os.path.join(self.root, rel) for rel in earlier["files"]
@@ -370,8 +376,7 @@ def _copy_small(src: str, dst: str, tag: str) -> None:
         fp.write(data)
         fp.flush()
         os.fsync(fp.fileno())
-    remove_quietly([dst])  # ours: this copy's side file, cleared when it began
-    rename_noreplace(tmp, dst)
+    rename_noreplace(tmp, dst)  # nothing there: make_way cleared our earlier one
 
 
 def node_root(to: str, scope: str, node: int, emulated: bool) -> str:

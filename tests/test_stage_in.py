@@ -116,6 +116,14 @@ def test_what_is_not_ours_is_refused_and_left_and_clean_removes_only_ours(tmp_pa
     assert mine.read_bytes() == b"the user's"
     assert not (bb / "dlio_mpi_stage.json").exists()
     mine.unlink()
+    # a file of the user's named as a side file the copy brings (the dataset's manifest)
+    theirs = bb / "dlio_mpi_manifest.json"
+    theirs.write_text("the user's")
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=ranks)
+    assert res.returncode == 2 and f"{theirs} exists and is not dlio-mpi's" in res.stderr
+    assert theirs.read_text() == "the user's"
+    assert not (bb / "dlio_mpi_stage.json").exists()  # refused before anything was written
+    theirs.unlink()
     notes = bb / "notes.txt"
     notes.write_text("mine")
     # twice: the second run replaces its own earlier copy; then clean removes it
