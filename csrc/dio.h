@@ -39,6 +39,13 @@ int64_t dio_now_ns(void);
  * Returns dio_now_ns() after waking (>= deadline_ns). */
 int64_t dio_sleep_until_ns(int64_t deadline_ns, int64_t spin_ns);
 
+/* Spend cpu_ns of the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID) on integer work over
+ * a small thread-local table: the stand-in for CPU work of that cost (a loader's decode and
+ * transform, the training process taking a batch).  Unlike a sleep it occupies a core, so
+ * where threads and processes contend for the cores it takes longer than cpu_ns of wall time,
+ * as the work it stands for would.  Returns dio_now_ns() when done (at once if cpu_ns <= 0). */
+int64_t dio_burn_cpu_ns(int64_t cpu_ns);
+
 /* A pacer paces the compute waits of one thread: each wait sleeps until spin_ns before its
  * deadline and polls the clock for the rest.  Adaptive (fixed_spin_ns < 0): the spin follows
  * how late the recent sleeps woke up (1.25 x the second largest lateness of the last
@@ -203,6 +210,9 @@ typedef struct dio_engine_config {
                               * the file and the wait, instead of reporting and waiting on */
     const char *who;      /* whose engine, named in watchdog reports ("rank 3"); copied; NULL or
                            * "" = nobody */
+    int      whole_batches; /* a reader thread takes a whole batch at a time, as each worker
+                             * process of a torch DataLoader makes its batches alone; 0 = the
+                             * threads share a batch in chunks of requests */
 } dio_engine_config;
 
 /* Create an engine and start its threads (idle until an epoch starts). NULL on error.
@@ -286,6 +296,12 @@ typedef struct dio_epoch_plan {
     const int64_t  *delay_ns;    /* after the read, the reader thread sleeps this long (a
                                   * loader's per-sample preprocessing: the batch is ready only
                                   * after it; read latencies leave it out); NULL = none */
+    const int64_t  *cpu_ns;      /* after the read and the sleep, the reader thread spends this
+                                  * much CPU time (dio_burn_cpu_ns: a loader's decode and
+                                  * transform, contending for the cores); NULL = none */
+    int64_t         not_before_ns; /* no request of the epoch starts before this
+                                  * CLOCK_MONOTONIC time (a loader's start-up: its workers
+                                  * starting); 0 = at once */
     const int64_t  *evict_at;    /* NULL, or nreq + 1 non-decreasing offsets into evict_file:
                                   * before request i, its thread removes the cache tier's
                                   * copies of evict_file[evict_at[i] .. evict_at[i+1]) */
@@ -375,26 +391,36 @@ typedef struct dio_step_sync {
     const int32_t *stop_in;
 } dio_step_sync;
 
+/* The steps to run: step i waits compute_ns[i] (the planned compute) after spending
+ * host_cpu_ns[i] of CPU time (dio_burn_cpu_ns) on the step loop's thread: what the training
+ * process spends taking its batch from the loader (receiving, collating, pinning), which is
+ * not compute.  host_cpu_ns NULL = none. */
+typedef struct dio_step_plan {
+    int64_t        nsteps;
+    const int64_t *compute_ns;
+    const int64_t *host_cpu_ns;
+    int64_t        start_ns;  /* when the first step began waiting for its batch */
+} dio_step_plan;
+
 /* One step's clock stamps (CLOCK_MONOTONIC ns) and what its batch brought. */
 typedef struct dio_step_record {
     int64_t start;    /* began waiting for its batch (the previous step's end) */
     int64_t ready;    /* the engine had the batch complete */
-    int64_t got;      /* the loop held it; the compute starts */
-    int64_t deadline; /* the planned compute ends */
+    int64_t got;      /* the loop held it; its host work, then the compute, start */
+    int64_t deadline; /* the planned compute ends (it started at deadline - compute_ns) */
     int64_t computed; /* the compute wait returned: the arrival at the synchronisation */
     int64_t synced;   /* the synchronisation returned */
     int64_t bytes;    /* bytes storage returned for the batch */
     int64_t ops;      /* read calls for the batch */
 } dio_step_record;
 
-/* Run nsteps steps of the epoch started on e: take the next batch, wait compute_ns[i] with
- * the pacer, synchronise (sync may be NULL); out[i] gets step i's record, the first step
- * starting at start_ns.  Call without the GIL.  Returns the number of steps run (nsteps, or
+/* Run steps->nsteps steps of the epoch started on e: take the next batch, spend its host CPU
+ * time, wait compute_ns[i] with the pacer, synchronise (sync may be NULL); out[i] gets step
+ * i's record, the first step starting at steps->start_ns.  Call without the GIL.  Returns the number of steps run (nsteps, or
  * fewer when the ranks agreed to stop, see dio_step_sync), or -errno when a batch failed (the
  * engine's error) or the MPI calls failed; the records of the steps before are filled. */
 int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
-                             int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
-                             dio_step_record *out, dio_error *err);
+                             const dio_step_plan *steps, dio_step_record *out, dio_error *err);
 
 /* One step's synchronisation as the C step loop does it (for step loops in Python): start
  * the request, poll it (yielding, then napping); with stop_out/stop_in set, *stop_in holds the
@@ -421,6 +447,8 @@ typedef struct dio_engine_counters {
     int64_t cache_fill_ns;    /* time the fills took, summed over the threads */
     int64_t cache_evictions;  /* copies removed (evict_file) */
     int64_t cache_fallbacks;  /* DIO_REQ_CACHED requests whose copy was gone */
+    int64_t preprocess_cpu_ns;  /* CPU time the readers spent on the plans' cpu_ns */
+    int64_t preprocess_wall_ns; /* the wall time that took (more where the cores were shared) */
 } dio_engine_counters;
 
 void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out);

@@ -11,7 +11,8 @@
  *
  * Work distribution: requests are ordered by batch, and one cursor (under the mutex) hands
  * out chunks of consecutive requests of one batch (up to CHUNK_MAX_REQ requests or about
- * CHUNK_MAX_BYTES, at least one, never splitting an access: DIO_REQ_OPEN .. DIO_REQ_CLOSE).
+ * CHUNK_MAX_BYTES, at least one, never splitting an access: DIO_REQ_OPEN .. DIO_REQ_CLOSE;
+ * with whole_batches, the whole batch, as a DataLoader's worker makes it).
  * A worker reads its chunk without the lock, then adds it to its batch's completed count
  * under the lock; the consumer sleeps on done_cv until its batch is complete or failed.
  *
@@ -79,6 +80,7 @@ typedef struct req {
     uint32_t flags;   /* DIO_REQ_* */
     int      to_eof;  /* expect < len: exactly need bytes arrive, the file ends there */
     int64_t  delay_ns; /* slept after the read (preprocessing), 0 = none */
+    int64_t  cpu_ns;   /* then CPU time spent (preprocessing, dio_burn_cpu_ns), 0 = none */
 } req;
 
 typedef struct batch_state {
@@ -156,6 +158,7 @@ struct dio_engine {
     int64_t batches_cap;
     int64_t *out_lat, *out_nread;
     int64_t *out_start, *out_thread; /* tracing only, else NULL */
+    int64_t not_before; /* no chunk of the epoch starts before (the loader's start-up) */
     int64_t cursor;     /* next request to hand out */
     int64_t cur_batch;  /* batch of the cursor */
     int64_t next_batch; /* next batch the consumer gets */
@@ -176,6 +179,7 @@ struct dio_engine {
     int64_t opens, closes, stats, bytes_read, read_ops;
     int64_t cache_reads, cache_fills, cache_fill_bytes, cache_fill_ns, cache_evictions,
         cache_fallbacks;
+    int64_t preprocess_cpu_ns, preprocess_wall_ns;
 
     char who[WHO_MAX_LEN]; /* named in watchdog reports; "" = nobody */
 
@@ -592,6 +596,8 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
     char *base = e->cfg.discard ? NULL : e->slot[b % e->nslots];
     int64_t *lat = e->out_lat, *nread = e->out_nread, *start = e->out_start;
     r->ndone = r->bytes = r->ops = r->end_ns = 0;
+    if (DIO_UNLIKELY(e->not_before > 0) && dio_now_ns() < e->not_before)
+        dio_sleep_until_ns(e->not_before, 0); /* the loader is still starting */
     for (int64_t i = first; i < last; i++) {
         const req *q = &e->reqs[i];
         int64_t got = 0, ops = 0, t0, t1;
@@ -637,6 +643,12 @@ static int read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_
         int64_t done_ns = t1; /* when the request's sample is ready */
         if (rc == 0 && q->delay_ns > 0) /* the sample's preprocessing, on this thread */
             done_ns = dio_sleep_until_ns(dio_now_ns() + q->delay_ns, 0);
+        if (rc == 0 && q->cpu_ns > 0) { /* ... as CPU work, contending for the cores */
+            int64_t began = dio_now_ns();
+            done_ns = dio_burn_cpu_ns(q->cpu_ns);
+            __atomic_fetch_add(&e->preprocess_cpu_ns, q->cpu_ns, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&e->preprocess_wall_ns, done_ns - began, __ATOMIC_RELAXED);
+        }
         r->bytes += got;
         r->ops += ops;
         if (cached && q->rd_len > 0)
@@ -684,7 +696,8 @@ static int claim(dio_engine *e, int64_t *b, int64_t *first, int64_t *last)
             in_access = 0;
         bytes += q->rd_len;
         i++;
-    } while (i < end && (in_access || (i - *first < CHUNK_MAX_REQ && bytes < CHUNK_MAX_BYTES)));
+    } while (i < end && (in_access || e->cfg.whole_batches ||
+                         (i - *first < CHUNK_MAX_REQ && bytes < CHUNK_MAX_BYTES)));
     *last = e->cursor = i;
     e->inflight++;
     return 1;
@@ -1241,6 +1254,7 @@ int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *p, const dio_epo
             q->len = len;
             q->flags = p->flags ? p->flags[i] : 0;
             q->delay_ns = p->delay_ns && p->delay_ns[i] > 0 ? p->delay_ns[i] : 0;
+            q->cpu_ns = p->cpu_ns && p->cpu_ns[i] > 0 ? p->cpu_ns[i] : 0;
             q->to_eof = expect < len;
             if (len == 0) {
                 q->rd_off = off;
@@ -1283,6 +1297,7 @@ int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *p, const dio_epo
     e->nbatches = p->nbatches;
     e->nreq = nreq;
     e->evict_at_on = p->evict_at != NULL;
+    e->not_before = p->not_before_ns;
     e->out_lat = out ? out->lat_ns : NULL;
     e->out_nread = out ? out->nread : NULL;
     /* both or neither */
@@ -1410,4 +1425,6 @@ void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out)
     out->cache_fill_ns = __atomic_load_n(&e->cache_fill_ns, __ATOMIC_RELAXED);
     out->cache_evictions = __atomic_load_n(&e->cache_evictions, __ATOMIC_RELAXED);
     out->cache_fallbacks = __atomic_load_n(&e->cache_fallbacks, __ATOMIC_RELAXED);
+    out->preprocess_cpu_ns = __atomic_load_n(&e->preprocess_cpu_ns, __ATOMIC_RELAXED);
+    out->preprocess_wall_ns = __atomic_load_n(&e->preprocess_wall_ns, __ATOMIC_RELAXED);
 }

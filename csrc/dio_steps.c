@@ -62,25 +62,29 @@ int dio_step_sync_once(const dio_step_sync *sync, dio_error *err)
 }
 
 int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
-                             int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
-                             dio_step_record *out, dio_error *err)
+                             const dio_step_plan *steps, dio_step_record *out, dio_error *err)
 {
-    int64_t start = start_ns;
+    int64_t start;
     dio_clear_error(err);
-    if (!e || !pacer || nsteps < 0 || (nsteps > 0 && (!compute_ns || !out)))
+    if (!e || !pacer || !steps || steps->nsteps < 0 ||
+        (steps->nsteps > 0 && (!steps->compute_ns || !out)))
         return dio_fail(err, EINVAL, "", "run_steps: invalid arguments");
-    for (int64_t i = 0; i < nsteps; i++) {
+    start = steps->start_ns;
+    for (int64_t i = 0; i < steps->nsteps; i++) {
         dio_step_record *r = &out[i];
+        int64_t compute = steps->compute_ns[i], began;
         dio_batch b;
         int rc = dio_engine_next(e, &b, DIO_NEXT_DEFER_WAKE, err);
         if (rc <= 0)
             return rc < 0 ? rc : dio_fail(err, EIO, "", "run_steps: the engine has %lld "
                                           "batches, the plan %lld", (long long)i,
-                                          (long long)nsteps);
-        r->got = dio_now_ns();
-        r->deadline = r->got + compute_ns[i];
+                                          (long long)steps->nsteps);
+        r->got = began = dio_now_ns();
         dio_engine_wake(e); /* inside the step's compute time */
-        r->computed = compute_ns[i] > 0 ? dio_pacer_wait(pacer, r->deadline) : r->got;
+        if (steps->host_cpu_ns && steps->host_cpu_ns[i] > 0) /* taking the batch: not compute */
+            began = dio_burn_cpu_ns(steps->host_cpu_ns[i]);
+        r->deadline = began + compute;
+        r->computed = compute > 0 ? dio_pacer_wait(pacer, r->deadline) : began;
         if (sync && sync->request && (rc = sync_steps(sync, err)) < 0)
             return rc;
         r->synced = dio_now_ns();
@@ -94,5 +98,5 @@ int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_syn
         if (!(sync && sync->request) && dio_stop_signal())
             return i + 1; /* no synchronisation (evaluation): the caller agrees afterwards */
     }
-    return nsteps;
+    return steps->nsteps;
 }

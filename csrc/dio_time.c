@@ -1,6 +1,7 @@
 /* dio_time.c - the monotonic clock and absolute-deadline sleeps precise to a few microseconds. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/prctl.h>
 #include <time.h>
@@ -41,6 +42,35 @@ int64_t dio_sleep_until_ns(int64_t deadline_ns, int64_t spin_ns)
         now = dio_now_ns();
     }
     return now;
+}
+
+#define BURN_TABLE 512   /* uint64 entries the burn's arithmetic writes to (4 KiB) */
+#define BURN_ROUND 2048  /* iterations between two reads of the thread's CPU clock (~µs) */
+
+static int64_t thread_cpu_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+int64_t dio_burn_cpu_ns(int64_t cpu_ns)
+{
+    static __thread uint64_t table[BURN_TABLE]; /* its stores keep the work from vanishing */
+    uint64_t x = 0x9e3779b97f4a7c15ull ^ (uint64_t)(uintptr_t)&x;
+    int64_t until;
+    if (cpu_ns <= 0)
+        return dio_now_ns();
+    until = thread_cpu_ns() + cpu_ns;
+    do {
+        for (int i = 0; i < BURN_ROUND; i++) { /* xorshift64 */
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            table[x % BURN_TABLE] += x;
+        }
+    } while (thread_cpu_ns() < until);
+    return dio_now_ns();
 }
 
 int dio_set_timer_slack_ns(uint64_t slack_ns)

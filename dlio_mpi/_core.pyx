@@ -23,6 +23,7 @@ cdef extern from "dio.h" nogil:
 
     int64_t dio_now_ns()
     int64_t dio_sleep_until_ns(int64_t deadline_ns, int64_t spin_ns)
+    int64_t dio_burn_cpu_ns(int64_t cpu_ns)
     int dio_set_timer_slack_ns(uint64_t slack_ns)
 
     ctypedef struct dio_pacer:
@@ -106,6 +107,7 @@ cdef extern from "dio.h" nogil:
         int64_t watchdog_ns
         int watchdog_abort
         const char *who
+        int whole_batches
 
     ctypedef struct dio_file_pattern:
         int64_t nfiles
@@ -125,6 +127,8 @@ cdef extern from "dio.h" nogil:
         const int64_t *expect
         const uint32_t *flags
         const int64_t *delay_ns
+        const int64_t *cpu_ns
+        int64_t not_before_ns
         const int64_t *evict_at
         const int64_t *evict_file
 
@@ -178,10 +182,16 @@ cdef extern from "dio.h" nogil:
     ctypedef struct dio_step_record:
         int64_t start
 
+    ctypedef struct dio_step_plan:
+        int64_t nsteps
+        const int64_t *compute_ns
+        const int64_t *host_cpu_ns
+        int64_t start_ns
+
     int dio_step_sync_once(const dio_step_sync *sync, dio_error *err)
     int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
-                             int64_t nsteps, const int64_t *compute_ns, int64_t start_ns,
-                             dio_step_record *out, dio_error *err)
+                                 const dio_step_plan *steps, dio_step_record *out,
+                                 dio_error *err)
 
     ctypedef struct dio_engine_counters:
         int64_t opens
@@ -195,6 +205,8 @@ cdef extern from "dio.h" nogil:
         int64_t cache_fill_ns
         int64_t cache_evictions
         int64_t cache_fallbacks
+        int64_t preprocess_cpu_ns
+        int64_t preprocess_wall_ns
 
     void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out)
 
@@ -243,6 +255,16 @@ def sleep_until_ns(int64_t deadline_ns, int64_t spin_ns=0):
     cdef int64_t t
     with nogil:
         t = dio_sleep_until_ns(deadline_ns, spin_ns)
+    return t
+
+
+def burn_cpu_ns(int64_t cpu_ns):
+    """Spend cpu_ns of the calling thread's CPU time on integer work (GIL released): the
+    stand-in for CPU work of that cost, contending for the cores as it would; returns
+    now_ns() when done."""
+    cdef int64_t t
+    with nogil:
+        t = dio_burn_cpu_ns(cpu_ns)
     return t
 
 
@@ -688,7 +710,8 @@ cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
                         const int64_t[::1] length, const uint32_t[::1] flags,
                         const int64_t[::1] expect, const int64_t[::1] delay_ns=None,
                         const int64_t[::1] evict_at=None,
-                        const int64_t[::1] evict_file=None) except -1:
+                        const int64_t[::1] evict_file=None,
+                        const int64_t[::1] cpu_ns=None, int64_t not_before_ns=0) except -1:
     """Point `plan` at the arrays after checking their lengths; returns the request count."""
     if batch_start.shape[0] < 1:
         raise ValueError("batch_start needs nbatches + 1 entries (at least one)")
@@ -696,12 +719,15 @@ cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
     for name, arr in (("file_idx", file_idx), ("offset", offset), ("length", length)):
         if arr.shape[0] != nreq:
             raise ValueError(f"{name} has {arr.shape[0]} entries, batch_start says {nreq}")
-    for name, arr in (("flags", flags), ("expect", expect), ("delay_ns", delay_ns)):
+    for name, arr in (("flags", flags), ("expect", expect), ("delay_ns", delay_ns),
+                      ("cpu_ns", cpu_ns)):
         if arr is not None and arr.shape[0] != nreq:
             raise ValueError(f"{name} has {arr.shape[0]} entries, expected {nreq}")
     plan.nbatches = batch_start.shape[0] - 1
     plan.batch_start = &batch_start[0]
     plan.file_idx = plan.offset = plan.length = plan.expect = plan.delay_ns = NULL
+    plan.cpu_ns = NULL
+    plan.not_before_ns = not_before_ns
     plan.flags = NULL
     plan.evict_at = plan.evict_file = NULL
     if evict_at is not None:
@@ -720,6 +746,8 @@ cdef int64_t _fill_plan(dio_epoch_plan *plan, const int64_t[::1] batch_start,
             plan.expect = &expect[0]
         if delay_ns is not None:
             plan.delay_ns = &delay_ns[0]
+        if cpu_ns is not None:
+            plan.cpu_ns = &cpu_ns[0]
     return nreq
 
 
@@ -764,6 +792,8 @@ cdef class Engine:
     The watchdog: an open or read of a reader thread in flight for `watchdog_s` seconds (0 =
     never) is reported on stderr, naming `who` and the file, while next() or run_steps() waits
     for it; with `watchdog_abort` they raise OSError(ETIMEDOUT) instead.  Not with threads=0.
+    `whole_batches`: each reader thread takes a whole batch at a time (a DataLoader's workers);
+    else the threads share a batch in chunks of requests.
 
     Use from one thread at a time.  Usage per epoch: start_epoch(...), then next() until it
     returns None."""
@@ -774,7 +804,7 @@ cdef class Engine:
 
     def __cinit__(self, int threads, int prefetch, odirect=False, int fd_cache=256,
                   uint32_t align=0, discard=False, double watchdog_s=0.0, watchdog_abort=False,
-                  who=""):
+                  who="", whole_batches=False):
         cdef dio_engine_config cfg
         cdef dio_error err
         cdef bytes bwho = who.encode()
@@ -800,6 +830,7 @@ cdef class Engine:
         cfg.watchdog_ns = <int64_t>(watchdog_s * 1e9)
         cfg.watchdog_abort = 1 if watchdog_abort else 0
         cfg.who = bwho
+        cfg.whole_batches = 1 if whole_batches else 0
         _clear(&err)
         with nogil:
             self.e = dio_engine_create(&cfg, &err)
@@ -871,13 +902,17 @@ cdef class Engine:
                     const uint32_t[::1] flags=None, const int64_t[::1] expect=None,
                     const int64_t[::1] delay_ns=None, int64_t[::1] start_ns=None,
                     int64_t[::1] thread=None, const int64_t[::1] evict_at=None,
-                    const int64_t[::1] evict_file=None):
+                    const int64_t[::1] evict_file=None, const int64_t[::1] cpu_ns=None,
+                    int64_t not_before_ns=0):
         """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
         (file_idx, offset, length) (contiguous int64 arrays; copied), with optional uint32
         `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT, REQ_MMAP), int64 `expect` (bytes that must
         arrive, less than length only where a read reaches the end of the file, which must end
-        there) and int64 `delay_ns` (slept by the reader thread after the request's read: a
-        loader's per-sample preprocessing; the batch is ready after it).
+        there), int64 `delay_ns` (slept by the reader thread after the request's read: a
+        loader's per-sample preprocessing; the batch is ready after it) and int64 `cpu_ns`
+        (then spent as CPU time, burn_cpu_ns: the preprocessing as CPU work).  No request
+        starts before the CLOCK_MONOTONIC time `not_before_ns` (0: at once; a loader's
+        start-up).
         Optional int64 outputs of one entry per request, kept referenced by the engine for the
         epoch: req_buf_off (filled now: where request i's bytes start in its batch's data),
         lat_ns and nread (filled as requests complete: pread latency, bytes transferred, with
@@ -892,7 +927,8 @@ cdef class Engine:
         cdef dio_error err
         cdef int rc
         cdef int64_t nreq = _fill_plan(&plan, batch_start, file_idx, offset, length, flags,
-                                       expect, delay_ns, evict_at, evict_file)
+                                       expect, delay_ns, evict_at, evict_file, cpu_ns,
+                                       not_before_ns)
         for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread),
                           ("start_ns", start_ns), ("thread", thread)):
             if arr is not None and arr.shape[0] != nreq:
@@ -1055,10 +1091,12 @@ cdef class Engine:
         return out
 
     def run_steps(self, Pacer pacer not None, sync, const int64_t[::1] compute_ns not None,
-                  int64_t start_ns, int64_t[:, ::1] out not None):
-        """Run the epoch's steps in C (GIL released): for step i take the next batch, wait
-        compute_ns[i] with `pacer`, synchronise; out[i] gets (start, ready, got, deadline,
-        computed, synced, bytes, read ops).  sync: None, or (MPI_Start address, MPI_Test
+                  int64_t start_ns, int64_t[:, ::1] out not None,
+                  const int64_t[::1] host_cpu_ns=None):
+        """Run the epoch's steps in C (GIL released): for step i take the next batch, spend
+        host_cpu_ns[i] of CPU time (burn_cpu_ns; None: none), wait compute_ns[i] with `pacer`
+        from then, synchronise; out[i] gets (start, ready, got, deadline, computed, synced,
+        bytes, read ops).  sync: None, or (MPI_Start address, MPI_Test
         address, address of a persistent MPI_Request, spin ns, nap ns, address of the int32
         the request sends, of the int32 it receives); the last two 0 for a barrier, else the
         request is an allreduce (MAX) of this process's stop signal and the loop ends after
@@ -1070,8 +1108,15 @@ cdef class Engine:
         cdef dio_error err
         cdef int64_t rc
         cdef int64_t n = compute_ns.shape[0]
+        cdef dio_step_plan steps
         if out.shape[0] != n or out.shape[1] != 8:
             raise ValueError(f"out must be ({n}, 8), got ({out.shape[0]}, {out.shape[1]})")
+        if host_cpu_ns is not None and host_cpu_ns.shape[0] != n:
+            raise ValueError(f"host_cpu_ns has {host_cpu_ns.shape[0]} entries, expected {n}")
+        steps.nsteps = n
+        steps.compute_ns = &compute_ns[0] if n > 0 else NULL
+        steps.host_cpu_ns = &host_cpu_ns[0] if n > 0 and host_cpu_ns is not None else NULL
+        steps.start_ns = start_ns
         if sync is not None:
             _step_sync(sync, &s)
             sp = &s
@@ -1079,8 +1124,7 @@ cdef class Engine:
         self.busy = True
         try:
             with nogil:
-                rc = dio_engine_run_steps(self.e, &pacer.p, sp, n,
-                                          &compute_ns[0] if n > 0 else NULL, start_ns,
+                rc = dio_engine_run_steps(self.e, &pacer.p, sp, &steps,
                                           <dio_step_record *>&out[0, 0] if n > 0 else NULL,
                                           &err)
         finally:
@@ -1099,4 +1143,6 @@ cdef class Engine:
                 "bytes_read": c.bytes_read, "read_ops": c.read_ops,
                 "cache_reads": c.cache_reads, "cache_fills": c.cache_fills,
                 "cache_fill_bytes": c.cache_fill_bytes, "cache_fill_ns": c.cache_fill_ns,
-                "cache_evictions": c.cache_evictions, "cache_fallbacks": c.cache_fallbacks}
+                "cache_evictions": c.cache_evictions, "cache_fallbacks": c.cache_fallbacks,
+                "preprocess_cpu_ns": c.preprocess_cpu_ns,
+                "preprocess_wall_ns": c.preprocess_wall_ns}

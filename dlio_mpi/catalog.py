@@ -239,7 +239,17 @@ def _delta(expected: FileLayout, probed: FileLayout) -> tuple[int, int] | None:
 
 def locate_split(comm, cfg, split: DatasetSplit) -> SplitFiles:
     """Collectively find `split`'s files (rank 0 looks, everyone gets the answer)."""
-    source, axis, listed, extra, recorded = on_root(comm, lambda: _locate_on_root(cfg, split))
+    return _split_files(split, on_root(comm, lambda: _locate_on_root(cfg, split)))
+
+
+def locate_split_here(cfg, split: DatasetSplit) -> SplitFiles:
+    """`split`'s files, found by this process alone (one process, no MPI: calibration)."""
+    return _split_files(split, _locate_on_root(cfg, split))
+
+
+def _split_files(split: DatasetSplit, found) -> SplitFiles:
+    """The SplitFiles of what _locate_on_root found."""
+    source, axis, listed, extra, recorded = found
     if recorded:
         return SplitFiles(split, SizedLayouts(extra, split.samples_per_file, split.format),
                           source, axis, listed)

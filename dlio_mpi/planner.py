@@ -21,6 +21,7 @@ How files are opened (reader.access):
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,9 @@ class ReadPlan:
     delay_ns: np.ndarray | None = None
     # the same per sample, in sample_ids' order (the framework loaders sleep it per item)
     sample_delay_ns: np.ndarray | None = None
+    # CPU time the reader spends after each request (reader.preprocess_cpu_time of the
+    # samples it completes, as delay_ns; the native engine's dio_burn_cpu_ns), or None
+    cpu_ns: np.ndarray | None = None
     # reader.cache: before request i the cache's copies of evict_file[evict_at[i]:
     # evict_at[i+1]] are removed (cache_tier.py); None: no evictions
     evict_at: np.ndarray | None = None
@@ -95,6 +99,28 @@ class ReadPlan:
     def files(self) -> np.ndarray:
         """The distinct files this plan reads."""
         return np.unique(self.file_idx)
+
+
+def loader_inputs(fmt, path: str) -> tuple[int, object]:
+    """What the loader's read model needs from one data file at `path` of format `fmt`: its
+    st_blksize (4096 where it cannot be read) and the format's loader facts."""
+    try:
+        blksize = os.stat(path).st_blksize or 4096
+    except OSError:
+        blksize = 4096
+    return blksize, fmt.loader_facts(path)
+
+
+def access_policy(reader_cfg, split, blksize: int, facts) -> AccessPolicy:
+    """The AccessPolicy a rank reads `split` with, from the reader section and what
+    loader_inputs found in one of its files."""
+    rd, fmt = reader_cfg, split.format
+    streams = {"transfer_size": rd.transfer_size} if getattr(fmt, "streams_files", False) \
+        else {}
+    return AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
+        facts, np.dtype(split.dtype).itemsize, split.samples_per_file, **streams),
+        mmap=getattr(fmt, "reads_by_mmap", False),
+        reads_nothing=getattr(fmt, "reads_nothing", False))
 
 
 def first_uses(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -135,12 +161,26 @@ def _whole_file_accesses(files: np.ndarray, lay: Layouts, policy: AccessPolicy):
     return owner, model.offset, model.length, model.expect, flags
 
 
+def _after_loads(per_sample: np.ndarray | None, load_of: np.ndarray, owner: np.ndarray,
+                 completes: np.ndarray, loads: int) -> np.ndarray | None:
+    """Per request, a per-sample time spent after the request that completes a load: all of
+    the load's samples' time there, 0 elsewhere (`load_of`: each sample's load; `owner`: each
+    request's; `completes`: whether it is its load's last). None for None."""
+    if per_sample is None:
+        return None
+    per_load = np.bincount(load_of, weights=per_sample[:len(load_of)],
+                           minlength=loads).astype(np.int64)
+    return np.where(completes, per_load[owner], 0).astype(np.int64)
+
+
 def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file: int,
                layouts: LayoutTable, mode: str, policy: AccessPolicy = AccessPolicy(),
-               sample_delay_ns: np.ndarray | None = None) -> ReadPlan:
+               sample_delay_ns: np.ndarray | None = None,
+               sample_cpu_ns: np.ndarray | None = None) -> ReadPlan:
     """Requests for the first steps*batch_size ids of `shard`. `sample_delay_ns`: each
     sample's preprocessing time, slept after the request that completes it (a load serving
-    several samples, with read_mode file_once: after that load, all of theirs)."""
+    several samples, with read_mode file_once: after that load, all of theirs);
+    `sample_cpu_ns`: its preprocessing CPU time, spent there likewise."""
     ids = np.ascontiguousarray(shard[: steps * batch_size], dtype=np.int64)
     if policy.reads_nothing:
         none, empty = np.zeros(steps + 1, dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -160,7 +200,7 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
             raise ValueError("these files' read units are not known (files laid out otherwise "
                              "than computed): reading them by sample is not implemented yet")
         return _unit_plan(ids, files, step_of, steps, samples_per_file, units, policy,
-                          sample_delay_ns)
+                          sample_delay_ns, sample_cpu_ns)
     lay = layouts.take(files)
     per_file_payload = lay.sample_bytes * samples_per_file
     whole = mode != "sample" or (samples_per_file == 1 and policy.access == "loader")
@@ -177,16 +217,12 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
         payload = lay.sample_bytes
     if policy.mmap:
         flags = flags | _core.REQ_MMAP
-    delay = None
-    if sample_delay_ns is not None:
-        per_load = np.bincount(load_of, weights=sample_delay_ns[:len(ids)],
-                               minlength=len(files)).astype(np.int64)
-        delay = np.zeros(len(file_idx), dtype=np.int64)
-        if whole and len(owner):  # after the last request of each load
-            last = np.flatnonzero(np.r_[owner[1:] != owner[:-1], True])
-            delay[last] = per_load[owner[last]]
-        elif not whole:
-            delay[:] = per_load
+    if whole:  # after the last request of each load
+        completes = np.r_[owner[1:] != owner[:-1], True] if len(owner) else owner > 0
+    else:
+        owner, completes = np.arange(len(file_idx)), np.ones(len(file_idx), dtype=bool)
+    delay, cpu = (_after_loads(v, load_of, owner, completes, len(files))
+                  for v in (sample_delay_ns, sample_cpu_ns))
     batch_payload = np.bincount(step_of, weights=payload, minlength=steps).astype(np.int64)
     return ReadPlan(ids, _batches_of(req_step, steps),
                     np.ascontiguousarray(file_idx, dtype=np.int64),
@@ -195,12 +231,13 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
                     np.ascontiguousarray(flags, dtype=np.uint32),
                     np.ascontiguousarray(expect, dtype=np.int64), batch_payload, delay,
                     None if sample_delay_ns is None else
-                    np.ascontiguousarray(sample_delay_ns[:len(ids)], dtype=np.int64))
+                    np.ascontiguousarray(sample_delay_ns[:len(ids)], dtype=np.int64), cpu)
 
 
 def _unit_plan(ids: np.ndarray, files: np.ndarray, step_of: np.ndarray, steps: int,
                samples_per_file: int, units: UnitExtents, policy: AccessPolicy,
-               sample_delay_ns: np.ndarray | None) -> ReadPlan:
+               sample_delay_ns: np.ndarray | None,
+               sample_cpu_ns: np.ndarray | None = None) -> ReadPlan:
     """read_mode sample over read units (see the module): one read of each unit the epoch
     needs, in the step of its first planned sample, preceded at the file's first unit by the
     loader's footer reads (the first one fstats again: pyarrow fstats twice when it opens).
@@ -228,11 +265,9 @@ def _unit_plan(ids: np.ndarray, files: np.ndarray, step_of: np.ndarray, steps: i
     flags[(within == 0) & ~is_unit] = _core.REQ_FSTAT
     if policy.mmap:
         flags |= _core.REQ_MMAP
-    delay = None
-    if sample_delay_ns is not None:  # after the unit's read, all its samples' time
-        per_load = np.bincount(load_of, weights=sample_delay_ns[:len(ids)],
-                               minlength=len(first)).astype(np.int64)
-        delay = np.where(is_unit, per_load[owner], 0).astype(np.int64)
+    # after the unit's read, all its samples' time
+    delay, cpu = (_after_loads(v, load_of, owner, is_unit, len(first))
+                  for v in (sample_delay_ns, sample_cpu_ns))
     payload = units.rows(samples_per_file)[lunit] * mine.sample_bytes
     batch_payload = np.bincount(lstep, weights=payload, minlength=steps).astype(np.int64)
     return ReadPlan(ids, _batches_of(lstep[owner], steps),
@@ -241,4 +276,4 @@ def _unit_plan(ids: np.ndarray, files: np.ndarray, step_of: np.ndarray, steps: i
                     np.ascontiguousarray(length, dtype=np.int64), flags,
                     np.ascontiguousarray(length, dtype=np.int64), batch_payload, delay,
                     None if sample_delay_ns is None else
-                    np.ascontiguousarray(sample_delay_ns[:len(ids)], dtype=np.int64))
+                    np.ascontiguousarray(sample_delay_ns[:len(ids)], dtype=np.int64), cpu)

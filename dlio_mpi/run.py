@@ -56,7 +56,7 @@ from .output import OutputFolder, access_log_name
 from .ownership import remove_quietly
 from .pacing import Pacing, make_pacing
 from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
-from .planner import AccessPolicy, plan_reads
+from .planner import AccessPolicy, access_policy, loader_inputs, plan_reads
 from .readers import ReaderBackend, ReaderOptions, open_reader
 from .recorded_sizes import read_sizes, size_column, sizes_path
 from .sharding import (
@@ -190,13 +190,6 @@ class Phase:
     cache: CacheTier | None = None  # reader.cache
 
 
-def _blksize(path: str) -> int:
-    try:
-        return os.stat(path).st_blksize or 4096
-    except OSError:
-        return 4096
-
-
 def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
                cache: CacheTier | None = None) -> Phase:
     """Find the phase's files and start its engine (collectively); with reader.cache, its
@@ -205,15 +198,8 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
     split = plan.splits["train" if train else "valid"]
     files = locate_split(comm, cfg, split)
     rd = cfg.reader
-    fmt = split.format
-    blksize, facts = on_root(comm, lambda: (_blksize(files.path(0)),
-                                            fmt.loader_facts(files.path(0))))
-    streams = {"transfer_size": rd.transfer_size} if getattr(fmt, "streams_files", False) \
-        else {}
-    policy = AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
-        facts, np.dtype(split.dtype).itemsize, split.samples_per_file, **streams),
-        mmap=getattr(fmt, "reads_by_mmap", False),
-        reads_nothing=getattr(fmt, "reads_nothing", False))
+    policy = access_policy(rd, split, *on_root(comm, lambda: loader_inputs(split.format,
+                                                                            files.path(0))))
     options = ReaderOptions.from_config(rd, comm.Get_rank(), decoded_item(cfg), cfg.train.seed,
                                         cfg.output.trace)
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
@@ -254,16 +240,19 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
                            epoch_shuffle(phase.shuffle, epoch, entropy), rank,
                            phase.steps * phase.batch)
     shard = order_batches(shard, phase.steps, phase.batch, cfg.reader.access_order)
-    preprocess = cfg.reader.preprocess_time  # per sample, in the reader, before the batch
-    delays = (np.round(preprocess.draw(rng, phase.steps * phase.batch) * 1e9).astype(np.int64)
-              if preprocess.mean > 0 else None)
+    rd = cfg.reader
+    # per sample, in the reader before the batch is ready: a sleep, then CPU work
+    delays, cpu = (np.round(spec.draw(rng, phase.steps * phase.batch) * 1e9).astype(np.int64)
+                   if spec.mean > 0 else None
+                   for spec in (rd.preprocess_time, rd.preprocess_cpu_time))
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
-                       phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays)
+                       phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays, cpu)
     if phase.cache is not None:  # its readers may run prefetch_size batches ahead
         reads = phase.cache.plan_epoch(phase.name, reads, cfg.reader.prefetch_size + 2)
+    host = rd.step_cpu_time.draw(rng, phase.steps) if rd.step_cpu_time.mean > 0 else None
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
-                      pause=pause, name=phase.name, intervals=intervals)
+                      pause=pause, name=phase.name, intervals=intervals, host_s=host)
     if tracer is not None:
         tracer.epoch(phase.name, epoch, reads, trace, phase.files.path)
     if cfg.output.access_log:

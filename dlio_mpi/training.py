@@ -29,9 +29,10 @@ class EpochTrace:
     """What one rank measured in one epoch.
 
     Per step (a row of `stamps`): START when it began waiting for its batch (the previous
-    step's end), READY when the engine had the batch complete, GOT when the loop held it,
-    DEADLINE when the planned compute ends, COMPUTED when the compute wait returned (the
-    arrival at the synchronisation), SYNCED when the synchronisation returned."""
+    step's end), READY when the engine had the batch complete, GOT when the loop held it (its
+    host work, reader.step_cpu_time, then the compute start), DEADLINE when the planned
+    compute ends (it started at DEADLINE - planned), COMPUTED when the compute wait returned
+    (the arrival at the synchronisation), SYNCED when the synchronisation returned."""
 
     epoch: int
     block_start_ns: int
@@ -54,6 +55,11 @@ class EpochTrace:
     request_trace: RequestTrace | None = None
     # reader.cache: this rank's cache figures of the epoch (cache_tier.epoch_cache)
     cache: dict | None = None
+    # the loader's modelled costs the reader spent (the native engine's): the CPU time of
+    # reader.preprocess_cpu_time, the wall time it took, reader.startup_time's wait
+    preprocess_cpu_ns: int = 0
+    preprocess_wall_ns: int = 0
+    loader_startup_ns: int = 0
 
     @property
     def steps(self) -> int:
@@ -78,8 +84,14 @@ class EpochTrace:
         return self.column(GOT) - self.column(START)
 
     @property
+    def host_ns(self) -> np.ndarray:
+        """The training process's work taking each batch (reader.step_cpu_time): from the
+        batch in hand to the compute's start."""
+        return self.column(DEADLINE) - self.planned_compute_ns - self.column(GOT)
+
+    @property
     def compute_ns(self) -> np.ndarray:
-        return self.column(COMPUTED) - self.column(GOT)
+        return self.column(COMPUTED) - (self.column(DEADLINE) - self.planned_compute_ns)
 
     @property
     def sync_ns(self) -> np.ndarray:
@@ -104,14 +116,18 @@ class EpochTrace:
 def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray, epoch: int,
               pacing: Pacing, barrier: bool = True, pause_after: Sequence[int] = (),
               pause: Callable[[int], None] | None = None, name: str = "train",
-              intervals: IntervalStats | None = None) -> EpochTrace:
-    """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds.
+              intervals: IntervalStats | None = None,
+              host_s: np.ndarray | None = None) -> EpochTrace:
+    """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds,
+    host_s[i] (None: none) the CPU time its host work takes before it (reader.step_cpu_time).
     After each step number s (counted from 1) in `pause_after` that is not the last, the
     block of steps ends and `pause(s)` runs (a checkpoint: collective); the next block starts
     when it returns, its first step's wait starting then. The reader keeps prefetching
     meanwhile, as a loader's workers do. `name`: the phase, for rank 0's progress;
     `intervals`: output.stats_interval's, following the records from a thread."""
     planned = np.round(np.asarray(compute_s, dtype=np.float64) * 1e9).astype(np.int64)
+    host = None if host_s is None else \
+        np.round(np.asarray(host_s, dtype=np.float64) * 1e9).astype(np.int64)
     barrier_ = StepSync(comm, pacing.sync_spin_ns) if barrier else None
     ends = sorted({s for s in pause_after if 0 < s < plan.steps}) + [plan.steps]
     pauses: list[tuple[int, int, int]] = []
@@ -135,7 +151,8 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         done = 0
         for end in ends:
             done += len(reader.run_steps(pacing.pacer, barrier_, planned[done:end], start,
-                                         records[done:end]))
+                                         records[done:end],
+                                         None if host is None else host[done:end]))
             if done < end or end == plan.steps:  # the ranks agreed to stop, or the last block
                 break
             paused = _core.now_ns()
@@ -173,4 +190,6 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         synchronised=barrier, pauses=pauses,
         request_trace=reader.request_trace.head(requests) if reader.request_trace else None,
         cache=epoch_cache(before, after, plan, requests)
-        if getattr(reader, "cache_attached", False) else None)
+        if getattr(reader, "cache_attached", False) else None,
+        **{name: after.get(name, 0) - before.get(name, 0)
+           for name in ("preprocess_cpu_ns", "preprocess_wall_ns", "loader_startup_ns")})

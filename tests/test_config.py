@@ -458,6 +458,9 @@ ACTING = {
     # issue 11: the caching tier (cache_tier.py), read-once staging (readers/read_once.py),
     # sampling with replacement (sharding.rank_draws)
     "reader.cache", "reader.staging", "reader.sampling",
+    # issue 19: the loader's modelled costs (the native engine spends the first and last,
+    # every step loop the second; calibrate/ measures them)
+    "reader.preprocess_cpu_time", "reader.step_cpu_time", "reader.startup_time",
 }
 
 

@@ -523,6 +523,21 @@ class Reader:
     # slept per sample by the reader thread after the sample's read, before its batch is
     # ready (a loader's preprocessing, overlapping compute; MPI-IO: after the batch's reads)
     preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev")
+    # ours: per sample, CPU time the reader thread spends after the sample's read (and
+    # preprocess_time's sleep) before its batch is ready: a loader's decode and transform as
+    # CPU work, which contends for the cores with the other readers, the kernel and the step
+    # loop as the real work does (`dlio-mpi calibrate` measures it); the native C engine's
+    preprocess_cpu_time: TimeSpec = key(TimeSpec(), "timespec",
+                                        stdev_key="preprocess_cpu_time_stdev")
+    # ours: per step, CPU time the training process spends taking its batch from the loader
+    # (receiving it from the worker processes, collating, pinning), on the step loop's thread
+    # once the batch is there, before the compute: not compute, so it lowers AU as it does in
+    # the real job (`dlio-mpi calibrate` measures it)
+    step_cpu_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="step_cpu_time_stdev")
+    # ours: seconds the loader takes to start in each phase's first epoch (a DataLoader's
+    # persistent worker processes starting): the reader threads begin reading that long after
+    # the epoch's start; the native C engine's
+    startup_time: float = key(0.0, "float", minimum=0, maximum=3600)
     transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1, inert=BATCH_COPY,
                                                    acts_if=FRAMEWORK)
     transformed_record_element_type: str = key("uint8", "dtype", inert=BATCH_COPY,

@@ -41,6 +41,10 @@ class EpochRecord:
     wait_seconds: float
     compute_seconds: float
     sync_seconds: float
+    host_seconds: float                 # taking the batches (reader.step_cpu_time): not compute
+    preprocess_cpu_seconds: float       # reader threads' reader.preprocess_cpu_time ...
+    preprocess_wall_seconds: float      # ... and the wall time it took (shared cores: more)
+    loader_startup_seconds: float       # reader.startup_time, spent in this epoch
     checkpoint_pause_seconds: float     # checkpoints between the epoch's blocks (not in block)
     storage_stall_seconds: float        # waiting for batches that were not complete yet
     sync_imbalance_seconds: float       # in the barrier, until the last rank arrived
@@ -74,7 +78,9 @@ def condense(trace: EpochTrace, last_arrival: np.ndarray | None, rank: int, batc
     barrier over all ranks (this rank's clock), None without barriers; clock_offset_ns maps the
     monotonic clock to wall time."""
     sync = trace.sync_ns
-    block = block_metrics(trace.wait_ns / 1e9, trace.compute_ns / 1e9,
+    # a step's host work (reader.step_cpu_time) is neither wait nor compute; AU's excluded
+    # steps leave it out with them, as a real job's wait for its batch includes it
+    block = block_metrics((trace.wait_ns + trace.host_ns) / 1e9, trace.compute_ns / 1e9,
                           trace.planned_compute_ns / 1e9, sync / 1e9, trace.block_seconds,
                           batch_size, exclude_start, exclude_end)
     if last_arrival is None:
@@ -96,6 +102,10 @@ def condense(trace: EpochTrace, last_arrival: np.ndarray | None, rank: int, batc
         wait_seconds=float(trace.wait_ns.sum()) / 1e9,
         compute_seconds=float(trace.compute_ns.sum()) / 1e9,
         sync_seconds=float(sync.sum()) / 1e9,
+        host_seconds=float(trace.host_ns.sum()) / 1e9,
+        preprocess_cpu_seconds=trace.preprocess_cpu_ns / 1e9,
+        preprocess_wall_seconds=trace.preprocess_wall_ns / 1e9,
+        loader_startup_seconds=trace.loader_startup_ns / 1e9,
         checkpoint_pause_seconds=trace.pause_ns / 1e9,
         storage_stall_seconds=float(trace.stall_ns.sum()) / 1e9,
         sync_imbalance_seconds=float(imbalance.sum()) / 1e9,
@@ -279,6 +289,11 @@ def phase_metrics(phase: str, epochs: list[EpochSummary], au_target: float) -> d
         f"{phase}_wait_seconds_per_rank": per_rank_sum("wait_seconds"),
         f"{phase}_compute_seconds_per_rank": per_rank_sum("compute_seconds"),
         f"{phase}_sync_seconds_per_rank": per_rank_sum("sync_seconds"),
+        # the loader's modelled costs (reader.step_cpu_time, preprocess_cpu_time, startup_time)
+        f"{phase}_host_seconds_per_rank": per_rank_sum("host_seconds"),
+        f"{phase}_preprocess_cpu_seconds_per_rank": per_rank_sum("preprocess_cpu_seconds"),
+        f"{phase}_preprocess_wall_seconds_per_rank": per_rank_sum("preprocess_wall_seconds"),
+        f"{phase}_loader_startup_seconds_per_rank": per_rank_sum("loader_startup_seconds"),
         f"{phase}_storage_stall_seconds_per_rank": per_rank_sum("storage_stall_seconds"),
         f"{phase}_sync_imbalance_seconds_per_rank": per_rank_sum("sync_imbalance_seconds"),
         f"{phase}_bytes_read_per_rank": per_rank_sum("bytes_read"),
@@ -317,15 +332,16 @@ def build_summary(train: list[EpochSummary], evals: list[EpochSummary], cfg,
     return {**header, "epochs": len(train), "metric": metric}
 
 
-def _rows(phase: str, epochs: list[EpochSummary]) -> list[str]:
+def _rows(phase: str, epochs: list[EpochSummary], host: bool) -> list[str]:
     rows = []
     for e in epochs:
         j = e.to_json()
+        hosted = f"{max(r.host_seconds for r in e.records):>8.3f} " if host else ""
         rows.append(
             f"{phase:>5} {e.epoch:>5} {e.au_percentage:>7.2f} "
             f"{e.au_without_barrier_percentage:>7.2f} {e.samples_per_second:>11.1f} "
             f"{e.transfer_mib_per_second:>9.1f} {max(r.wait_seconds for r in e.records):>8.3f} "
-            f"{max(r.compute_seconds for r in e.records):>9.3f} "
+            f"{hosted}{max(r.compute_seconds for r in e.records):>9.3f} "
             f"{max(r.sync_seconds for r in e.records):>8.3f} "
             f"{e.overhead_us_per_step:>8.1f} "
             f"{j['read_latency_p50_ms']:>8.3f} {j['read_latency_p99_ms']:>8.3f}")
@@ -333,11 +349,12 @@ def _rows(phase: str, epochs: list[EpochSummary]) -> list[str]:
 
 
 def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: dict) -> str:
-    """The short table rank 0 prints."""
+    """The short table rank 0 prints (a `host s` column where reader.step_cpu_time acts)."""
+    host = any(r.host_seconds > 0 for e in [*train, *evals] for r in e.records)
     rows = [f"{'phase':>5} {'epoch':>5} {'AU %':>7} {'AU-sync':>7} {'samples/s':>11} "
-            f"{'MiB/s':>9} {'wait s':>8} {'compute s':>9} {'sync s':>8} {'ovh us':>8} "
-            f"{'p50 ms':>8} {'p99 ms':>8}",
-            *_rows("train", train), *_rows("eval", evals)] if train or evals else []
+            f"{'MiB/s':>9} {'wait s':>8} {'  host s ' if host else ''}{'compute s':>9} "
+            f"{'sync s':>8} {'ovh us':>8} {'p50 ms':>8} {'p99 ms':>8}",
+            *_rows("train", train, host), *_rows("eval", evals, host)] if train or evals else []
     m = summary["metric"]
     for phase in ("train", "eval"):
         if f"{phase}_au_mean_percentage" not in m:
@@ -358,6 +375,7 @@ def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: 
                 f"{m['checkpoint_size_GB']:.3f} GiB (duration: the slowest rank's)")
     if train or evals:
         rows.append("(AU-sync: AU without the per-step barrier; MiB/s: bytes storage returned "
-                    "over AU's span; wait/compute/sync: slowest rank's total; ovh: the "
-                    "emulator's own time per step)")
+                    "over AU's span; wait/compute/sync: slowest rank's total"
+                    + ("; host: taking the batches, reader.step_cpu_time" if host else "")
+                    + "; ovh: the emulator's own time per step)")
     return "\n".join(rows)

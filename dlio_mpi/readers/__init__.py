@@ -11,7 +11,14 @@ from importlib.util import find_spec
 
 from ..catalog import SplitFiles
 from ..formats import library_read_reason
-from .base import BatchStats, IoWatchdog, ReaderBackend, ReaderOptions, python_steps
+from .base import (
+    BatchStats,
+    IoWatchdog,
+    ReaderBackend,
+    ReaderOptions,
+    batches_in_flight,
+    python_steps,
+)
 
 # reader.engine native: file_access value -> (module, class)
 BACKENDS = {
@@ -89,7 +96,7 @@ def torch_prefetch_factor(prefetch_size: int, workers: int) -> int | None:
     prefetch_size is 0; None without workers (the DataLoader refuses one then)."""
     if workers == 0:
         return None
-    return -(-prefetch_size // workers) if prefetch_size > 0 else 2
+    return batches_in_flight("pytorch", prefetch_size, workers) // workers
 
 
 def engine_refusal(cfg, library_reason: str = "") -> str | None:
@@ -98,6 +105,9 @@ def engine_refusal(cfg, library_reason: str = "") -> str | None:
     library reads the files instead of the C engine (formats.library_read_reason)."""
     rd = cfg.reader
     access = ALIASES.get(rd.file_access, rd.file_access)
+    modelled = loader_cost_refusal(cfg, library_reason)
+    if modelled:
+        return modelled
     if rd.staging == "read_once":
         why = [what for what, bad in (
             (f"reader.engine {rd.engine}", rd.engine != "native"),
@@ -153,6 +163,24 @@ def engine_refusal(cfg, library_reason: str = "") -> str | None:
                 f"pip install 'dlio-mpi[{loader['module']}]' (or pip install {module}), or use "
                 "reader.engine native")
     return None
+
+
+def loader_cost_refusal(cfg, library_reason: str = "") -> str | None:
+    """Why the loader's modelled costs the native C engine spends (reader.preprocess_cpu_time,
+    reader.startup_time) cannot be spent by the run's backend, or None."""
+    rd = cfg.reader
+    keys = [name for name, given in (("reader.preprocess_cpu_time",
+                                      rd.preprocess_cpu_time.mean > 0),
+                                     ("reader.startup_time", rd.startup_time > 0)) if given]
+    access = ALIASES.get(rd.file_access, rd.file_access)
+    why = [what for what, bad in ((f"reader.engine {rd.engine}", rd.engine != "native"),
+                                  (f"reader.file_access {rd.file_access}", access != "multi"),
+                                  ("reader.staging read_once", rd.staging == "read_once"),
+                                  ("a format its library reads", bool(library_reason))) if bad]
+    if not keys or not why:
+        return None
+    return (f"{' and '.join(keys)}: not implemented yet with {', '.join(why)}; the native C "
+            "engine spends them (reader.engine: native, reader.file_access: multi)")
 
 
 def library_refusal(cfg, reason: str) -> str | None:
@@ -216,4 +244,4 @@ def open_reader(file_access: str, files: SplitFiles, options: ReaderOptions,
 
 __all__ = ["BACKENDS", "FRAMEWORK_LOADERS", "LIBRARY_BACKENDS", "BatchStats", "IoWatchdog",
            "ReaderBackend", "ReaderOptions", "backend_of", "engine_refusal", "library_refusal",
-           "open_reader", "python_steps", "torch_prefetch_factor"]
+           "open_reader", "python_steps", "torch_prefetch_factor", "batches_in_flight"]

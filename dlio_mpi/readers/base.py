@@ -18,6 +18,7 @@ import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Protocol
 
 import numpy as np
@@ -71,6 +72,12 @@ class ReaderOptions:
     shuffle_seed: int | None = None
     trace: bool = False  # output.trace: record each request's start and reader thread
     staging: str = "none"  # reader.staging (read_once: readers/read_once.py)
+    # the native C engine standing for the loader reader.data_loader names: a torch
+    # DataLoader's worker processes each make whole batches, workers x prefetch_factor in
+    # flight (batches_in_flight); tf.data's threads share each batch, prefetch_size in flight
+    whole_batches: bool = False
+    in_flight: int | None = None  # batches read ahead of the step's; None: prefetch_size
+    startup_ns: int = 0  # reader.startup_time: the first epoch's reads begin this late
 
     @staticmethod
     def from_config(reader_cfg, rank: int, item: tuple[tuple[int, ...], str] = ((), "|u1"),
@@ -86,7 +93,22 @@ class ReaderOptions:
                              rd.pin_memory, rd.multiprocessing_context, rd.read_type,
                              item[0], rd.transfer_size, rd.computation_threads, item[1],
                              shuffle, seed if rd.sample_shuffle == "seed" else None, trace,
-                             rd.staging)
+                             rd.staging, rd.data_loader == "pytorch",
+                             batches_in_flight(rd.data_loader, rd.prefetch_size,
+                                               rd.read_threads),
+                             round(rd.startup_time * 1e9))
+
+
+def batches_in_flight(data_loader: str, prefetch_size: int, workers: int) -> int:
+    """Batches the loader `data_loader` reads ahead of the one the step holds: a torch
+    DataLoader's workers x prefetch_factor (DLIO's ceil(prefetch_size / workers), 2 when
+    prefetch_size is 0; none without workers, where the batch is read when asked for);
+    prefetch_size for tf.data's prefetch."""
+    if data_loader != "pytorch":
+        return prefetch_size
+    if workers == 0:
+        return 0
+    return workers * (-(-prefetch_size // workers) if prefetch_size > 0 else 2)
 
 
 def as_item(sample: np.ndarray, shape: tuple[int, ...], dtype: str) -> np.ndarray:
@@ -264,7 +286,8 @@ class ReaderBackend(Protocol):
     def prepare_epoch(self, plan: ReadPlan) -> None: ...
     def start_epoch(self, plan: ReadPlan) -> None: ...
     def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
-                  start_ns: int, out: np.ndarray) -> np.ndarray: ...
+                  start_ns: int, out: np.ndarray,
+                  host_cpu_ns: np.ndarray | None = None) -> np.ndarray: ...
     def next_batch(self) -> BatchStats | None: ...
     def end_epoch(self) -> None: ...
     def abandon_epoch(self) -> None: ...
@@ -274,19 +297,26 @@ class ReaderBackend(Protocol):
 
 
 def python_steps(backend: ReaderBackend, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
-                 start_ns: int, out: np.ndarray) -> np.ndarray:
+                 start_ns: int, out: np.ndarray,
+                 host_cpu_ns: np.ndarray | None = None) -> np.ndarray:
     """The step loop for backends without one of their own: for each step take the next
-    batch, wait its compute time with `pacer`, synchronise with `sync` (a StepSync or None);
-    fills the (steps, 8) int64 records `out` (zeros) row by row, as the C loop does, and
-    returns the rows of the steps run (fewer when the ranks agreed to stop)."""
+    batch, spend its host CPU time (host_cpu_ns, _core.burn_cpu_ns), wait its compute time
+    with `pacer`, synchronise with `sync` (a StepSync or None); fills the (steps, 8) int64
+    records `out` (zeros) row by row, as the C loop does, and returns the rows of the steps
+    run (fewer when the ranks agreed to stop)."""
     start = start_ns
-    for i, compute in enumerate(np.asarray(compute_ns, dtype=np.int64).tolist()):
+    hosts = (repeat(0) if host_cpu_ns is None
+             else np.asarray(host_cpu_ns, dtype=np.int64).tolist())
+    for i, (compute, host) in enumerate(zip(np.asarray(compute_ns, dtype=np.int64).tolist(),
+                                            hosts)):
         batch = backend.next_batch()
         if batch is None:
             raise RuntimeError(f"the reader has {i} batches, the plan {len(compute_ns)}")
-        got = _core.now_ns()
-        deadline = got + compute
-        computed = pacer.wait_until(deadline) if compute > 0 else got
+        got = began = _core.now_ns()
+        if host > 0:  # taking the batch: not compute
+            began = _core.burn_cpu_ns(host)
+        deadline = began + compute
+        computed = pacer.wait_until(deadline) if compute > 0 else began
         stop = sync.synchronise() if sync is not None else 0
         synced = _core.now_ns()
         out[i] = (start, batch.ready_ns, got, deadline, computed, synced, batch.bytes_read,

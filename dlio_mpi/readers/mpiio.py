@@ -336,8 +336,9 @@ class _MpiioReader:
         self._prefetch.start()  # after the assignment: its reads report through it
 
     def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
-                  start_ns: int, out: np.ndarray) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out)
+                  start_ns: int, out: np.ndarray,
+                  host_cpu_ns: np.ndarray | None = None) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns)
 
     def next_batch(self) -> MpiioBatch | None:
         """Wait for the next batch (its buffer is the caller's until the next call)."""

@@ -19,7 +19,10 @@ class NativeReader:
     the files it kept open (reader.access: loader); else descriptors stay cached across epochs
     (lean). drop_page_cache: before each epoch, posix_fadvise(DONTNEED) the files it will read,
     so that the page cache cannot serve them. keep_data: False reads every request into one
-    small buffer per thread instead of the batch ring. watchdog: see IoWatchdog."""
+    small buffer per thread instead of the batch ring. watchdog: see IoWatchdog.
+    As the loader it stands for: options.in_flight batches read ahead, each by one thread
+    with options.whole_batches (a DataLoader's workers), and in the first epoch no read before
+    options.startup_ns (the loader starting)."""
 
     def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
         align = 0
@@ -29,9 +32,12 @@ class NativeReader:
             _core.probe_odirect(first)  # a clear error before training if refused
             align = max(_core.odirect_alignment(first))
         who = "" if o.watchdog.rank is None else f"rank {o.watchdog.rank}"
-        self._engine = _core.Engine(o.read_threads, o.prefetch_size, o.odirect,
-                                    o.fd_cache_size, align, not o.keep_data, o.watchdog.seconds,
-                                    o.watchdog.abort, who)
+        ahead = o.prefetch_size if o.in_flight is None else o.in_flight
+        self._engine = _core.Engine(o.read_threads, ahead, o.odirect, o.fd_cache_size, align,
+                                    not o.keep_data, o.watchdog.seconds, o.watchdog.abort, who,
+                                    o.whole_batches)
+        self._startup_ns = o.startup_ns  # spent in the first epoch only
+        self._started_ns = 0  # the start-up spent so far (counters)
         files.attach(self._engine)
         self.close_at_epoch_end, self.drop_page_cache = o.close_at_epoch_end, o.drop_page_cache
         self.lat_ns = np.zeros(0, dtype=np.int64)  # per request of the current epoch
@@ -57,10 +63,13 @@ class NativeReader:
         if self.trace and (rt is None or len(rt.start_ns) != len(plan.offset)):
             rt = RequestTrace.empty(len(plan.offset))  # without prepare_epoch
         self.request_trace = rt if self.trace else None
+        not_before = _core.now_ns() + self._startup_ns if self._startup_ns else 0
+        self._started_ns += self._startup_ns
+        self._startup_ns = 0
         self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
                                  None, self.lat_ns, rt and rt.nread, plan.flags, plan.expect,
                                  plan.delay_ns, rt and rt.start_ns, rt and rt.thread,
-                                 plan.evict_at, plan.evict_file)
+                                 plan.evict_at, plan.evict_file, plan.cpu_ns, not_before)
 
     def attach_cache(self, tier, name: str, files: SplitFiles) -> None:
         """reader.cache: the engine reads and fills the tier's copies of these files."""
@@ -68,13 +77,16 @@ class NativeReader:
         self.cache_attached = True
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
-                  start_ns: int, out: np.ndarray) -> np.ndarray:
+                  start_ns: int, out: np.ndarray,
+                  host_cpu_ns: np.ndarray | None = None) -> np.ndarray:
         """Run the epoch's steps in the C loop (see _core.Engine.run_steps), which fills the
         (steps, 8) records `out` (base.START ... base.OPS) row by row; returns the rows of the
         steps run. Fewer steps than planned when the ranks agreed to stop (SIGINT, SIGTERM)."""
+        host = None if host_cpu_ns is None else np.ascontiguousarray(host_cpu_ns,
+                                                                      dtype=np.int64)
         done = self._engine.run_steps(pacer, sync.native if sync is not None else None,
                                       np.ascontiguousarray(compute_ns, dtype=np.int64),
-                                      start_ns, out)
+                                      start_ns, out, host)
         return out[:done]
 
     def next_batch(self) -> BatchStats | None:
@@ -93,7 +105,7 @@ class NativeReader:
             self._engine.close_files()
 
     def counters(self) -> dict:
-        return self._engine.counters()
+        return {**self._engine.counters(), "loader_startup_ns": self._started_ns}
 
     def describe(self) -> dict:
         return {"backend": "native", "file_access": "multi"}

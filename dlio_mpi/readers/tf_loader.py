@@ -224,8 +224,9 @@ class TfDataReader:
         self._opens += len(self.paths_of(plan)[0]) if plan.steps else 0
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
-                  start_ns: int, out: np.ndarray) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out)
+                  start_ns: int, out: np.ndarray,
+                  host_cpu_ns: np.ndarray | None = None) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns)
 
     def _next(self):
         try:
