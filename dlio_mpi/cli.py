@@ -20,6 +20,9 @@ USAGE = """dlio-mpi COMMAND [CONFIG] [KEY=VALUE ...]
 CONFIG is a workload YAML path, a shipped workload name (see list-workloads) or workload=NAME;
 overrides are section.key=value or DLIO's ++workload.section.key=value.
 dlio-mpi report OUT [OUT ...] [--output DIR] draws a run's results (no MPI needed).
+dlio-mpi calibrate CONFIG [KEY=VALUE ...] --workers W --out FILE.yaml measures the real torch
+DataLoader pipeline in one process (no MPI) and writes the workload calibrated from it
+(dlio-mpi calibrate --help).
 dlio-mpi pack CONFIG [KEY=VALUE ...] --to DIR [--samples-per-shard K] merges a dataset of
 one sample per file into indexed_binary shards and prints the overrides that read them."""
 # Where launchers put the process's rank, read before MPI starts (argparse runs first)
@@ -72,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
     pack.add_argument("--to", metavar="DIR", required=True, help="the packed dataset's folder")
     pack.add_argument("--samples-per-shard", metavar="K", type=int, default=None,
                       help="samples per shard (default: shards of at most 256 MiB)")
+    text = ("measure the workload's real torch DataLoader pipeline (one process, no MPI) and "
+            "write it calibrated: dlio-mpi calibrate --help")
+    sub.add_parser("calibrate", help=text, description=text, prog="dlio-mpi calibrate",
+                   add_help=False)
     sub.add_parser("list-workloads", help="list the shipped workload names",
                    prog="dlio-mpi list-workloads")
     text = ("plots and an HTML page of finished runs' results in OUT/report (needs the "
@@ -205,6 +212,11 @@ def _report(folders: list[str], output: str | None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["calibrate"]:  # its own options; one process, no MPI (calibrate/)
+        from .calibrate.command import main as calibrate
+
+        return calibrate(argv[1:])
     parser = _parser()
     # Options may follow the overrides (validate demo x=1 --ranks 4): collect the leftovers.
     args, rest = parser.parse_known_args(argv)

@@ -1,0 +1,213 @@
+"""Side by side on the same files: the reference job (a real PyTorch DataLoader training loop,
+reference.py), dlio-mpi calibrated from the real loader (`dlio-mpi calibrate`, then `dlio-mpi
+run` of the file it writes) and, with --baseline, dlio-mpi configured the usual way
+(reader.preprocess_time = one sample's preprocessing timed alone in one process). One table
+of samples/s and AU per epoch, with the emulation's ratio to the reference.
+
+    python scripts/fidelity/compare.py WORKLOAD [KEY=VALUE ...] --work DIR \\
+        [--ranks 1,2] [--workers 1,2,4] [--calibrate-at each|W] [--epochs 2] \\
+        [--dataset MODULE:CALLABLE | --transform imagenet|none] [--step-time S] \\
+        [--prefix "scripts/slow_pfs.sh run --"] [--warm] [--baseline]
+
+Before each job the dataset's files leave the page cache (posix_fadvise DONTNEED), so the
+first epoch reads from storage and the later ones from the page cache, for both sides alike
+(--warm: read them all first instead). --prefix runs every job through a command (the
+throttled slow tier). Every command is printed before it runs. Results: DIR/fidelity.csv
+and DIR/fidelity.md; each job's own output under DIR."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+LONE = re.compile(r"one sample made alone in one process\): ([0-9.]+) ms")
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="compare.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("args", nargs="+", metavar="WORKLOAD|KEY=VALUE")
+    p.add_argument("--work", required=True, metavar="DIR")
+    p.add_argument("--ranks", default="1", help="comma-separated rank counts")
+    p.add_argument("--workers", default="2", help="comma-separated worker counts")
+    p.add_argument("--calibrate-at", default="each",
+                   help="the worker count to calibrate at, or 'each' (each run's own)")
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--files", type=int, default=1000, help="files calibration measures")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--dataset", metavar="MODULE:CALLABLE")
+    how.add_argument("--transform", choices=("imagenet", "none"))
+    p.add_argument("--step-time", type=float, default=None,
+                   help="the accelerator's step in seconds (default: the workload's)")
+    p.add_argument("--prefix", default="", help="a command every job runs through")
+    p.add_argument("--warm", action="store_true", help="the page cache holds the dataset")
+    p.add_argument("--baseline", action="store_true",
+                   help="also run dlio-mpi configured the usual way (preprocess_time)")
+    p.add_argument("--mpiexec", default="mpiexec")
+    return p.parse_args(argv)
+
+
+def ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def run(cmd: list[str], prefix: str = "", env: dict | None = None) -> str:
+    """Run `cmd` (after `prefix`), printing it first; its standard output."""
+    full = shlex.split(prefix) + cmd
+    print("+ " + shlex.join(full), flush=True)
+    done = subprocess.run(full, stdout=subprocess.PIPE, text=True, env=env)
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0:
+        raise SystemExit(f"compare.py: the command above failed (exit {done.returncode})")
+    return done.stdout
+
+
+def dataset_paths(args: argparse.Namespace) -> list[str]:
+    from dlio_mpi.calibrate.command import workload_files
+
+    job = argparse.Namespace(args=args.args, files=1 << 62)
+    return workload_files(job)[4]
+
+
+def set_page_cache(paths: list[str], warm: bool) -> None:
+    """Drop the files from the page cache, or (warm) read them all into it."""
+    from dlio_mpi.readers.base import drop_cached_pages
+
+    if not warm:
+        drop_cached_pages(paths)
+        return
+    for path in paths:
+        with open(path, "rb") as fp:
+            while fp.read(1 << 20):
+                pass
+
+
+def pipeline(args: argparse.Namespace) -> list[str]:
+    if args.dataset:
+        return ["--dataset", args.dataset]
+    return ["--transform", args.transform] if args.transform else []
+
+
+def calibrate(args: argparse.Namespace, workers: int) -> tuple[str, float]:
+    """The calibrated workload at `workers` workers; the usual practice's seconds/sample."""
+    out = os.path.join(args.work, f"calibrated_w{workers}.yaml")
+    step = ["--compute-time", str(args.step_time)] if args.step_time is not None else []
+    run(["dlio-mpi", "calibrate", *args.args, "--workers", str(workers), "--files",
+         str(args.files), *pipeline(args), *step, "--out", out], args.prefix)
+    with open(out) as fp:
+        lone = LONE.search(fp.read())
+    return out, float(lone.group(1)) / 1e3 if lone else 0.0
+
+
+def reference(args, ranks: int, workers: int) -> list[dict]:
+    out = os.path.join(args.work, f"reference_r{ranks}_w{workers}.json")
+    step = ["--step-time", str(args.step_time)] if args.step_time is not None else []
+    run([args.mpiexec, "-n", str(ranks), sys.executable, os.path.join(HERE, "reference.py"),
+         *args.args, "--workers", str(workers), "--epochs", str(args.epochs),
+         *pipeline(args), *step, "--out", out], args.prefix)
+    with open(out) as fp:
+        return [{"samples_per_second": e["samples_per_second"], "au": e["au_percentage"]}
+                for e in json.load(fp)["epochs"]]
+
+
+def emulate(args, name: str, workload: list[str], ranks: int, workers: int) -> list[dict]:
+    folder = os.path.join(args.work, f"{name}_r{ranks}_w{workers}")
+    step = ([f"train.computation_time={args.step_time}"]
+            if args.step_time is not None else [])
+    run([args.mpiexec, "-n", str(ranks), "dlio-mpi", "run", *workload,
+         f"reader.read_threads={workers}", f"train.epochs={args.epochs}",
+         f"output.folder={folder}", "output.progress_interval=0", *step], args.prefix)
+    with open(os.path.join(folder, "summary.json")) as fp:
+        metric = json.load(fp)["metric"]
+    return [{"samples_per_second": t, "au": a}
+            for t, a in zip(metric["train_throughput_samples_per_second"],
+                            metric["train_au_percentage"])]
+
+
+def baseline_workload(args, lone_s: float) -> list[str]:
+    """The workload configured the usual way: its reader, preprocess_time the lone figure."""
+    return [*args.args, "reader.data_loader=pytorch", f"reader.preprocess_time={lone_s:.6f}"]
+
+
+def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base) -> list[dict]:
+    rows = []
+    for epoch, (r, e) in enumerate(zip(ref, emu), start=1):
+        row = {"ranks": ranks, "workers": workers, "calibrated_at": calibrated_at,
+               "epoch": epoch, "reference_samples_per_second": round(r["samples_per_second"], 1),
+               "dlio_mpi_samples_per_second": round(e["samples_per_second"], 1),
+               "ratio": round(e["samples_per_second"] / r["samples_per_second"], 3),
+               "reference_au": round(r["au"], 2), "dlio_mpi_au": round(e["au"], 2),
+               "au_points": round(e["au"] - r["au"], 2)}
+        if base:
+            b = base[epoch - 1]
+            row.update({"usual_samples_per_second": round(b["samples_per_second"], 1),
+                        "usual_ratio": round(b["samples_per_second"] / r["samples_per_second"],
+                                             3),
+                        "usual_au": round(b["au"], 2)})
+        rows.append(row)
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    head = ["ranks", "workers", "calibrated at", "epoch", "reference samples/s",
+            "dlio-mpi samples/s", "ratio", "reference AU %", "dlio-mpi AU %", "AU points"]
+    keys = ["ranks", "workers", "calibrated_at", "epoch", "reference_samples_per_second",
+            "dlio_mpi_samples_per_second", "ratio", "reference_au", "dlio_mpi_au", "au_points"]
+    if rows and "usual_ratio" in rows[0]:
+        head += ["usual way samples/s", "usual ratio", "usual AU %"]
+        keys += ["usual_samples_per_second", "usual_ratio", "usual_au"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    os.makedirs(args.work, exist_ok=True)
+    started = time.time()
+    run([args.mpiexec, "-n", "2", "dlio-mpi", "generate", *args.args], args.prefix)
+    paths = dataset_paths(args)
+    workers, ranks = ints(args.workers), ints(args.ranks)
+    at = workers if args.calibrate_at == "each" else [int(args.calibrate_at)]
+    calibrated = {}
+    for w in at:
+        set_page_cache(paths, warm=True)  # calibration measures the warm loader
+        calibrated[w] = calibrate(args, w)
+    rows = []
+    for r in ranks:
+        for w in workers:
+            cal_w = w if args.calibrate_at == "each" else at[0]
+            set_page_cache(paths, args.warm)
+            ref = reference(args, r, w)
+            set_page_cache(paths, args.warm)
+            emu = emulate(args, "calibrated", [calibrated[cal_w][0]], r, w)
+            base = None
+            if args.baseline:
+                set_page_cache(paths, args.warm)
+                base = emulate(args, "usual", baseline_workload(args, calibrated[cal_w][1]),
+                               r, w)
+            rows += rows_of(r, w, cal_w, ref, emu, base)
+    with open(os.path.join(args.work, "fidelity.csv"), "w", newline="") as fp:
+        writer = csv.DictWriter(fp, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    table = markdown(rows)
+    with open(os.path.join(args.work, "fidelity.md"), "w") as fp:
+        fp.write(table + "\n")
+    worst = max(abs(r["ratio"] - 1) for r in rows)
+    points = max(abs(r["au_points"]) for r in rows)
+    print(table)
+    print(f"worst samples/s error {100 * worst:.1f} %, worst AU error {points:.1f} points "
+          f"({len(rows)} epochs; {time.time() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
