@@ -391,14 +391,16 @@ typedef struct dio_step_sync {
     const int32_t *stop_in;
 } dio_step_sync;
 
-/* The steps to run: step i waits compute_ns[i] (the planned compute) after spending
- * host_cpu_ns[i] of CPU time (dio_burn_cpu_ns) on the step loop's thread: what the training
- * process spends taking its batch from the loader (receiving, collating, pinning), which is
- * not compute.  host_cpu_ns NULL = none. */
+/* The steps to run: step i waits compute_ns[i] (the planned compute) after its host work on
+ * the step loop's thread, what the training process spends taking its batch from the loader,
+ * which is not compute: host_cpu_ns[i] of CPU time (dio_burn_cpu_ns: receiving, rebuilding,
+ * pinning), then host_wait_ns[i] slept (waiting on the worker processes for the batch's
+ * hand-over).  Either NULL = none. */
 typedef struct dio_step_plan {
     int64_t        nsteps;
     const int64_t *compute_ns;
     const int64_t *host_cpu_ns;
+    const int64_t *host_wait_ns;
     int64_t        start_ns;  /* when the first step began waiting for its batch */
 } dio_step_plan;
 

@@ -83,6 +83,8 @@ int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_syn
         dio_engine_wake(e); /* inside the step's compute time */
         if (steps->host_cpu_ns && steps->host_cpu_ns[i] > 0) /* taking the batch: not compute */
             began = dio_burn_cpu_ns(steps->host_cpu_ns[i]);
+        if (steps->host_wait_ns && steps->host_wait_ns[i] > 0)
+            began = dio_sleep_until_ns(began + steps->host_wait_ns[i], 0);
         r->deadline = began + compute;
         r->computed = compute > 0 ? dio_pacer_wait(pacer, r->deadline) : began;
         if (sync && sync->request && (rc = sync_steps(sync, err)) < 0)

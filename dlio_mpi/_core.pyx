@@ -186,6 +186,7 @@ cdef extern from "dio.h" nogil:
         int64_t nsteps
         const int64_t *compute_ns
         const int64_t *host_cpu_ns
+        const int64_t *host_wait_ns
         int64_t start_ns
 
     int dio_step_sync_once(const dio_step_sync *sync, dio_error *err)
@@ -1092,11 +1093,11 @@ cdef class Engine:
 
     def run_steps(self, Pacer pacer not None, sync, const int64_t[::1] compute_ns not None,
                   int64_t start_ns, int64_t[:, ::1] out not None,
-                  const int64_t[::1] host_cpu_ns=None):
+                  const int64_t[::1] host_cpu_ns=None, const int64_t[::1] host_wait_ns=None):
         """Run the epoch's steps in C (GIL released): for step i take the next batch, spend
-        host_cpu_ns[i] of CPU time (burn_cpu_ns; None: none), wait compute_ns[i] with `pacer`
-        from then, synchronise; out[i] gets (start, ready, got, deadline, computed, synced,
-        bytes, read ops).  sync: None, or (MPI_Start address, MPI_Test
+        host_cpu_ns[i] of CPU time (burn_cpu_ns) and sleep host_wait_ns[i] (None: none), wait
+        compute_ns[i] with `pacer` from then, synchronise; out[i] gets (start, ready, got,
+        deadline, computed, synced, bytes, read ops).  sync: None, or (MPI_Start address, MPI_Test
         address, address of a persistent MPI_Request, spin ns, nap ns, address of the int32
         the request sends, of the int32 it receives); the last two 0 for a barrier, else the
         request is an allreduce (MAX) of this process's stop signal and the loop ends after
@@ -1111,11 +1112,13 @@ cdef class Engine:
         cdef dio_step_plan steps
         if out.shape[0] != n or out.shape[1] != 8:
             raise ValueError(f"out must be ({n}, 8), got ({out.shape[0]}, {out.shape[1]})")
-        if host_cpu_ns is not None and host_cpu_ns.shape[0] != n:
-            raise ValueError(f"host_cpu_ns has {host_cpu_ns.shape[0]} entries, expected {n}")
+        for name, arr in (("host_cpu_ns", host_cpu_ns), ("host_wait_ns", host_wait_ns)):
+            if arr is not None and arr.shape[0] != n:
+                raise ValueError(f"{name} has {arr.shape[0]} entries, expected {n}")
         steps.nsteps = n
         steps.compute_ns = &compute_ns[0] if n > 0 else NULL
         steps.host_cpu_ns = &host_cpu_ns[0] if n > 0 and host_cpu_ns is not None else NULL
+        steps.host_wait_ns = &host_wait_ns[0] if n > 0 and host_wait_ns is not None else NULL
         steps.start_ns = start_ns
         if sync is not None:
             _step_sync(sync, &s)

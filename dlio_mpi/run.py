@@ -249,7 +249,9 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
                        phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays, cpu)
     if phase.cache is not None:  # its readers may run prefetch_size batches ahead
         reads = phase.cache.plan_epoch(phase.name, reads, cfg.reader.prefetch_size + 2)
-    host = rd.step_cpu_time.draw(rng, phase.steps) if rd.step_cpu_time.mean > 0 else None
+    host = {kind: spec.draw(rng, phase.steps)
+            for kind, spec in (("cpu", rd.step_cpu_time), ("wait", rd.step_wait_time))
+            if spec.mean > 0}
     trace = run_epoch(comm, phase.reader, reads, phase.step_time.draw(rng, phase.steps), epoch,
                       phase.pacing, barrier=phase.barrier, pause_after=pause_after,
                       pause=pause, name=phase.name, intervals=intervals, host_s=host)

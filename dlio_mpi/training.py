@@ -30,9 +30,10 @@ class EpochTrace:
 
     Per step (a row of `stamps`): START when it began waiting for its batch (the previous
     step's end), READY when the engine had the batch complete, GOT when the loop held it (its
-    host work, reader.step_cpu_time, then the compute start), DEADLINE when the planned
-    compute ends (it started at DEADLINE - planned), COMPUTED when the compute wait returned
-    (the arrival at the synchronisation), SYNCED when the synchronisation returned."""
+    host work, reader.step_cpu_time and step_wait_time, then the compute, start), DEADLINE
+    when the planned compute ends (it started at DEADLINE - planned), COMPUTED when the
+    compute wait returned (the arrival at the synchronisation), SYNCED when the
+    synchronisation returned."""
 
     epoch: int
     block_start_ns: int
@@ -85,7 +86,7 @@ class EpochTrace:
 
     @property
     def host_ns(self) -> np.ndarray:
-        """The training process's work taking each batch (reader.step_cpu_time): from the
+        """The training process's work taking each batch (reader.step_*_time): from the
         batch in hand to the compute's start."""
         return self.column(DEADLINE) - self.planned_compute_ns - self.column(GOT)
 
@@ -117,17 +118,18 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
               pacing: Pacing, barrier: bool = True, pause_after: Sequence[int] = (),
               pause: Callable[[int], None] | None = None, name: str = "train",
               intervals: IntervalStats | None = None,
-              host_s: np.ndarray | None = None) -> EpochTrace:
-    """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds,
-    host_s[i] (None: none) the CPU time its host work takes before it (reader.step_cpu_time).
+              host_s: dict[str, np.ndarray] | None = None) -> EpochTrace:
+    """Run plan.steps steps; compute_s[i] is step i's emulated compute time in seconds;
+    host_s: each step's host work before it, in seconds, by kind ("cpu":
+    reader.step_cpu_time, "wait": reader.step_wait_time; None: none).
     After each step number s (counted from 1) in `pause_after` that is not the last, the
     block of steps ends and `pause(s)` runs (a checkpoint: collective); the next block starts
     when it returns, its first step's wait starting then. The reader keeps prefetching
     meanwhile, as a loader's workers do. `name`: the phase, for rank 0's progress;
     `intervals`: output.stats_interval's, following the records from a thread."""
     planned = np.round(np.asarray(compute_s, dtype=np.float64) * 1e9).astype(np.int64)
-    host = None if host_s is None else \
-        np.round(np.asarray(host_s, dtype=np.float64) * 1e9).astype(np.int64)
+    host = {f"host_{kind}_ns": np.round(np.asarray(s, dtype=np.float64) * 1e9)
+            .astype(np.int64) for kind, s in (host_s or {}).items()}
     barrier_ = StepSync(comm, pacing.sync_spin_ns) if barrier else None
     ends = sorted({s for s in pause_after if 0 < s < plan.steps}) + [plan.steps]
     pauses: list[tuple[int, int, int]] = []
@@ -150,9 +152,10 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
                     lambda: int(records[:, BYTES].sum()))
         done = 0
         for end in ends:
+            # host work only where it acts: backends written before it keep working
+            extra = {name: ns[done:end] for name, ns in host.items()}
             done += len(reader.run_steps(pacing.pacer, barrier_, planned[done:end], start,
-                                         records[done:end],
-                                         None if host is None else host[done:end]))
+                                         records[done:end], **extra))
             if done < end or end == plan.steps:  # the ranks agreed to stop, or the last block
                 break
             paused = _core.now_ns()

@@ -460,7 +460,8 @@ ACTING = {
     "reader.cache", "reader.staging", "reader.sampling",
     # issue 19: the loader's modelled costs (the native engine spends the first and last,
     # every step loop the second; calibrate/ measures them)
-    "reader.preprocess_cpu_time", "reader.step_cpu_time", "reader.startup_time",
+    "reader.preprocess_cpu_time", "reader.step_cpu_time", "reader.step_wait_time",
+    "reader.startup_time",
 }
 
 

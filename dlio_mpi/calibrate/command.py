@@ -24,6 +24,8 @@ import numpy as np
 from ..errors import UserError
 
 PASSES = 2           # warm passes measured
+HANDOVER_SECONDS = 3.0  # the paced pass measuring the batches' hand-over ...
+HANDOVER_STEPS = 10     # ... at least this many steps (the first two left out)
 LONE_SAMPLES = 64    # items timed alone for the usual practice's figure
 DEFAULT_FILES = 1000
 SEED = 20261126
@@ -194,8 +196,13 @@ def measure_loader(cfg, files, dataset, workers: int):
         first = probe.run(rng.permutation(n))  # starts the workers, warms the page cache
         lone = lone_item_seconds(dataset, rng.permutation(n)[:LONE_SAMPLES])
         passes = [probe.run(rng.permutation(n)) for _ in range(PASSES)]
+        # the hand-over, with the loader ahead: steps at twice the data-bound batch period,
+        # HANDOVER_SECONDS of them (HANDOVER_STEPS at least)
+        period = 2 * sum(p.wall_s for p in passes) / sum(p.steps for p in passes)
+        steps = max(HANDOVER_STEPS, min(int(HANDOVER_SECONDS / period), n // rd.batch_size))
+        waits = probe.handover(rng.permutation(n)[:steps * rd.batch_size], period)
     read = emulator_read_cost(cfg, files, n)
-    return derive(first, passes, workers, rd.batch_size, flight, read, lone)
+    return derive(first, passes, workers, rd.batch_size, flight, read, lone, waits)
 
 
 def emulator_read_cost(cfg, files, count: int):

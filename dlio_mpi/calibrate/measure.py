@@ -190,6 +190,24 @@ class LoaderProbe:
         return Pass(items, steps, wall_s, iter_s, started, worker_s, main_s)
 
 
+    def handover(self, order: np.ndarray, period_s: float) -> np.ndarray:
+        """A pass over `order` whose steps come every `period_s` (the loader ahead of them):
+        per step after the first two, the wall time of taking a batch that is there, less
+        the CPU time the taking thread spent: the hand-over's waits on the workers."""
+        self.sampler.start(order)
+        waits = []
+        batches = iter(self.loader)
+        while True:
+            deadline = time.perf_counter() + period_s
+            while (left := deadline - time.perf_counter()) > 0:
+                time.sleep(left)
+            wall, cpu = time.perf_counter(), time.thread_time()
+            if next(batches, None) is None:
+                break
+            waits.append((time.perf_counter() - wall) - (time.thread_time() - cpu))
+        return np.maximum(np.asarray(waits[2:]), 0.0)
+
+
 def lone_item_seconds(dataset: Dataset, indices: np.ndarray) -> float:
     """The usual practice's per-sample preprocessing time: the mean wall time of making
     `indices`' items one by one in this process, nothing else running (warm)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .measure import BYTES, CPU, OPENS, PID, READS, Pass
+from .measure import BYTES, CPU, OPENS, READS, Pass
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class LoaderModel:
     item_cpu_stdev_s: float
     item_wall_s: float       # per sample: a worker's wall time per sample (workers x wall / n)
     main_cpu_s: float        # per step: the training process's CPU time
+    handover_wait_s: float   # per step: its wait on the workers taking a batch that is there
     startup_s: float         # the fresh loader: its start to the workers' first items (mean)
     iter_s: float            # of which in iter() (the main thread starting the workers)
     item_bytes: float
@@ -61,8 +62,11 @@ class LoaderModel:
 
 
 def derive(first: Pass, measured: list[Pass], workers: int, batch_size: int,
-           in_flight: int, read: ReadCost, lone_item_s: float) -> LoaderModel:
-    """The model from the fresh loader's pass (`first`: its start-up) and the warm passes."""
+           in_flight: int, read: ReadCost, lone_item_s: float,
+           handover_waits: np.ndarray) -> LoaderModel:
+    """The model from the fresh loader's pass (`first`: its start-up), the warm passes and
+    the paced pass's hand-over waits (their median: a wait for a batch not made yet is
+    not the hand-over's)."""
     items = np.concatenate([p.items for p in measured])
     n = len(items)
     steps = sum(p.steps for p in measured)
@@ -79,14 +83,10 @@ def derive(first: Pass, measured: list[Pass], workers: int, batch_size: int,
         worker_cpu_s=worker_cpu / n, item_cpu_s=float(items[:, CPU].mean()) / 1e9,
         item_cpu_stdev_s=float(items[:, CPU].std()) / 1e9,
         item_wall_s=max(workers, 1) * wall / n, main_cpu_s=max(main_step, 0.0),
+        handover_wait_s=float(np.median(handover_waits)) if len(handover_waits) else 0.0,
         startup_s=float(np.mean(starts)) if workers else 0.0, iter_s=first.iter_s,
         item_bytes=float(items[:, BYTES].mean()), item_reads=float(items[:, READS].mean()),
         item_opens=float(items[:, OPENS].mean()), read=read, lone_item_s=lone_item_s)
-
-
-def worker_count(passes: list[Pass]) -> int:
-    """The worker processes that made the passes' items."""
-    return len({int(p) for ps in passes for p in ps.items[:, PID]})
 
 
 def model_keys(m: LoaderModel) -> dict:
@@ -95,6 +95,7 @@ def model_keys(m: LoaderModel) -> dict:
     cpu = round(m.preprocess_cpu_s, 6)
     return {"preprocess_cpu_time": {"mean": cpu, "stdev": round(spread, 6)} if spread else cpu,
             "step_cpu_time": round(m.main_cpu_s, 6),
+            "step_wait_time": round(m.handover_wait_s, 6),
             "startup_time": round(m.startup_s, 4)}
 
 
@@ -115,7 +116,8 @@ def report_lines(m: LoaderModel) -> list[str]:
         f"queue)" if m.workers else
         "no workers: the training process makes every item itself",
         f"the training process: {m.main_cpu_s * ms:.3f} ms CPU per step taking its batch "
-        f"(receiving, rebuilding, pinning)",
+        f"(receiving, rebuilding, pinning), and {m.handover_wait_s * ms:.3f} ms waiting on the "
+        f"workers for a batch that was there (its hand-over; median of a paced pass)",
         f"start-up: the workers' first items began {m.startup_s * ms:.1f} ms after the loader's "
         f"start (mean; {m.iter_s * ms:.1f} ms of it in iter(), starting them)",
         f"reads per sample: the Dataset {m.item_bytes:,.0f} bytes in {m.item_reads:.1f} read "

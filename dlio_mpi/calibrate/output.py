@@ -58,7 +58,8 @@ def calibrated_tree(source: str, overrides: list[str], workers: int, m: LoaderMo
                **{f"reader.{k}": v for k, v in model_keys(m).items()}}
     reader.pop("preprocess_time_stdev", None)
     reader.pop("preprocess_cpu_time_stdev", None)
-    reader.pop("step_cpu_time_stdev", None)
+    for name in ("step_cpu_time_stdev", "step_wait_time_stdev"):
+        reader.pop(name, None)
     if compute is not None:
         train = tree.setdefault("train", {})
         train.pop("computation_time_stdev", None)
@@ -86,6 +87,7 @@ def write_calibrated(path: str, source: str, overrides: list[str], workers: int,
             "#   reader.preprocess_cpu_time: the workers' CPU time per sample less the "
             "emulator's own read of it (the emulator reads for real);",
             "#   reader.step_cpu_time: the training process's CPU time per step;",
+            "#   reader.step_wait_time: its wait per step on the batch's hand-over;",
             "#   reader.startup_time: the first epoch's wait for the worker processes;",
             "#   reader.preprocess_time: 0 (the measured CPU time replaces the usual sleep).",
             ""]
@@ -107,6 +109,6 @@ def write_calibrated(path: str, source: str, overrides: list[str], workers: int,
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    model = ", ".join(f"{k}={v}" for k, v in changed.items() if k.startswith(("reader.pre",
-                      "reader.step", "reader.startup", "train.")))
+    model = ", ".join(f"{k}={v}" for k, v in changed.items() if k.startswith(
+        ("reader.preprocess_cpu", "reader.step", "reader.startup", "train.")))
     return {"keys": changed, "model": model}

@@ -534,6 +534,11 @@ class Reader:
     # once the batch is there, before the compute: not compute, so it lowers AU as it does in
     # the real job (`dlio-mpi calibrate` measures it)
     step_cpu_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="step_cpu_time_stdev")
+    # ours: per step, then, time the training process waits taking a batch that is ready
+    # (its hand-over from a worker process: the batch's shared memory passed between
+    # processes, which needs the worker's threads), slept on the step loop's thread: not
+    # compute either (`dlio-mpi calibrate` measures it)
+    step_wait_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="step_wait_time_stdev")
     # ours: seconds the loader takes to start in each phase's first epoch (a DataLoader's
     # persistent worker processes starting): the reader threads begin reading that long after
     # the epoch's start; the native C engine's

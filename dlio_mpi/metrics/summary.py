@@ -41,7 +41,7 @@ class EpochRecord:
     wait_seconds: float
     compute_seconds: float
     sync_seconds: float
-    host_seconds: float                 # taking the batches (reader.step_cpu_time): not compute
+    host_seconds: float                 # taking the batches (reader.step_cpu_time, step_wait_time)
     preprocess_cpu_seconds: float       # reader threads' reader.preprocess_cpu_time ...
     preprocess_wall_seconds: float      # ... and the wall time it took (shared cores: more)
     loader_startup_seconds: float       # reader.startup_time, spent in this epoch
@@ -78,8 +78,8 @@ def condense(trace: EpochTrace, last_arrival: np.ndarray | None, rank: int, batc
     barrier over all ranks (this rank's clock), None without barriers; clock_offset_ns maps the
     monotonic clock to wall time."""
     sync = trace.sync_ns
-    # a step's host work (reader.step_cpu_time) is neither wait nor compute; AU's excluded
-    # steps leave it out with them, as a real job's wait for its batch includes it
+    # a step's host work (reader.step_cpu_time, step_wait_time) is neither wait nor compute;
+    # AU's excluded steps leave it out with them, as a real job's wait for its batch holds it
     block = block_metrics((trace.wait_ns + trace.host_ns) / 1e9, trace.compute_ns / 1e9,
                           trace.planned_compute_ns / 1e9, sync / 1e9, trace.block_seconds,
                           batch_size, exclude_start, exclude_end)
@@ -289,7 +289,7 @@ def phase_metrics(phase: str, epochs: list[EpochSummary], au_target: float) -> d
         f"{phase}_wait_seconds_per_rank": per_rank_sum("wait_seconds"),
         f"{phase}_compute_seconds_per_rank": per_rank_sum("compute_seconds"),
         f"{phase}_sync_seconds_per_rank": per_rank_sum("sync_seconds"),
-        # the loader's modelled costs (reader.step_cpu_time, preprocess_cpu_time, startup_time)
+        # the loader's modelled costs (reader.step_*_time, preprocess_cpu_time, startup_time)
         f"{phase}_host_seconds_per_rank": per_rank_sum("host_seconds"),
         f"{phase}_preprocess_cpu_seconds_per_rank": per_rank_sum("preprocess_cpu_seconds"),
         f"{phase}_preprocess_wall_seconds_per_rank": per_rank_sum("preprocess_wall_seconds"),
@@ -349,7 +349,8 @@ def _rows(phase: str, epochs: list[EpochSummary], host: bool) -> list[str]:
 
 
 def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: dict) -> str:
-    """The short table rank 0 prints (a `host s` column where reader.step_cpu_time acts)."""
+    """The short table rank 0 prints (a `host s` column where reader.step_cpu_time or
+    step_wait_time acts)."""
     host = any(r.host_seconds > 0 for e in [*train, *evals] for r in e.records)
     rows = [f"{'phase':>5} {'epoch':>5} {'AU %':>7} {'AU-sync':>7} {'samples/s':>11} "
             f"{'MiB/s':>9} {'wait s':>8} {'  host s ' if host else ''}{'compute s':>9} "
@@ -376,6 +377,6 @@ def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: 
     if train or evals:
         rows.append("(AU-sync: AU without the per-step barrier; MiB/s: bytes storage returned "
                     "over AU's span; wait/compute/sync: slowest rank's total"
-                    + ("; host: taking the batches, reader.step_cpu_time" if host else "")
+                    + ("; host: taking the batches, reader.step_*_time" if host else "")
                     + "; ovh: the emulator's own time per step)")
     return "\n".join(rows)

@@ -287,7 +287,8 @@ class ReaderBackend(Protocol):
     def start_epoch(self, plan: ReadPlan) -> None: ...
     def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
                   start_ns: int, out: np.ndarray,
-                  host_cpu_ns: np.ndarray | None = None) -> np.ndarray: ...
+                  host_cpu_ns: np.ndarray | None = None,
+                  host_wait_ns: np.ndarray | None = None) -> np.ndarray: ...
     def next_batch(self) -> BatchStats | None: ...
     def end_epoch(self) -> None: ...
     def abandon_epoch(self) -> None: ...
@@ -298,23 +299,26 @@ class ReaderBackend(Protocol):
 
 def python_steps(backend: ReaderBackend, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
                  start_ns: int, out: np.ndarray,
-                 host_cpu_ns: np.ndarray | None = None) -> np.ndarray:
+                 host_cpu_ns: np.ndarray | None = None,
+                 host_wait_ns: np.ndarray | None = None) -> np.ndarray:
     """The step loop for backends without one of their own: for each step take the next
-    batch, spend its host CPU time (host_cpu_ns, _core.burn_cpu_ns), wait its compute time
-    with `pacer`, synchronise with `sync` (a StepSync or None); fills the (steps, 8) int64
-    records `out` (zeros) row by row, as the C loop does, and returns the rows of the steps
-    run (fewer when the ranks agreed to stop)."""
+    batch, do its host work (host_cpu_ns of CPU time, _core.burn_cpu_ns, then host_wait_ns
+    slept; None: none), wait its compute time with `pacer`, synchronise with `sync` (a
+    StepSync or None); fills the (steps, 8) int64 records `out` (zeros) row by row, as the C
+    loop does, and returns the rows of the steps run (fewer when the ranks agreed to stop)."""
     start = start_ns
-    hosts = (repeat(0) if host_cpu_ns is None
-             else np.asarray(host_cpu_ns, dtype=np.int64).tolist())
-    for i, (compute, host) in enumerate(zip(np.asarray(compute_ns, dtype=np.int64).tolist(),
-                                            hosts)):
+    cpus, waits = (repeat(0) if ns is None else np.asarray(ns, dtype=np.int64).tolist()
+                   for ns in (host_cpu_ns, host_wait_ns))
+    for i, (compute, cpu, wait) in enumerate(zip(np.asarray(compute_ns, dtype=np.int64)
+                                                 .tolist(), cpus, waits)):
         batch = backend.next_batch()
         if batch is None:
             raise RuntimeError(f"the reader has {i} batches, the plan {len(compute_ns)}")
         got = began = _core.now_ns()
-        if host > 0:  # taking the batch: not compute
-            began = _core.burn_cpu_ns(host)
+        if cpu > 0:  # taking the batch: not compute
+            began = _core.burn_cpu_ns(cpu)
+        if wait > 0:
+            began = _core.sleep_until_ns(began + wait)
         deadline = began + compute
         computed = pacer.wait_until(deadline) if compute > 0 else began
         stop = sync.synchronise() if sync is not None else 0

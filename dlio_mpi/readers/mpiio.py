@@ -337,8 +337,10 @@ class _MpiioReader:
 
     def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
                   start_ns: int, out: np.ndarray,
-                  host_cpu_ns: np.ndarray | None = None) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns)
+                  host_cpu_ns: np.ndarray | None = None,
+                  host_wait_ns: np.ndarray | None = None) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns,
+                            host_wait_ns)
 
     def next_batch(self) -> MpiioBatch | None:
         """Wait for the next batch (its buffer is the caller's until the next call)."""

@@ -78,15 +78,16 @@ class NativeReader:
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
                   start_ns: int, out: np.ndarray,
-                  host_cpu_ns: np.ndarray | None = None) -> np.ndarray:
+                  host_cpu_ns: np.ndarray | None = None,
+                  host_wait_ns: np.ndarray | None = None) -> np.ndarray:
         """Run the epoch's steps in the C loop (see _core.Engine.run_steps), which fills the
         (steps, 8) records `out` (base.START ... base.OPS) row by row; returns the rows of the
         steps run. Fewer steps than planned when the ranks agreed to stop (SIGINT, SIGTERM)."""
-        host = None if host_cpu_ns is None else np.ascontiguousarray(host_cpu_ns,
-                                                                      dtype=np.int64)
+        cpu, wait = (None if ns is None else np.ascontiguousarray(ns, dtype=np.int64)
+                     for ns in (host_cpu_ns, host_wait_ns))
         done = self._engine.run_steps(pacer, sync.native if sync is not None else None,
                                       np.ascontiguousarray(compute_ns, dtype=np.int64),
-                                      start_ns, out, host)
+                                      start_ns, out, cpu, wait)
         return out[:done]
 
     def next_batch(self) -> BatchStats | None:

@@ -225,8 +225,10 @@ class TfDataReader:
 
     def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
                   start_ns: int, out: np.ndarray,
-                  host_cpu_ns: np.ndarray | None = None) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns)
+                  host_cpu_ns: np.ndarray | None = None,
+                  host_wait_ns: np.ndarray | None = None) -> np.ndarray:
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns,
+                            host_wait_ns)
 
     def _next(self):
         try:

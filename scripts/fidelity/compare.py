@@ -23,11 +23,15 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# the installed command, else the package on PYTHONPATH (a checkout with its core built in place)
+DLIO = [shutil.which("dlio-mpi")] if shutil.which("dlio-mpi") else [sys.executable, "-m",
+                                                                      "dlio_mpi"]
 LONE = re.compile(r"one sample made alone in one process\): ([0-9.]+) ms")
 
 
@@ -44,8 +48,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     how = p.add_mutually_exclusive_group()
     how.add_argument("--dataset", metavar="MODULE:CALLABLE")
     how.add_argument("--transform", choices=("imagenet", "none"))
-    p.add_argument("--step-time", type=float, default=None,
-                   help="the accelerator's step in seconds (default: the workload's)")
+    step = p.add_mutually_exclusive_group()
+    step.add_argument("--step-time", type=float, default=None,
+                      help="the accelerator's step in seconds (default: the workload's)")
+    step.add_argument("--model", metavar="MODULE:CALLABLE",
+                      help="the reference trains this torch module on --device; calibration "
+                           "times its step")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--stand-in", action="store_true",
+                   help="with --model: also run the reference with the step stood in by a "
+                        "sleep of the step time calibration measured")
     p.add_argument("--prefix", default="", help="a command every job runs through")
     p.add_argument("--warm", action="store_true", help="the page cache holds the dataset")
     p.add_argument("--baseline", action="store_true",
@@ -95,20 +107,34 @@ def pipeline(args: argparse.Namespace) -> list[str]:
     return ["--transform", args.transform] if args.transform else []
 
 
-def calibrate(args: argparse.Namespace, workers: int) -> tuple[str, float]:
-    """The calibrated workload at `workers` workers; the usual practice's seconds/sample."""
+def step_options(args: argparse.Namespace, option: str) -> list[str]:
+    """The accelerator's step as given: a time (`option` SECONDS), or a model on a device."""
+    if args.model:
+        return ["--model", args.model, "--device", args.device]
+    return [option, str(args.step_time)] if args.step_time is not None else []
+
+
+def calibrate(args: argparse.Namespace, workers: int) -> tuple[str, float, float]:
+    """The calibrated workload at `workers` workers; the usual practice's seconds per
+    sample; the step time it sets."""
+    import yaml
+
     out = os.path.join(args.work, f"calibrated_w{workers}.yaml")
-    step = ["--compute-time", str(args.step_time)] if args.step_time is not None else []
-    run(["dlio-mpi", "calibrate", *args.args, "--workers", str(workers), "--files",
-         str(args.files), *pipeline(args), *step, "--out", out], args.prefix)
+    run([*DLIO, "calibrate", *args.args, "--workers", str(workers), "--files",
+         str(args.files), *pipeline(args), *step_options(args, "--compute-time"),
+         "--out", out], args.prefix)
     with open(out) as fp:
-        lone = LONE.search(fp.read())
-    return out, float(lone.group(1)) / 1e3 if lone else 0.0
+        text = fp.read()
+    lone = LONE.search(text)
+    step = yaml.safe_load(text).get("train", {}).get("computation_time", 0.0)
+    return out, float(lone.group(1)) / 1e3 if lone else 0.0, float(step)
 
 
-def reference(args, ranks: int, workers: int) -> list[dict]:
-    out = os.path.join(args.work, f"reference_r{ranks}_w{workers}.json")
-    step = ["--step-time", str(args.step_time)] if args.step_time is not None else []
+def reference(args, ranks: int, workers: int, stand_in: float | None = None) -> list[dict]:
+    name = "reference" if stand_in is None else "stand_in"
+    out = os.path.join(args.work, f"{name}_r{ranks}_w{workers}.json")
+    step = (["--step-time", str(stand_in)] if stand_in is not None
+            else step_options(args, "--step-time"))
     run([args.mpiexec, "-n", str(ranks), sys.executable, os.path.join(HERE, "reference.py"),
          *args.args, "--workers", str(workers), "--epochs", str(args.epochs),
          *pipeline(args), *step, "--out", out], args.prefix)
@@ -121,7 +147,7 @@ def emulate(args, name: str, workload: list[str], ranks: int, workers: int) -> l
     folder = os.path.join(args.work, f"{name}_r{ranks}_w{workers}")
     step = ([f"train.computation_time={args.step_time}"]
             if args.step_time is not None else [])
-    run([args.mpiexec, "-n", str(ranks), "dlio-mpi", "run", *workload,
+    run([args.mpiexec, "-n", str(ranks), *DLIO, "run", *workload,
          f"reader.read_threads={workers}", f"train.epochs={args.epochs}",
          f"output.folder={folder}", "output.progress_interval=0", *step], args.prefix)
     with open(os.path.join(folder, "summary.json")) as fp:
@@ -136,7 +162,7 @@ def baseline_workload(args, lone_s: float) -> list[str]:
     return [*args.args, "reader.data_loader=pytorch", f"reader.preprocess_time={lone_s:.6f}"]
 
 
-def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base) -> list[dict]:
+def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base, stand) -> list[dict]:
     rows = []
     for epoch, (r, e) in enumerate(zip(ref, emu), start=1):
         row = {"ranks": ranks, "workers": workers, "calibrated_at": calibrated_at,
@@ -151,6 +177,12 @@ def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base) -> lis
                         "usual_ratio": round(b["samples_per_second"] / r["samples_per_second"],
                                              3),
                         "usual_au": round(b["au"], 2)})
+        if stand:
+            s = stand[epoch - 1]
+            row.update({"stand_in_samples_per_second": round(s["samples_per_second"], 1),
+                        "stand_in_ratio": round(s["samples_per_second"] / r["samples_per_second"],
+                                                3),
+                        "stand_in_au": round(s["au"], 2)})
         rows.append(row)
     return rows
 
@@ -163,6 +195,9 @@ def markdown(rows: list[dict]) -> str:
     if rows and "usual_ratio" in rows[0]:
         head += ["usual way samples/s", "usual ratio", "usual AU %"]
         keys += ["usual_samples_per_second", "usual_ratio", "usual_au"]
+    if rows and "stand_in_ratio" in rows[0]:
+        head += ["stand-in samples/s", "stand-in ratio", "stand-in AU %"]
+        keys += ["stand_in_samples_per_second", "stand_in_ratio", "stand_in_au"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
     return "\n".join(lines)
@@ -172,7 +207,7 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     os.makedirs(args.work, exist_ok=True)
     started = time.time()
-    run([args.mpiexec, "-n", "2", "dlio-mpi", "generate", *args.args], args.prefix)
+    run([args.mpiexec, "-n", "2", *DLIO, "generate", *args.args], args.prefix)
     paths = dataset_paths(args)
     workers, ranks = ints(args.workers), ints(args.ranks)
     at = workers if args.calibrate_at == "each" else [int(args.calibrate_at)]
@@ -188,12 +223,15 @@ def main(argv: list[str]) -> int:
             ref = reference(args, r, w)
             set_page_cache(paths, args.warm)
             emu = emulate(args, "calibrated", [calibrated[cal_w][0]], r, w)
-            base = None
+            base = stand = None
             if args.baseline:
                 set_page_cache(paths, args.warm)
                 base = emulate(args, "usual", baseline_workload(args, calibrated[cal_w][1]),
                                r, w)
-            rows += rows_of(r, w, cal_w, ref, emu, base)
+            if args.stand_in and args.model:
+                set_page_cache(paths, args.warm)
+                stand = reference(args, r, w, stand_in=calibrated[cal_w][2])
+            rows += rows_of(r, w, cal_w, ref, emu, base, stand)
     with open(os.path.join(args.work, "fidelity.csv"), "w", newline="") as fp:
         writer = csv.DictWriter(fp, fieldnames=list(rows[0]))
         writer.writeheader()
