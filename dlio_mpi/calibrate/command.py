@@ -81,7 +81,7 @@ def check_arguments(args) -> None:
 
 def main(argv: list[str]) -> int:
     """The command; its exit status (2 for bad input, printed once)."""
-    args = parser().parse_args(argv)
+    args = parser().parse_intermixed_args(argv)
     try:
         check_arguments(args)
         result = calibrate(args)

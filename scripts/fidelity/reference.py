@@ -53,7 +53,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--epochs", type=int, default=None, help="default: train.epochs")
     p.add_argument("--out", default=None, metavar="FILE.json")
-    args = p.parse_args(argv)
+    args = p.parse_intermixed_args(argv)
     args.files = 1 << 62  # every training file
     return args
 
