@@ -86,6 +86,17 @@ class Step:
             self.model = model.to(device).train()
             self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01, momentum=0.9)
 
+    def warm_up(self, dataset, batch_size: int, steps: int = 3) -> None:
+        """A real model's first steps (cuDNN's autotuning, the allocator's growth) before the
+        epochs' clock: they are the model's start-up, not the loader's."""
+        if self.model is None:
+            return
+        from dlio_mpi.calibrate.command import first_batch
+
+        batch = first_batch(dataset, batch_size)
+        for _ in range(steps):
+            self(batch)
+
     def __call__(self, batch) -> float:
         """Run the step; its compute seconds (the planned sleep, or the step measured)."""
         if self.model is None:
@@ -156,6 +167,7 @@ def main(argv: list[str]) -> int:
     rd = cfg.reader
     seconds = args.step_time if args.step_time is not None else cfg.train.computation_time.mean
     step = Step(seconds, model, args.device)
+    step.warm_up(dataset, cfg.reader.batch_size)
     steps = len(paths) // ranks // rd.batch_size
     sampler = EpochSampler()
     loader = make_loader(dataset, sampler, rd.batch_size, args.workers, rd.prefetch_size,
