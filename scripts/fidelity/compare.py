@@ -207,9 +207,9 @@ def main(argv: list[str]) -> int:
     args = parse(argv)
     os.makedirs(args.work, exist_ok=True)
     started = time.time()
-    run([args.mpiexec, "-n", "2", *DLIO, "generate", *args.args], args.prefix)
-    paths = dataset_paths(args)
     workers, ranks = ints(args.workers), ints(args.ranks)
+    run([args.mpiexec, "-n", str(max(ranks)), *DLIO, "generate", *args.args], args.prefix)
+    paths = dataset_paths(args)
     calibrated = {}
     rows = []
     for r in ranks:
