@@ -5,10 +5,11 @@ Per item, in the process that makes it (a worker, or this one without workers): 
 (the thread's), its wall time, the bytes and read calls of the thread (/proc/thread-self/io)
 and the files it opened (a Python audit hook: `open` events of open() and os.open; files a
 C library opens itself, h5py's, are not seen). Per pass: each worker process's CPU time from
-/proc/<pid>/task/*/schedstat (the items', the collation's and the hand-over's), this process's
-from getrusage (taking the batches: receiving, rebuilding, pinning), and the wall time from the
-loader's start to its last batch. The items' records travel through a file mapped by every
-process (no change to the items or the collation).
+/proc/<pid>/task/*/schedstat (the items', the collation's and the hand-over's), this process's:
+the thread taking the batches (time.thread_time: receiving, rebuilding) apart from its other
+threads (getrusage less it: the pin-memory thread, which works alongside the loader), and the
+wall time from the loader's start to its last batch. The items' records travel through a
+file mapped by every process (no change to the items or the collation).
 
 torch is imported here: only calibration imports this module."""
 
@@ -130,6 +131,7 @@ class Pass:
     started_ns: int         # CLOCK_MONOTONIC when iter() was called
     worker_cpu_s: float     # the worker processes' CPU time over the pass
     main_cpu_s: float       # this process's (all its threads)
+    taking_cpu_s: float     # of which the thread taking the batches (this one)
 
     @property
     def samples(self) -> int:
@@ -174,12 +176,12 @@ class LoaderProbe:
         self.sampler.start(order)
         pids = list(self._pids)
         worker0 = sum(process_cpu_ns(p) for p in pids)
-        main0, started = self_cpu_s(), time.monotonic_ns()
+        main0, taking0, started = self_cpu_s(), time.thread_time(), time.monotonic_ns()
         batches = iter(self.loader)
         iter_s = (time.monotonic_ns() - started) / 1e9
         steps = sum(1 for _ in batches)
         wall_s = (time.monotonic_ns() - started) / 1e9
-        main_s = self_cpu_s() - main0
+        main_s, taking_s = self_cpu_s() - main0, time.thread_time() - taking0
         read = np.asarray(order[:steps * self.batch_size])
         items = np.array(table[read])
         if not np.all(items[:, DONE]):
@@ -187,7 +189,7 @@ class LoaderProbe:
         pids = pids or sorted(set(items[:, PID].tolist()) - {os.getpid()})
         worker_s = (sum(process_cpu_ns(p) for p in pids) - worker0) / 1e9 if pids else 0.0
         self._pids = pids
-        return Pass(items, steps, wall_s, iter_s, started, worker_s, main_s)
+        return Pass(items, steps, wall_s, iter_s, started, worker_s, main_s, taking_s)
 
 
     def handover(self, order: np.ndarray, period_s: float) -> np.ndarray:

@@ -2,10 +2,12 @@
 calibrate` sets) and to the words that say what was measured.
 
 The model (docs/fidelity.md): each sample costs a reader thread reader.preprocess_cpu_time of
-CPU work after its read (the workers' CPU time per sample, less the CPU time the emulator's
-own read of the sample takes, since the emulator does that read for real); each step costs
-the training process reader.step_cpu_time of CPU work taking its batch; the loader's first
-epoch starts reader.startup_time late (its worker processes starting)."""
+CPU work after its read (the workers' CPU time per sample, and the training process's other
+threads' (the pin-memory thread's, which works alongside the loader), less the CPU time the
+emulator's own read of the sample takes, since the emulator does that read for real); each
+step costs the thread taking the batches reader.step_cpu_time of CPU work and
+reader.step_wait_time of waiting on the workers for the hand-over; the loader's first epoch
+starts reader.startup_time late (its worker processes starting)."""
 
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ class LoaderModel:
     item_cpu_s: float        # per sample: in the Dataset's __getitem__
     item_cpu_stdev_s: float
     item_wall_s: float       # per sample: a worker's wall time per sample (workers x wall / n)
-    main_cpu_s: float        # per step: the training process's CPU time
+    main_cpu_s: float        # per step: CPU time of the thread taking the batches
+    side_cpu_s: float        # per sample: the training process's other threads' (pinning)
     handover_wait_s: float   # per step: its wait on the workers taking a batch that is there
     startup_s: float         # the fresh loader: its start to the workers' first items (mean)
     iter_s: float            # of which in iter() (the main thread starting the workers)
@@ -53,7 +56,7 @@ class LoaderModel:
 
     @property
     def preprocess_cpu_s(self) -> float:
-        return max(self.worker_cpu_s - self.read.cpu_s, 0.0)
+        return max(self.worker_cpu_s + self.side_cpu_s - self.read.cpu_s, 0.0)
 
     @property
     def busy_fraction(self) -> float:
@@ -71,11 +74,13 @@ def derive(first: Pass, measured: list[Pass], workers: int, batch_size: int,
     n = len(items)
     steps = sum(p.steps for p in measured)
     wall = sum(p.wall_s for p in measured)
-    # without workers the items are made in this process: its CPU time holds them too
-    main_cpu = sum(p.main_cpu_s for p in measured)
+    # without workers the items are made on the thread taking the batches: its CPU time
+    # holds them too
+    taking = sum(p.taking_cpu_s for p in measured)
+    side = sum(p.main_cpu_s for p in measured) - taking
     worker_cpu = sum(p.worker_cpu_s for p in measured) if workers else \
         float(items[:, CPU].sum()) / 1e9
-    main_step = (main_cpu - (0.0 if workers else worker_cpu)) / max(steps, 1)
+    main_step = (taking - (0.0 if workers else worker_cpu)) / max(steps, 1)
     starts = first.worker_start_s() if workers else [0.0]
     return LoaderModel(
         workers=workers, batch_size=batch_size, in_flight=in_flight, samples=n, steps=steps,
@@ -83,6 +88,7 @@ def derive(first: Pass, measured: list[Pass], workers: int, batch_size: int,
         worker_cpu_s=worker_cpu / n, item_cpu_s=float(items[:, CPU].mean()) / 1e9,
         item_cpu_stdev_s=float(items[:, CPU].std()) / 1e9,
         item_wall_s=max(workers, 1) * wall / n, main_cpu_s=max(main_step, 0.0),
+        side_cpu_s=max(side, 0.0) / n,
         handover_wait_s=float(np.median(handover_waits)) if len(handover_waits) else 0.0,
         startup_s=float(np.mean(starts)) if workers else 0.0, iter_s=first.iter_s,
         item_bytes=float(items[:, BYTES].mean()), item_reads=float(items[:, READS].mean()),
@@ -115,9 +121,11 @@ def report_lines(m: LoaderModel) -> list[str]:
         f"{100 * max(1 - m.busy_fraction, 0):.0f} % waiting (for a core, storage or the "
         f"queue)" if m.workers else
         "no workers: the training process makes every item itself",
-        f"the training process: {m.main_cpu_s * ms:.3f} ms CPU per step taking its batch "
-        f"(receiving, rebuilding, pinning), and {m.handover_wait_s * ms:.3f} ms waiting on the "
-        f"workers for a batch that was there (its hand-over; median of a paced pass)",
+        f"the training process: {m.main_cpu_s * ms:.3f} ms CPU per step on the thread taking "
+        f"the batches (receiving, rebuilding), and {m.handover_wait_s * ms:.3f} ms waiting on "
+        f"the workers for a batch that was there (its hand-over; median of a paced pass); its "
+        f"other threads (pinning memory) {m.side_cpu_s * m.batch_size * ms:.3f} ms CPU per "
+        f"batch, alongside the loader (in the per-sample work)",
         f"start-up: the workers' first items began {m.startup_s * ms:.1f} ms after the loader's "
         f"start (mean; {m.iter_s * ms:.1f} ms of it in iter(), starting them)",
         f"reads per sample: the Dataset {m.item_bytes:,.0f} bytes in {m.item_reads:.1f} read "

@@ -1,7 +1,7 @@
 """Timing the accelerator's share of a training step: a user's torch module trained on one
-batch of the Dataset's items on the local device (forward, loss, backward, optimizer step;
-bf16 autocast on CUDA), each step waited for (torch.cuda.synchronize) so that it is timed
-whole. The emulator stands this time in by a wait (train.computation_time): a GPU step costs
+batch of the Dataset's items on the local device (the batch copied from pinned host memory,
+forward, loss, backward, optimizer step; bf16 autocast on CUDA), each step waited for
+(torch.cuda.synchronize) so that it is timed whole, as the fidelity reference's step. The emulator stands this time in by a wait (train.computation_time): a GPU step costs
 the host no CPU beyond launching it.
 
 torch is imported here: only calibration and the fidelity reference job import this module."""
@@ -75,12 +75,14 @@ def time_training_step(model: torch.nn.Module, batch, device: str, steps: int = 
     then `steps` timed ones, each waited for; their median."""
     model = model.to(device).train()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    inputs, labels = _inputs(batch)
-    inputs = inputs.to(device)
-    labels = labels.to(device) if labels is not None else None
     cuda = device == "cuda"
+    host, host_labels = _inputs(batch)
+    if cuda:  # the DataLoader's pin_memory: the copy to the device is asynchronous
+        host = host.pin_memory()
 
     def step() -> None:
+        inputs = host.to(device, non_blocking=True)
+        labels = host_labels.to(device, non_blocking=True) if host_labels is not None else None
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device_type="cuda", dtype=torch.bfloat16, enabled=cuda):
             loss = _loss(model(inputs), labels)

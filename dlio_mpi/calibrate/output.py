@@ -84,8 +84,9 @@ def write_calibrated(path: str, source: str, overrides: list[str], workers: int,
             *(f"#   {line}" for line in measured),
             "# What it sets (the workload's other keys are as given):",
             *(f"#   {k}: {v}" for k, v in changed.items()),
-            "#   reader.preprocess_cpu_time: the workers' CPU time per sample less the "
-            "emulator's own read of it (the emulator reads for real);",
+            "#   reader.preprocess_cpu_time: the workers' CPU time per sample (and the training "
+            "process's pinning thread's) less the emulator's own read of it (the emulator "
+            "reads for real);",
             "#   reader.step_cpu_time: the training process's CPU time per step;",
             "#   reader.step_wait_time: its wait per step on the batch's hand-over;",
             "#   reader.startup_time: the first epoch's wait for the worker processes;",

@@ -11,5 +11,5 @@ cd "$(dirname "$0")/../.."
 work=${1:?usage: scripts/fidelity/gpu_host.sh WORK_DIR [WORKERS]}
 workers=${2:-12,4}
 python3 scripts/fidelity/compare.py scripts/fidelity/workloads/jpeg_gpu.yaml --work "$work" \
-    --workers "$workers" --ranks 1 --epochs 2 --files 2048 \
+    --workers "$workers" --ranks 1 --epochs 2 --files 4096 \
     --model torchvision.models:resnet50 --device cuda --stand-in --baseline
