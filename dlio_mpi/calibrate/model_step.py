@@ -1,8 +1,9 @@
 """Timing the accelerator's share of a training step: a user's torch module trained on one
 batch of the Dataset's items on the local device (the batch copied from pinned host memory,
 forward, loss, backward, optimizer step; bf16 autocast on CUDA), each step waited for
-(torch.cuda.synchronize) so that it is timed whole, as the fidelity reference's step. The emulator stands this time in by a wait (train.computation_time): a GPU step costs
-the host no CPU beyond launching it.
+(torch.cuda.synchronize) so that it is timed whole, as the fidelity reference's step. The
+emulator stands this time in by a wait (train.computation_time): a GPU step costs the host
+no CPU beyond launching it.
 
 torch is imported here: only calibration and the fidelity reference job import this module."""
 
