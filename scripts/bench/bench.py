@@ -66,10 +66,14 @@
             costs (native / framework).
   startup:  seconds from launching mpiexec to the first training step: 2 ranks; 64 ranks
             (oversubscribed: it must start, finish and say how long it took); 10^6 real files.
+  fidelity: dlio-mpi calibrated from the real loader against the reference job (a real torch
+            DataLoader training loop, the step a sleep: scripts/fidelity/), jpeg and npz, 1, 2
+            and 4 workers on 1 and 2 ranks, epoch 1 cold and 2 warm; calibrated at 2 workers
+            predicting 1 and 4; the slow tier when it is up; calibration's own time.
 
 Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
   python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [trace] [large] [mpiio]
-                                     [checkpoint] [formats] [loaders] [startup]
+                                     [checkpoint] [formats] [loaders] [startup] [fidelity]
 DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large` and
 `checkpoint`. The figures are printed and saved to DIR/results.json (each benchmark's under its
 name, the others' kept). Each benchmark's files are under DIR, named after it (mpiio:
@@ -79,6 +83,7 @@ DIR/mpiio-*; checkpoint: DIR/checkpoint-*, removed afterwards). Not a test.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import re
@@ -1181,10 +1186,70 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
     return results
 
 
+FIDELITY = HERE.parent / "fidelity"
+SLOW_PFS_STATE = Path("/run/dlio-mpi-slow-pfs.env")
+
+
+def _compare(work: Path, name: str, workload: str, data: Path, *options: str,
+             prefix: str = "") -> dict:
+    """scripts/fidelity/compare.py on `workload` with its data in `data`: its rows and the
+    worst errors (samples/s ratio off 1, AU points)."""
+    folder = work / f"fidelity-{name}"
+    cmd = [sys.executable, str(FIDELITY / "compare.py"), str(FIDELITY / "workloads" / workload),
+           f"dataset.data_folder={data}", "--work", str(folder), *options]
+    if prefix:
+        cmd += ["--prefix", prefix]
+    sh(cmd)
+    with open(folder / "fidelity.csv") as fp:
+        rows = list(csv.DictReader(fp))
+    worst = max(abs(float(r["ratio"]) - 1) for r in rows)
+    points = max(abs(float(r["au_points"])) for r in rows)
+    print(f"fidelity {name}: worst samples/s error {100 * worst:.1f} %, worst AU error "
+          f"{points:.1f} points over {len(rows)} epochs (table: {folder / 'fidelity.md'})",
+          flush=True)
+    return {"rows": rows, "worst_samples_per_second_error": worst, "worst_au_points": points}
+
+
+def bench_fidelity(work: Path) -> dict:
+    """The calibrated emulation against the reference job (a real torch DataLoader training
+    loop, the step a sleep), side by side on the same files: jpeg (imagenet transform) and npz
+    (np.load), 1, 2 and 4 workers on 1 and 2 ranks, each calibrated at its own worker count
+    (and the usual configuration beside it); calibrated at 2 workers, predicting 1 and 4; the
+    slow tier when it is up (scripts/slow_pfs.sh up); calibrating 1,000 files."""
+    results = {}
+    sweep = ["--workers", "1,2,4", "--ranks", "1,2", "--epochs", "2"]
+    for fmt in ("jpeg", "npz"):
+        data = work / f"fidelity-data-{fmt}"
+        results[fmt] = _compare(work, fmt, f"{fmt}_vm.yaml", data, *sweep, "--baseline")
+        results[f"{fmt}_across_workers"] = _compare(
+            work, f"{fmt}-across", f"{fmt}_vm.yaml", data, "--calibrate-at", "2",
+            "--workers", "1,4", "--ranks", "1", "--epochs", "2")
+    if SLOW_PFS_STATE.exists():
+        mount = dict(line.split("=", 1) for line in SLOW_PFS_STATE.read_text().split()
+                     if "=" in line).get("MOUNT", "/mnt/slow-pfs")
+        results["jpeg_slow_tier"] = _compare(
+            work, "jpeg-slow", "jpeg_vm.yaml", Path(mount) / "fidelity-jpeg", *sweep,
+            prefix=f"{REPO / 'scripts' / 'slow_pfs.sh'} run --")
+    else:
+        print("fidelity on the slow tier: skipped (scripts/slow_pfs.sh up, as root, to "
+              "include it)", flush=True)
+    out = work / "fidelity-calibration.yaml"
+    t0 = time.time()
+    sh([str(Path(sys.executable).parent / "dlio-mpi"), "calibrate",
+        str(FIDELITY / "workloads" / "jpeg_vm.yaml"),
+        f"dataset.data_folder={work / 'fidelity-data-jpeg'}", "--workers", "2",
+        "--files", "1000", "--out", str(out)])
+    results["calibration_seconds_1000_jpeg"] = time.time() - t0
+    print(f"calibrating 1,000 jpeg files at 2 workers: "
+          f"{results['calibration_seconds_1000_jpeg']:.1f} s", flush=True)
+    return results
+
+
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
               "trace": bench_trace, "stagein": bench_stagein, "tiers": bench_tiers,
               "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
-              "formats": bench_formats, "loaders": bench_loaders, "startup": bench_startup}
+              "formats": bench_formats, "loaders": bench_loaders, "startup": bench_startup,
+              "fidelity": bench_fidelity}
 
 
 def main() -> None:
