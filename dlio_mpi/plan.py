@@ -19,7 +19,13 @@ from .filesystems import setstripe_args
 from .formats import implemented_formats, library_read_reason, read_refusal
 from .formats.loader import TF_BUFFER
 from .planner import READ_MODES
-from .readers import ALIASES, FRAMEWORK_LOADERS, engine_refusal, torch_prefetch_factor
+from .readers import (
+    ALIASES,
+    FRAMEWORK_LOADERS,
+    batches_in_flight,
+    engine_refusal,
+    torch_prefetch_factor,
+)
 from .sharding import steps_per_epoch
 from .stage_in import check_folders
 from .topology import emulated_ranks_per_node, host_info, plan_topology
@@ -493,11 +499,13 @@ def _check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
 
 def _check_batch_memory(cfg, plan_bytes: int, steps: int, ranks: int, ranks_per_node: int,
                         node_memory: int) -> None:
-    """The engine keeps (prefetch_size + 1) batches per rank in memory (reader.keep_data):
+    """The engine keeps one batch per rank in memory more than it reads ahead
+    (reader.keep_data; a torch DataLoader's batches in flight, readers.batches_in_flight):
     refuse when even batches of the mean size cannot fit in a node's memory."""
     if not cfg.reader.keep_data or steps == 0:
         return
-    slots = cfg.reader.prefetch_size + 1
+    rd = cfg.reader
+    slots = batches_in_flight(rd.data_loader, rd.prefetch_size, rd.read_threads) + 1
     batch = plan_bytes // (steps * ranks)
     if slots * batch * ranks_per_node > node_memory:
         raise UserError(

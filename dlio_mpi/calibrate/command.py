@@ -23,7 +23,7 @@ import numpy as np
 
 from ..errors import UserError
 
-PASSES = 2           # warm passes measured
+PASSES = 3           # warm passes measured (each cost: the median over them)
 HANDOVER_SECONDS = 3.0  # the paced pass measuring the batches' hand-over ...
 HANDOVER_STEPS = 10     # ... at least this many steps (the first two left out)
 LONE_SAMPLES = 64    # items timed alone for the usual practice's figure

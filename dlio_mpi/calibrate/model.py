@@ -64,31 +64,37 @@ class LoaderModel:
         return self.worker_cpu_s / self.item_wall_s if self.item_wall_s > 0 else 0.0
 
 
+def _pass_costs(p: Pass, workers: int) -> tuple[float, float, float]:
+    """One warm pass's (workers' CPU per sample, the taking thread's CPU per step, the
+    training process's other threads' CPU per sample). Without workers the items are made
+    on the taking thread: its CPU time holds them too."""
+    n = max(p.samples, 1)
+    worker = p.worker_cpu_s if workers else float(p.items[:, CPU].sum()) / 1e9
+    taking = p.taking_cpu_s - (0.0 if workers else worker)
+    return worker / n, max(taking, 0.0) / max(p.steps, 1), max(p.main_cpu_s - p.taking_cpu_s,
+                                                              0.0) / n
+
+
 def derive(first: Pass, measured: list[Pass], workers: int, batch_size: int,
            in_flight: int, read: ReadCost, lone_item_s: float,
            handover_waits: np.ndarray) -> LoaderModel:
-    """The model from the fresh loader's pass (`first`: its start-up), the warm passes and
-    the paced pass's hand-over waits (their median: a wait for a batch not made yet is
+    """The model from the fresh loader's pass (`first`: its start-up), the warm passes (each
+    cost the median over them: a shared host's slow moment moves one pass, not the model)
+    and the paced pass's hand-over waits (their median: a wait for a batch not made yet is
     not the hand-over's)."""
     items = np.concatenate([p.items for p in measured])
     n = len(items)
     steps = sum(p.steps for p in measured)
     wall = sum(p.wall_s for p in measured)
-    # without workers the items are made on the thread taking the batches: its CPU time
-    # holds them too
-    taking = sum(p.taking_cpu_s for p in measured)
-    side = sum(p.main_cpu_s for p in measured) - taking
-    worker_cpu = sum(p.worker_cpu_s for p in measured) if workers else \
-        float(items[:, CPU].sum()) / 1e9
-    main_step = (taking - (0.0 if workers else worker_cpu)) / max(steps, 1)
+    worker_cpu, main_step, side = (float(np.median(c)) for c in
+                                   zip(*(_pass_costs(p, workers) for p in measured)))
     starts = first.worker_start_s() if workers else [0.0]
     return LoaderModel(
         workers=workers, batch_size=batch_size, in_flight=in_flight, samples=n, steps=steps,
         samples_per_second=n / wall if wall > 0 else 0.0,
-        worker_cpu_s=worker_cpu / n, item_cpu_s=float(items[:, CPU].mean()) / 1e9,
+        worker_cpu_s=worker_cpu, item_cpu_s=float(items[:, CPU].mean()) / 1e9,
         item_cpu_stdev_s=float(items[:, CPU].std()) / 1e9,
-        item_wall_s=max(workers, 1) * wall / n, main_cpu_s=max(main_step, 0.0),
-        side_cpu_s=max(side, 0.0) / n,
+        item_wall_s=max(workers, 1) * wall / n, main_cpu_s=main_step, side_cpu_s=side,
         handover_wait_s=float(np.median(handover_waits)) if len(handover_waits) else 0.0,
         startup_s=float(np.mean(starts)) if workers else 0.0, iter_s=first.iter_s,
         item_bytes=float(items[:, BYTES].mean()), item_reads=float(items[:, READS].mean()),

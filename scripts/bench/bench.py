@@ -1215,15 +1215,16 @@ def bench_fidelity(work: Path) -> dict:
     loop, the step a sleep), side by side on the same files: jpeg (imagenet transform) and npz
     (np.load), 1, 2 and 4 workers on 1 and 2 ranks, each calibrated at its own worker count
     (and the usual configuration beside it); calibrated at 2 workers, predicting 1 and 4; the
-    slow tier when it is up (scripts/slow_pfs.sh up); calibrating 1,000 files."""
+    slow tier when it is up (scripts/slow_pfs.sh up); calibrating 1,000 files. Every case
+    three times, the cases taking turns (this host's speed drifts): medians."""
     results = {}
-    sweep = ["--workers", "1,2,4", "--ranks", "1,2", "--epochs", "2"]
+    sweep = ["--workers", "1,2,4", "--ranks", "1,2", "--epochs", "2", "--repeat", "3"]
     for fmt in ("jpeg", "npz"):
         data = work / f"fidelity-data-{fmt}"
         results[fmt] = _compare(work, fmt, f"{fmt}_vm.yaml", data, *sweep, "--baseline")
         results[f"{fmt}_across_workers"] = _compare(
             work, f"{fmt}-across", f"{fmt}_vm.yaml", data, "--calibrate-at", "2",
-            "--workers", "1,4", "--ranks", "1", "--epochs", "2")
+            "--workers", "1,4", "--ranks", "1", "--epochs", "2", "--repeat", "3")
     if SLOW_PFS_STATE.exists():
         mount = dict(line.split("=", 1) for line in SLOW_PFS_STATE.read_text().split()
                      if "=" in line).get("MOUNT", "/mnt/slow-pfs")

@@ -7,13 +7,15 @@ of samples/s and AU per epoch, with the emulation's ratio to the reference.
     python scripts/fidelity/compare.py WORKLOAD [KEY=VALUE ...] --work DIR \\
         [--ranks 1,2] [--workers 1,2,4] [--calibrate-at each|W] [--epochs 2] \\
         [--dataset MODULE:CALLABLE | --transform imagenet|none] [--step-time S] \\
-        [--prefix "scripts/slow_pfs.sh run --"] [--warm] [--baseline]
+        [--prefix "scripts/slow_pfs.sh run --"] [--warm] [--baseline] [--repeat N]
 
 Before each job the dataset's files leave the page cache (posix_fadvise DONTNEED), so the
 first epoch reads from storage and the later ones from the page cache, for both sides alike
 (--warm: read them all first instead). --prefix runs every job through a command (the
-throttled slow tier). Every command is printed before it runs. Results: DIR/fidelity.csv
-and DIR/fidelity.md; each job's own output under DIR."""
+throttled slow tier). --repeat N runs every case N times, the cases taking turns, and the
+table gives the medians (a shared host's speed drifts: the ratio of each run is given too).
+Every command is printed before it runs. Results: DIR/fidelity.csv and DIR/fidelity.md; each
+job's own output under DIR."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import os
 import re
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -44,6 +47,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--calibrate-at", default="each",
                    help="the worker count to calibrate at, or 'each' (each run's own)")
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of each side per case, interleaved; the table has their medians")
     p.add_argument("--files", type=int, default=1000, help="files calibration measures")
     how = p.add_mutually_exclusive_group()
     how.add_argument("--dataset", metavar="MODULE:CALLABLE")
@@ -189,9 +194,11 @@ def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base, stand)
 
 def markdown(rows: list[dict]) -> str:
     head = ["ranks", "workers", "calibrated at", "epoch", "reference samples/s",
-            "dlio-mpi samples/s", "ratio", "reference AU %", "dlio-mpi AU %", "AU points"]
+            "dlio-mpi samples/s", "ratio", "ratio per run", "reference AU %", "dlio-mpi AU %",
+            "AU points"]
     keys = ["ranks", "workers", "calibrated_at", "epoch", "reference_samples_per_second",
-            "dlio_mpi_samples_per_second", "ratio", "reference_au", "dlio_mpi_au", "au_points"]
+            "dlio_mpi_samples_per_second", "ratio", "ratio_range", "reference_au",
+            "dlio_mpi_au", "au_points"]
     if rows and "usual_ratio" in rows[0]:
         head += ["usual way samples/s", "usual ratio", "usual AU %"]
         keys += ["usual_samples_per_second", "usual_ratio", "usual_au"]
@@ -203,6 +210,37 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def one_round(args, ranks: int, workers: int, calibrated: dict, paths: list[str]):
+    """One run of each side for (ranks, workers): (calibrated at, reference, calibrated
+    emulation, usual configuration or None, stand-in or None), each a list of epochs."""
+    # each run's own calibration just before it (a shared host drifts), or one for all
+    cal_w = workers if args.calibrate_at == "each" else int(args.calibrate_at)
+    if cal_w not in calibrated or args.calibrate_at == "each":
+        set_page_cache(paths, warm=True)  # calibration measures the warm loader
+        calibrated[cal_w] = calibrate(args, cal_w)
+    set_page_cache(paths, args.warm)
+    ref = reference(args, ranks, workers)
+    set_page_cache(paths, args.warm)
+    emu = emulate(args, "calibrated", [calibrated[cal_w][0]], ranks, workers)
+    base = stand = None
+    if args.baseline:
+        set_page_cache(paths, args.warm)
+        base = emulate(args, "usual", baseline_workload(args, calibrated[cal_w][1]), ranks,
+                       workers)
+    if args.stand_in and args.model:
+        set_page_cache(paths, args.warm)
+        stand = reference(args, ranks, workers, stand_in=calibrated[cal_w][2])
+    return cal_w, ref, emu, base, stand
+
+
+def medians(runs: list) -> list[dict] | None:
+    """Per epoch, the median over repeated runs of samples/s and AU (None: not run)."""
+    if runs[0] is None:
+        return None
+    return [{k: statistics.median(run[e][k] for run in runs)
+             for k in ("samples_per_second", "au")} for e in range(len(runs[0]))]
+
+
 def main(argv: list[str]) -> int:
     args = parse(argv)
     os.makedirs(args.work, exist_ok=True)
@@ -210,28 +248,21 @@ def main(argv: list[str]) -> int:
     workers, ranks = ints(args.workers), ints(args.ranks)
     run([args.mpiexec, "-n", str(max(ranks)), *DLIO, "generate", *args.args], args.prefix)
     paths = dataset_paths(args)
-    calibrated = {}
+    calibrated: dict = {}
+    runs: dict = {}
+    for _ in range(args.repeat):  # the repeats interleaved: drift hits every case alike
+        for r in ranks:
+            for w in workers:
+                runs.setdefault((r, w), []).append(one_round(args, r, w, calibrated, paths))
     rows = []
-    for r in ranks:
-        for w in workers:
-            # each run's own calibration just before it (a shared host drifts), or one for all
-            cal_w = w if args.calibrate_at == "each" else int(args.calibrate_at)
-            if cal_w not in calibrated or args.calibrate_at == "each":
-                set_page_cache(paths, warm=True)  # calibration measures the warm loader
-                calibrated[cal_w] = calibrate(args, cal_w)
-            set_page_cache(paths, args.warm)
-            ref = reference(args, r, w)
-            set_page_cache(paths, args.warm)
-            emu = emulate(args, "calibrated", [calibrated[cal_w][0]], r, w)
-            base = stand = None
-            if args.baseline:
-                set_page_cache(paths, args.warm)
-                base = emulate(args, "usual", baseline_workload(args, calibrated[cal_w][1]),
-                               r, w)
-            if args.stand_in and args.model:
-                set_page_cache(paths, args.warm)
-                stand = reference(args, r, w, stand_in=calibrated[cal_w][2])
-            rows += rows_of(r, w, cal_w, ref, emu, base, stand)
+    for (r, w), done in runs.items():
+        sides = [medians([d[k] for d in done]) for k in range(1, 5)]
+        rows += rows_of(r, w, done[0][0], *sides)
+        spread = [[e["samples_per_second"] / f["samples_per_second"]
+                   for e, f in zip(d[2], d[1])] for d in done]
+        for row in rows[-len(sides[0]):]:
+            ratios = [per_run[row["epoch"] - 1] for per_run in spread]
+            row["ratio_range"] = f"{min(ratios):.3f}-{max(ratios):.3f}"
     with open(os.path.join(args.work, "fidelity.csv"), "w", newline="") as fp:
         writer = csv.DictWriter(fp, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -243,7 +274,8 @@ def main(argv: list[str]) -> int:
     points = max(abs(r["au_points"]) for r in rows)
     print(table)
     print(f"worst samples/s error {100 * worst:.1f} %, worst AU error {points:.1f} points "
-          f"({len(rows)} epochs; {time.time() - started:.0f} s)")
+          f"({len(rows)} epochs, medians of {args.repeat} run(s) each; "
+          f"{time.time() - started:.0f} s)")
     return 0
 
 
