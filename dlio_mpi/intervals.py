@@ -68,9 +68,11 @@ class EpochIntervals:
     """One epoch of one phase, followed from a daemon thread (rank 0's also gathers)."""
 
     def __init__(self, stats: IntervalStats, phase: str, epoch: int, records: np.ndarray,
-                 lat_ns: np.ndarray, plan: ReadPlan, batch: int, start_ns: int) -> None:
+                 lat_ns: np.ndarray, plan: ReadPlan, batch: int, start_ns: int,
+                 planned: np.ndarray | None = None) -> None:
         self.stats, self.phase, self.epoch = stats, phase, epoch
         self.records, self.lat_ns, self.batch = records, lat_ns, batch
+        self.planned = planned  # each step's planned compute, ending at its DEADLINE
         steps = plan.steps
         # where each step's requests start in lat_ns: per planned request, or (the framework
         # loaders) per sample
@@ -163,10 +165,13 @@ class EpochIntervals:
         done = filled if final else \
             first + int(np.searchsorted(rec[first:filled, SYNCED], hi, side="left"))
         # compute: the steps that may have computed inside, the one in progress included
-        rows = rec[first:min(done + 1, len(rec))]
+        end = min(done + 1, len(rec))
+        rows = rec[first:end]
         got, deadline = rows[:, GOT], rows[:, DEADLINE]
-        known = (got > 0) & (deadline >= got)
-        spans = np.clip(np.minimum(deadline, hi) - np.maximum(got, lo), 0, None)
+        # the compute starts after the step's host work (reader.step_*_time), if any
+        began = got if self.planned is None else deadline - self.planned[first:end]
+        known = (got > 0) & (deadline >= began)
+        spans = np.clip(np.minimum(deadline, hi) - np.maximum(began, lo), 0, None)
         a, b = int(self.lat_start[first]), int(self.lat_start[done])
         lat = self.lat_ns[a:b]
         hist = latency.histogram(lat) if len(lat) else np.zeros(0, np.int64)
@@ -275,10 +280,13 @@ class IntervalStats:
         return IntervalStats(comm.Dup(), seconds, origin, clock_offset_ns, show)
 
     def epoch(self, phase: str, epoch: int, records: np.ndarray, lat_ns: np.ndarray,
-              plan: ReadPlan, batch: int, start_ns: int) -> EpochIntervals:
+              plan: ReadPlan, batch: int, start_ns: int,
+              planned: np.ndarray | None = None) -> EpochIntervals:
         """Follow an epoch whose steps fill `records` (training.run_epoch's) and whose reader
-        fills `lat_ns`, from `start_ns` (this rank's clock)."""
-        return EpochIntervals(self, phase, epoch, records, lat_ns, plan, batch, start_ns)
+        fills `lat_ns`, from `start_ns` (this rank's clock); `planned`: each step's planned
+        compute (its start: DEADLINE - planned, after any host work; None: at GOT)."""
+        return EpochIntervals(self, phase, epoch, records, lat_ns, plan, batch, start_ns,
+                              planned)
 
     def row(self, watch: EpochIntervals, parts: list[Delta]) -> None:
         """Rank 0: one interval merged over the ranks that reported it; kept and shown."""

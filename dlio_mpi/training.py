@@ -147,7 +147,7 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         reader.start_epoch(plan)  # ... and read nothing ahead outside it (in step 0's wait)
         if intervals is not None:
             followed = intervals.epoch(name, epoch, records, reader.lat_ns, plan, per_step,
-                                       block_start)
+                                       block_start, planned)
         shown.watch(lambda: int(np.count_nonzero(records[:, SYNCED])),
                     lambda: int(records[:, BYTES].sum()))
         done = 0

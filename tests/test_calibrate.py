@@ -54,6 +54,17 @@ USER_MODULE = textwrap.dedent("""
         return Bytes(files[:1])
 
 
+    class FailsLater(Bytes):
+        def __getitem__(self, i):
+            if i == 5:
+                raise ValueError(f"cannot decode {self.files[i]}")
+            return super().__getitem__(i)
+
+
+    def fails_later(files):
+        return FailsLater(files)
+
+
     def tiny():
         return torch.nn.Linear(256, 10)
 
@@ -175,6 +186,8 @@ def test_npz_calibrates_with_the_formats_own_load(tmp_path):
     (["--dataset", "mypipeline:not_callable"], "not_callable is a int, not a callable"),
     (["--dataset", "mypipeline:wrong_length"], "its Dataset has 1 items for 32 files"),
     (["--dataset", "mypipeline"], "expected MODULE:CALLABLE"),
+    (["--dataset", "mypipeline:fails_later"], "the DataLoader over --dataset "
+                                              "mypipeline:fails_later failed: ValueError"),
     (["--model", "mypipeline:tiny", "--device", "cuda"], "--device cuda: torch finds no CUDA "
                                                          "device on this host"),
     (["--device", "cuda"], "give --model MODULE:CALLABLE too"),

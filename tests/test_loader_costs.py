@@ -45,8 +45,11 @@ def _epochs(tmp, name: str) -> list[dict]:
 
 @pytest.mark.parametrize("key", ["step_cpu_time", "step_wait_time"])
 def test_host_work_per_step_is_apart_from_compute_and_lowers_au(shared_tmp, key):
+    from mpi4py import MPI
+
     plain = _run(shared_tmp, f"plain_{key}")["metric"]
-    hosted = _run(shared_tmp, key, **{f"reader__{key}": 0.006})["metric"]
+    hosted = _run(shared_tmp, key, **{f"reader__{key}": 0.006}, output__stats_interval=0.02,
+                  output__progress_interval=0)["metric"]
     steps = 2 * STEPS_PER_RANK
     host = hosted["train_host_seconds_per_rank"]
     assert host["min"] >= steps * 0.006 * 0.99
@@ -59,6 +62,12 @@ def test_host_work_per_step_is_apart_from_compute_and_lowers_au(shared_tmp, key)
     # the emulator's own overhead leaves the modelled work out
     overhead = hosted["train_emulator_overhead_us_per_step"]["total"]["max"]
     assert overhead < 6000
+    # the interval statistics' AU counts the compute alone too
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        rows = json.loads((shared_tmp / key / "out" / "interval_stats.json").read_text())
+        busy = sum(r["au_percentage"] * r["seconds"] for r in rows) / sum(r["seconds"]
+                                                                          for r in rows)
+        assert busy < 100 * 10 / 16 + 5
 
 
 def test_preprocess_cpu_time_is_cpu_work_of_the_rank_in_its_reader_threads(shared_tmp):

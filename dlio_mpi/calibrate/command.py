@@ -88,6 +88,11 @@ def main(argv: list[str]) -> int:
     except UserError as exc:
         print(f"dlio-mpi calibrate: error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except OSError as exc:  # reading the dataset failed: what and where, once
+        from ..errors import describe
+
+        print(f"dlio-mpi calibrate: error: {describe(exc)}", file=sys.stderr, flush=True)
+        return 1
     print("\n".join(result), flush=True)
     return 0
 
@@ -140,7 +145,16 @@ def calibrate(args) -> list[str]:
     cfg, source, overrides, files, paths = workload_files(args)
     model = model_step.load_model(args.model) if args.model else None
     dataset, named = job_dataset(args, cfg, files, paths)
-    loader = measure_loader(cfg, files, dataset, args.workers)
+    try:
+        loader = measure_loader(cfg, files, dataset, args.workers)
+    except (OSError, UserError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's Dataset failed in the loader
+        # a worker's failure comes back with the worker's traceback: its last line says it
+        last = (str(exc).strip().splitlines() or [""])[-1]
+        said = last if last.startswith(f"{type(exc).__name__}:") else \
+            f"{type(exc).__name__}: {last}"
+        raise UserError(f"the DataLoader over {named} failed: {said}") from None
     step = None
     if model is not None:
         step = model_step.time_training_step(model, first_batch(dataset, cfg.reader.batch_size),

@@ -7,7 +7,8 @@ of samples/s and AU per epoch, with the emulation's ratio to the reference.
     python scripts/fidelity/compare.py WORKLOAD [KEY=VALUE ...] --work DIR \\
         [--ranks 1,2] [--workers 1,2,4] [--calibrate-at each|W] [--epochs 2] \\
         [--dataset MODULE:CALLABLE | --transform imagenet|none] [--step-time S] \\
-        [--prefix "scripts/slow_pfs.sh run --"] [--warm] [--baseline] [--repeat N]
+        [--prefix "scripts/slow_pfs.sh run --"] [--warm] [--baseline] [--sleep-model] \\
+        [--repeat N]
 
 Before each job the dataset's files leave the page cache (posix_fadvise DONTNEED), so the
 first epoch reads from storage and the later ones from the page cache, for both sides alike
@@ -36,6 +37,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DLIO = [shutil.which("dlio-mpi")] if shutil.which("dlio-mpi") else [sys.executable, "-m",
                                                                       "dlio_mpi"]
 LONE = re.compile(r"one sample made alone in one process\): ([0-9.]+) ms")
+WALL = re.compile(r"in ([0-9.]+) ms of a worker's wall time")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -67,6 +69,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--warm", action="store_true", help="the page cache holds the dataset")
     p.add_argument("--baseline", action="store_true",
                    help="also run dlio-mpi configured the usual way (preprocess_time)")
+    p.add_argument("--sleep-model", action="store_true",
+                   help="also run the calibration with each sample's cost slept instead of "
+                        "spent as CPU work (preprocess_time = a worker's wall time per "
+                        "sample where it was calibrated)")
     p.add_argument("--mpiexec", default="mpiexec")
     return p.parse_intermixed_args(argv)
 
@@ -119,9 +125,9 @@ def step_options(args: argparse.Namespace, option: str) -> list[str]:
     return [option, str(args.step_time)] if args.step_time is not None else []
 
 
-def calibrate(args: argparse.Namespace, workers: int) -> tuple[str, float, float]:
+def calibrate(args: argparse.Namespace, workers: int) -> tuple[str, float, float, float]:
     """The calibrated workload at `workers` workers; the usual practice's seconds per
-    sample; the step time it sets."""
+    sample; the step time it sets; a worker's wall time per sample."""
     import yaml
 
     out = os.path.join(args.work, f"calibrated_w{workers}.yaml")
@@ -130,9 +136,10 @@ def calibrate(args: argparse.Namespace, workers: int) -> tuple[str, float, float
          "--out", out], args.prefix)
     with open(out) as fp:
         text = fp.read()
-    lone = LONE.search(text)
+    lone, wall = LONE.search(text), WALL.search(text)
     step = yaml.safe_load(text).get("train", {}).get("computation_time", 0.0)
-    return out, float(lone.group(1)) / 1e3 if lone else 0.0, float(step)
+    return (out, float(lone.group(1)) / 1e3 if lone else 0.0, float(step),
+            float(wall.group(1)) / 1e3 if wall else 0.0)
 
 
 def reference(args, ranks: int, workers: int, stand_in: float | None = None) -> list[dict]:
@@ -167,7 +174,22 @@ def baseline_workload(args, lone_s: float) -> list[str]:
     return [*args.args, "reader.data_loader=pytorch", f"reader.preprocess_time={lone_s:.6f}"]
 
 
-def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base, stand) -> list[dict]:
+# the sides beside the calibrated emulation: (key, column title)
+OTHERS = (("usual", "usual way"), ("sleep", "sleep model"), ("stand_in", "stand-in"))
+
+
+def _against(name: str, side: dict, ref: dict) -> dict:
+    """A side's columns: its samples/s, its ratio to the reference's, its AU."""
+    return {f"{name}_samples_per_second": round(side["samples_per_second"], 1),
+            f"{name}_ratio": round(side["samples_per_second"] / ref["samples_per_second"], 3),
+            f"{name}_au": round(side["au"], 2)}
+
+
+def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base, stand,
+            slept=None) -> list[dict]:
+    """A row per epoch: the reference, the calibrated emulation (dlio_mpi_*, ratio, AU
+    points) and the other sides run (OTHERS)."""
+    others = {"usual": base, "sleep": slept, "stand_in": stand}
     rows = []
     for epoch, (r, e) in enumerate(zip(ref, emu), start=1):
         row = {"ranks": ranks, "workers": workers, "calibrated_at": calibrated_at,
@@ -176,18 +198,9 @@ def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base, stand)
                "ratio": round(e["samples_per_second"] / r["samples_per_second"], 3),
                "reference_au": round(r["au"], 2), "dlio_mpi_au": round(e["au"], 2),
                "au_points": round(e["au"] - r["au"], 2)}
-        if base:
-            b = base[epoch - 1]
-            row.update({"usual_samples_per_second": round(b["samples_per_second"], 1),
-                        "usual_ratio": round(b["samples_per_second"] / r["samples_per_second"],
-                                             3),
-                        "usual_au": round(b["au"], 2)})
-        if stand:
-            s = stand[epoch - 1]
-            row.update({"stand_in_samples_per_second": round(s["samples_per_second"], 1),
-                        "stand_in_ratio": round(s["samples_per_second"] / r["samples_per_second"],
-                                                3),
-                        "stand_in_au": round(s["au"], 2)})
+        for name, _ in OTHERS:
+            if others[name]:
+                row.update(_against(name, others[name][epoch - 1], r))
         rows.append(row)
     return rows
 
@@ -199,20 +212,19 @@ def markdown(rows: list[dict]) -> str:
     keys = ["ranks", "workers", "calibrated_at", "epoch", "reference_samples_per_second",
             "dlio_mpi_samples_per_second", "ratio", "ratio_range", "reference_au",
             "dlio_mpi_au", "au_points"]
-    if rows and "usual_ratio" in rows[0]:
-        head += ["usual way samples/s", "usual ratio", "usual AU %"]
-        keys += ["usual_samples_per_second", "usual_ratio", "usual_au"]
-    if rows and "stand_in_ratio" in rows[0]:
-        head += ["stand-in samples/s", "stand-in ratio", "stand-in AU %"]
-        keys += ["stand_in_samples_per_second", "stand_in_ratio", "stand_in_au"]
+    for name, title in OTHERS:
+        if rows and f"{name}_ratio" in rows[0]:
+            head += [f"{title} samples/s", f"{title} ratio", f"{title} AU %"]
+            keys += [f"{name}_samples_per_second", f"{name}_ratio", f"{name}_au"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(str(r[k]) for k in keys) + " |" for r in rows]
+    lines += ["| " + " | ".join(str(r.get(k, "")) for k in keys) + " |" for r in rows]
     return "\n".join(lines)
 
 
 def one_round(args, ranks: int, workers: int, calibrated: dict, paths: list[str]):
     """One run of each side for (ranks, workers): (calibrated at, reference, calibrated
-    emulation, usual configuration or None, stand-in or None), each a list of epochs."""
+    emulation, usual configuration or None, stand-in or None, sleep model or None), each a
+    list of epochs."""
     # each run's own calibration just before it (a shared host drifts), or one for all
     cal_w = workers if args.calibrate_at == "each" else int(args.calibrate_at)
     if cal_w not in calibrated or args.calibrate_at == "each":
@@ -222,7 +234,12 @@ def one_round(args, ranks: int, workers: int, calibrated: dict, paths: list[str]
     ref = reference(args, ranks, workers)
     set_page_cache(paths, args.warm)
     emu = emulate(args, "calibrated", [calibrated[cal_w][0]], ranks, workers)
-    base = stand = None
+    base = stand = slept = None
+    if args.sleep_model:
+        set_page_cache(paths, args.warm)
+        slept = emulate(args, "sleep", [calibrated[cal_w][0], "reader.preprocess_cpu_time=0",
+                                        f"reader.preprocess_time={calibrated[cal_w][3]:.6f}"],
+                        ranks, workers)
     if args.baseline:
         set_page_cache(paths, args.warm)
         base = emulate(args, "usual", baseline_workload(args, calibrated[cal_w][1]), ranks,
@@ -230,7 +247,7 @@ def one_round(args, ranks: int, workers: int, calibrated: dict, paths: list[str]
     if args.stand_in and args.model:
         set_page_cache(paths, args.warm)
         stand = reference(args, ranks, workers, stand_in=calibrated[cal_w][2])
-    return cal_w, ref, emu, base, stand
+    return cal_w, ref, emu, base, stand, slept
 
 
 def medians(runs: list) -> list[dict] | None:
@@ -256,7 +273,7 @@ def main(argv: list[str]) -> int:
                 runs.setdefault((r, w), []).append(one_round(args, r, w, calibrated, paths))
     rows = []
     for (r, w), done in runs.items():
-        sides = [medians([d[k] for d in done]) for k in range(1, 5)]
+        sides = [medians([d[k] for d in done]) for k in range(1, 6)]
         rows += rows_of(r, w, done[0][0], *sides)
         spread = [[e["samples_per_second"] / f["samples_per_second"]
                    for e, f in zip(d[2], d[1])] for d in done]
