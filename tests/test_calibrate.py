@@ -193,6 +193,8 @@ def test_npz_calibrates_with_the_formats_own_load(tmp_path):
     (["--device", "cuda"], "give --model MODULE:CALLABLE too"),
     (["--workers", "-1"], "--workers -1: expected 0 or more"),
     (["--files", "2"], "--files 2: 2 file(s) make no batch of reader.batch_size=4"),
+    (["reader.file_access=shared"], "reader.preprocess_cpu_time: not implemented yet with "
+                                    "reader.file_access shared"),
 ])
 def test_bad_input_is_one_message_exit_2_and_nothing_written(tmp_path, args, message):
     if "torch finds no CUDA" in message:

@@ -114,12 +114,30 @@ def workload_files(args):
     if "train" not in plan.splits:
         raise UserError("the workload trains on nothing (workflow.train: false, or no "
                         "training files): calibration measures the training loader")
+    check_emulated_by_native(cfg, plan.library_read)
     files = locate_split_here(cfg, plan.splits["train"])
     count = min(args.files, files.count)
     if count < cfg.reader.batch_size:
         raise UserError(f"--files {args.files}: {count} file(s) make no batch of "
                         f"reader.batch_size={cfg.reader.batch_size}; give more files")
     return cfg, source, overrides, files, [files.path(i) for i in range(count)]
+
+
+def check_emulated_by_native(cfg, library_read: str) -> None:
+    """The calibrated model is spent by the native C engine (reader.preprocess_cpu_time,
+    reader.startup_time): refuse a workload whose reads another backend makes, before any
+    measurement."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from ..config import TimeSpec
+    from ..readers import loader_cost_refusal
+
+    modelled = replace(cfg.reader, engine="native", preprocess_cpu_time=TimeSpec(
+        "constant", (0.001,)))
+    why = loader_cost_refusal(SimpleNamespace(reader=modelled), library_read)
+    if why:
+        raise UserError(f"the calibrated workload could not run: {why}")
 
 
 def job_dataset(args, cfg, files, paths):
