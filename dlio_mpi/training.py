@@ -127,9 +127,8 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
     when it returns, its first step's wait starting then. The reader keeps prefetching
     meanwhile, as a loader's workers do. `name`: the phase, for rank 0's progress;
     `intervals`: output.stats_interval's, following the records from a thread."""
-    planned = np.round(np.asarray(compute_s, dtype=np.float64) * 1e9).astype(np.int64)
-    host = {f"host_{kind}_ns": np.round(np.asarray(s, dtype=np.float64) * 1e9)
-            .astype(np.int64) for kind, s in (host_s or {}).items()}
+    planned = _ns(compute_s)
+    host = {f"host_{kind}_ns": _ns(s) for kind, s in (host_s or {}).items()}
     barrier_ = StepSync(comm, pacing.sync_spin_ns) if barrier else None
     ends = sorted({s for s in pause_after if 0 < s < plan.steps}) + [plan.steps]
     pauses: list[tuple[int, int, int]] = []
@@ -152,10 +151,9 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
                     lambda: int(records[:, BYTES].sum()))
         done = 0
         for end in ends:
-            # host work only where it acts: backends written before it keep working
-            extra = {name: ns[done:end] for name, ns in host.items()}
-            done += len(reader.run_steps(pacing.pacer, barrier_, planned[done:end], start,
-                                         records[done:end], **extra))
+            done += len(reader.run_steps(  # host work only where it acts (older backends)
+                pacing.pacer, barrier_, planned[done:end], start, records[done:end],
+                **{name: ns[done:end] for name, ns in host.items()}))
             if done < end or end == plan.steps:  # the ranks agreed to stop, or the last block
                 break
             paused = _core.now_ns()
@@ -193,6 +191,16 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         synchronised=barrier, pauses=pauses,
         request_trace=reader.request_trace.head(requests) if reader.request_trace else None,
         cache=epoch_cache(before, after, plan, requests)
-        if getattr(reader, "cache_attached", False) else None,
-        **{name: after.get(name, 0) - before.get(name, 0)
-           for name in ("preprocess_cpu_ns", "preprocess_wall_ns", "loader_startup_ns")})
+        if getattr(reader, "cache_attached", False) else None, **_loader_costs(before, after))
+
+
+def _ns(seconds) -> np.ndarray:
+    """Seconds (an array) as int64 nanoseconds."""
+    return np.round(np.asarray(seconds, dtype=np.float64) * 1e9).astype(np.int64)
+
+
+def _loader_costs(before: dict, after: dict) -> dict:
+    """The loader's modelled costs the reader spent between two counters() (EpochTrace's
+    fields; 0 for backends that spend none)."""
+    return {name: after.get(name, 0) - before.get(name, 0)
+            for name in ("preprocess_cpu_ns", "preprocess_wall_ns", "loader_startup_ns")}

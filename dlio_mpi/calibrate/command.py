@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import resource
 import sys
 from importlib.util import find_spec
 
@@ -240,10 +239,13 @@ def measure_loader(cfg, files, dataset, workers: int):
 def emulator_read_cost(cfg, files, count: int):
     """The emulator's native engine reading the first `count` files' first samples as the
     workload's loader reads them (warm, one reader thread): CPU time and reads per sample."""
+    from dataclasses import replace
+
     from ..plan import resolve_read_mode
     from ..planner import access_policy, loader_inputs, plan_reads
     from ..readers.base import ReaderOptions
     from ..readers.native import NativeReader
+    from .measure import self_cpu_s
     from .model import ReadCost
 
     split = files.split
@@ -252,25 +254,19 @@ def emulator_read_cost(cfg, files, count: int):
     plan = plan_reads(ids, count, 1, split.samples_per_file, files.layouts,
                       resolve_read_mode(cfg), policy)
     options = ReaderOptions.from_config(cfg.reader, 0)
-    from dataclasses import replace
-
     reader = NativeReader(files, replace(options, read_threads=1, in_flight=2,
                                          drop_page_cache=False, startup_ns=0))
     try:
         for _ in range(2):  # the first warms the page cache for these files
-            before, cpu = reader.counters(), _process_cpu()
+            before, cpu = reader.counters(), self_cpu_s()
             reader.prepare_epoch(plan)
             reader.start_epoch(plan)
             while reader.next_batch() is not None:
                 pass
             reader.end_epoch()
-            cpu, after = _process_cpu() - cpu, reader.counters()
+            cpu, after = self_cpu_s() - cpu, reader.counters()
     finally:
         reader.close()
     per = {k: (after[k] - before[k]) / count for k in ("bytes_read", "read_ops", "opens")}
     return ReadCost(cpu / count, per["bytes_read"], per["read_ops"], per["opens"])
 
-
-def _process_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime

@@ -215,9 +215,3 @@ def make_loader(dataset: Dataset, sampler: Sampler, batch_size: int, workers: in
                       pin_memory=pin_memory and torch.cuda.is_available(), drop_last=True,
                       **extra)
 
-
-def in_flight(prefetch_size: int, workers: int) -> int:
-    """Batches the DataLoader has in flight besides the one the step holds: workers x
-    prefetch_factor (0 without workers: the batch is read when asked for)."""
-    factor = torch_prefetch_factor(prefetch_size, workers)
-    return 0 if factor is None else workers * factor
