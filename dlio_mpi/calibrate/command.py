@@ -4,8 +4,9 @@ those costs set, so that `dlio-mpi run FILE.yaml` stands for the real job.
 
 Steps: the workload's first N training files; the Dataset (the user's MODULE:CALLABLE or a
 built-in one); a torch DataLoader as the job's (batch, W workers, prefetch, pin_memory);
-one pass starting the workers and warming the page cache, then two warm data-bound passes
-measured (measure.py); the emulator's own read of the same samples, measured in this process
+one pass starting the workers and warming the page cache, then PASSES warm data-bound passes
+measured (measure.py; each cost their median) and a paced pass for the batches' hand-over;
+the emulator's own read of the same samples, measured in this process
 (its CPU time is taken off the workers', since the emulator reads for real); with --model, a
 training step timed on the device. Bad input is refused with one message, exit status 2,
 before any file of the dataset is read."""
