@@ -13,8 +13,9 @@ BeeGFS OnDemand cache files on local SSD.
   `capacity_bytes` (default: the folder's free space when the run starts) and its policy:
   `none` fills while there is room and then reads from the PFS; `lru` makes room by evicting
   the least recently used copies (the C engine removes them before the filling request), never
-  one that a rank of the node uses within `prefetch_size + 2` steps (its readers may run that
-  far ahead). A copy found gone anyway is read from the PFS instead, and counted.
+  one that a rank of the node uses within its batches read ahead + 2 steps (its readers may
+  run that far ahead: `prefetch_size`, or a torch DataLoader's batches in flight,
+  readers.batches_in_flight). A copy found gone anyway is read from the PFS instead, and counted.
 - The cache folder: `folder`, or `folder/node<k>` on emulated nodes (which share one host's
   storage); on real nodes a folder the nodes share is refused. Its copies are ours by
   `dlio_mpi_cache.json`; a run starts with the cache empty (removing our earlier copies,

@@ -57,7 +57,7 @@ from .ownership import remove_quietly
 from .pacing import Pacing, make_pacing
 from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .planner import AccessPolicy, access_policy, loader_inputs, plan_reads
-from .readers import ReaderBackend, ReaderOptions, open_reader
+from .readers import ReaderBackend, ReaderOptions, batches_in_flight, open_reader
 from .recorded_sizes import read_sizes, size_column, sizes_path
 from .sharding import (
     ShuffleSpec,
@@ -247,8 +247,9 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
                    for spec in (rd.preprocess_time, rd.preprocess_cpu_time))
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
                        phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays, cpu)
-    if phase.cache is not None:  # its readers may run prefetch_size batches ahead
-        reads = phase.cache.plan_epoch(phase.name, reads, cfg.reader.prefetch_size + 2)
+    if phase.cache is not None:  # its readers may run that many batches ahead
+        ahead = batches_in_flight(rd.data_loader, rd.prefetch_size, rd.read_threads)
+        reads = phase.cache.plan_epoch(phase.name, reads, ahead + 2)
     host = {kind: spec.draw(rng, phase.steps)
             for kind, spec in (("cpu", rd.step_cpu_time), ("wait", rd.step_wait_time))
             if spec.mean > 0}
