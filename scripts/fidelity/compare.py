@@ -14,7 +14,9 @@ Before each job the dataset's files leave the page cache (posix_fadvise DONTNEED
 first epoch reads from storage and the later ones from the page cache, for both sides alike
 (--warm: read them all first instead). --prefix runs every job through a command (the
 throttled slow tier). --repeat N runs every case N times, the cases taking turns, and the
-table gives the medians (a shared host's speed drifts: the ratio of each run is given too).
+table gives the medians (a shared host's speed drifts: the ratio of each run is given too,
+and "reference CPU / calibrated", the reference's worker CPU per sample over calibration's: 1
+where the host ran as fast as when it was calibrated).
 Every command is printed before it runs. Results: DIR/fidelity.csv and DIR/fidelity.md; each
 job's own output under DIR."""
 
@@ -38,6 +40,7 @@ DLIO = [shutil.which("dlio-mpi")] if shutil.which("dlio-mpi") else [sys.executab
                                                                       "dlio_mpi"]
 LONE = re.compile(r"one sample made alone in one process\): ([0-9.]+) ms")
 WALL = re.compile(r"in ([0-9.]+) ms of a worker's wall time")
+WORKER_CPU = re.compile(r"= ([0-9.]+) ms CPU, in")
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -125,9 +128,10 @@ def step_options(args: argparse.Namespace, option: str) -> list[str]:
     return [option, str(args.step_time)] if args.step_time is not None else []
 
 
-def calibrate(args: argparse.Namespace, workers: int) -> tuple[str, float, float, float]:
+def calibrate(args: argparse.Namespace, workers: int) -> tuple[str, float, float, float, float]:
     """The calibrated workload at `workers` workers; the usual practice's seconds per
-    sample; the step time it sets; a worker's wall time per sample."""
+    sample; the step time it sets; a worker's wall time per sample; the workers' CPU
+    seconds per sample."""
     import yaml
 
     out = os.path.join(args.work, f"calibrated_w{workers}.yaml")
@@ -136,10 +140,10 @@ def calibrate(args: argparse.Namespace, workers: int) -> tuple[str, float, float
          "--out", out], args.prefix)
     with open(out) as fp:
         text = fp.read()
-    lone, wall = LONE.search(text), WALL.search(text)
+    lone, wall, cpu = LONE.search(text), WALL.search(text), WORKER_CPU.search(text)
     step = yaml.safe_load(text).get("train", {}).get("computation_time", 0.0)
     return (out, float(lone.group(1)) / 1e3 if lone else 0.0, float(step),
-            float(wall.group(1)) / 1e3 if wall else 0.0)
+            float(wall.group(1)) / 1e3 if wall else 0.0, float(cpu.group(1)) / 1e3 if cpu else 0.0)
 
 
 def reference(args, ranks: int, workers: int, stand_in: float | None = None) -> list[dict]:
@@ -151,8 +155,16 @@ def reference(args, ranks: int, workers: int, stand_in: float | None = None) -> 
          *args.args, "--workers", str(workers), "--epochs", str(args.epochs),
          *pipeline(args), *step, "--out", out], args.prefix)
     with open(out) as fp:
-        return [{"samples_per_second": e["samples_per_second"], "au": e["au_percentage"]}
+        return [{"samples_per_second": e["samples_per_second"], "au": e["au_percentage"],
+                 "worker_cpu_per_sample": worker_cpu_per_sample(e)}
                 for e in json.load(fp)["epochs"]]
+
+
+def worker_cpu_per_sample(epoch: dict) -> float:
+    """The reference's worker processes' CPU seconds per sample in `epoch` (all ranks)."""
+    ranks = epoch["per_rank"]
+    samples = sum(r["samples_per_second"] * r["seconds"] for r in ranks)
+    return sum(r.get("worker_cpu_seconds", 0.0) for r in ranks) / samples if samples else 0.0
 
 
 def emulate(args, name: str, workload: list[str], ranks: int, workers: int) -> list[dict]:
@@ -197,7 +209,8 @@ def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base, stand,
                "dlio_mpi_samples_per_second": round(e["samples_per_second"], 1),
                "ratio": round(e["samples_per_second"] / r["samples_per_second"], 3),
                "reference_au": round(r["au"], 2), "dlio_mpi_au": round(e["au"], 2),
-               "au_points": round(e["au"] - r["au"], 2)}
+               "au_points": round(e["au"] - r["au"], 2),
+               "reference_cpu_vs_calibrated": round(r.get("cpu_vs_calibrated", 0.0), 3)}
         for name, _ in OTHERS:
             if others[name]:
                 row.update(_against(name, others[name][epoch - 1], r))
@@ -208,10 +221,10 @@ def rows_of(ranks: int, workers: int, calibrated_at: int, ref, emu, base, stand,
 def markdown(rows: list[dict]) -> str:
     head = ["ranks", "workers", "calibrated at", "epoch", "reference samples/s",
             "dlio-mpi samples/s", "ratio", "ratio per run", "reference AU %", "dlio-mpi AU %",
-            "AU points"]
+            "AU points", "reference CPU / calibrated"]
     keys = ["ranks", "workers", "calibrated_at", "epoch", "reference_samples_per_second",
             "dlio_mpi_samples_per_second", "ratio", "ratio_range", "reference_au",
-            "dlio_mpi_au", "au_points"]
+            "dlio_mpi_au", "au_points", "reference_cpu_vs_calibrated"]
     for name, title in OTHERS:
         if rows and f"{name}_ratio" in rows[0]:
             head += [f"{title} samples/s", f"{title} ratio", f"{title} AU %"]
@@ -232,6 +245,10 @@ def one_round(args, ranks: int, workers: int, calibrated: dict, paths: list[str]
         calibrated[cal_w] = calibrate(args, cal_w)
     set_page_cache(paths, args.warm)
     ref = reference(args, ranks, workers)
+    for epoch in ref:  # the host's speed then against calibration's (1: as calibrated)
+        cal_cpu = calibrated[cal_w][4]
+        epoch["cpu_vs_calibrated"] = epoch.pop("worker_cpu_per_sample") / cal_cpu if cal_cpu \
+            else 0.0
     set_page_cache(paths, args.warm)
     emu = emulate(args, "calibrated", [calibrated[cal_w][0]], ranks, workers)
     base = stand = slept = None
@@ -255,7 +272,8 @@ def medians(runs: list) -> list[dict] | None:
     if runs[0] is None:
         return None
     return [{k: statistics.median(run[e][k] for run in runs)
-             for k in ("samples_per_second", "au")} for e in range(len(runs[0]))]
+             for k in ("samples_per_second", "au", "cpu_vs_calibrated") if k in runs[0][e]}
+            for e in range(len(runs[0]))]
 
 
 def main(argv: list[str]) -> int:

@@ -36,6 +36,7 @@ from mpi4py import MPI
 
 from dlio_mpi.calibrate.command import job_dataset, workload_files
 from dlio_mpi.calibrate.datasets import EpochSampler, make_loader
+from dlio_mpi.calibrate.measure import process_cpu_ns, self_cpu_s
 from dlio_mpi.errors import UserError
 from dlio_mpi.metrics.au import block_metrics
 
@@ -126,8 +127,11 @@ def run_epoch(comm, loader, sampler, order: np.ndarray, steps: int, step: Step,
     """One epoch on this rank: its metrics as dlio-mpi computes its own."""
     sampler.start(order)
     comm.Barrier()
-    start = time.perf_counter()
+    start, began = time.perf_counter(), time.time()
+    main_cpu = self_cpu_s()
     batches = iter(loader)  # the loader's start: persistent workers start at the first
+    workers = [w.pid for w in getattr(batches, "_workers", [])]
+    worker_cpu = sum(process_cpu_ns(pid) for pid in workers)
     wait, compute, planned, sync = (np.zeros(steps) for _ in range(4))
     last = start
     for i in range(steps):
@@ -139,12 +143,16 @@ def run_epoch(comm, loader, sampler, order: np.ndarray, steps: int, step: Step,
         synced = time.perf_counter()
         wait[i], compute[i], sync[i] = got - last, computed - got, synced - computed
         last = synced
+    main_cpu = self_cpu_s() - main_cpu
+    worker_cpu = (sum(process_cpu_ns(pid) for pid in workers) - worker_cpu) / 1e9
     for _ in batches:  # drop_last keeps nothing more; let the iterator end as a loop's would
         pass
     m = block_metrics(wait, compute, planned, sync, last - start, batch, *exclude)
     return {"samples_per_second": m.samples_per_second, "au_percentage": m.au_percentage,
-            "seconds": last - start, "wait_seconds": float(wait.sum()),
-            "compute_seconds": float(compute.sum()), "sync_seconds": float(sync.sum())}
+            "seconds": last - start, "start": began, "end": began + (last - start),
+            "wait_seconds": float(wait.sum()),
+            "compute_seconds": float(compute.sum()), "sync_seconds": float(sync.sum()),
+            "main_cpu_seconds": main_cpu, "worker_cpu_seconds": worker_cpu}
 
 
 def main(argv: list[str]) -> int:
