@@ -112,7 +112,7 @@ def _command(args, comm) -> int:
     cfg = check_all(comm, lambda: load_config(source, overrides),
                     expected=(ConfigError, UserError, OSError))
     if args.command == "validate":
-        from .plan import derive_plan, plan_record, render_plan
+        from .plan.derive import derive_plan, plan_record, render_plan
 
         ranks = comm.Get_size() if args.ranks is None else args.ranks
 
@@ -131,7 +131,7 @@ def _command(args, comm) -> int:
     if args.command == "pack":
         return _pack(comm, cfg, source, overrides, args.to, args.samples_per_shard)
     from . import progress
-    from .generate import check_dataset_space
+    from .data.generate import check_dataset_space
     from .run import data_root, prepare, run, run_generation
 
     progress.configure(comm.Get_rank(), cfg.output.progress_interval)
@@ -148,7 +148,7 @@ def _command(args, comm) -> int:
 
 def _pack(comm, cfg, source: str, overrides: list[str], folder: str,
           per_shard: int | None) -> int:
-    from .pack import OVERRIDES_NAME, pack
+    from .data.pack import OVERRIDES_NAME, pack
 
     done = pack(comm, cfg, source, overrides, folder, per_shard)
     if comm.Get_rank() == 0:
@@ -168,8 +168,8 @@ def _space_warnings(cfg, plan) -> tuple[str, ...]:
     """validate: why `run` would refuse to generate the dataset or write the checkpoints on
     the storage at hand (not enough free space), as warnings; the configuration itself is
     valid."""
+    from .data.generate import check_dataset_space
     from .errors import UserError
-    from .generate import check_dataset_space
     from .run import data_root
 
     warnings = []

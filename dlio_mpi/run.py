@@ -17,8 +17,6 @@ import numpy as np
 import yaml
 
 from . import __version__, _core, progress
-from .cache_tier import CacheTier
-from .catalog import SplitFiles, locate_split
 from .checkpoint.checkpointer import Checkpointer
 from .checkpoint.phase import (
     announce,
@@ -30,20 +28,25 @@ from .checkpoint.phase import (
 )
 from .checkpoint.schedule import Due, Schedule, after_epoch, steps_due
 from .config import TimeSpec
-from .dataset import DatasetSplit, decoded_item, dlio_record_length
-from .environment import describe_environment
-from .errors import JobError, Stopped, UserError, check_all, on_root
-from .filesystems import check_striping, describe_filesystems
-from .formats import record_width, sizes_recorded
-from .generate import (
+from .data.catalog import SplitFiles, locate_split
+from .data.dataset import DatasetSplit, decoded_item, dlio_record_length
+from .data.generate import (
     GenerationResult,
     check_dataset_space,
     check_free_space,
     generate,
     side_folders,
 )
-from .intervals import IntervalStats
-from .manifest import differing_params, generation_params, manifest_path, read_manifest
+from .data.manifest import (
+    differing_params,
+    generation_params,
+    manifest_path,
+    read_manifest,
+)
+from .data.recorded_sizes import read_sizes, size_column, sizes_path
+from .errors import JobError, Stopped, UserError, check_all, on_root
+from .formats import record_width, sizes_recorded
+from .metrics.intervals import IntervalStats
 from .metrics.summary import (
     EpochSummary,
     build_summary,
@@ -52,14 +55,16 @@ from .metrics.summary import (
     last_arrivals,
     node_bandwidth,
 )
-from .output import OutputFolder, access_log_name
+from .metrics.trace import RankTrace, trace_name
+from .mpi.pacing import Pacing, make_pacing
+from .mpi.topology import Topology, discover, emulated_ranks_per_node
 from .ownership import remove_quietly
-from .pacing import Pacing, make_pacing
-from .plan import RunPlan, derive_plan, describe_plan, resolve_read_mode
-from .planner import AccessPolicy, access_policy, loader_inputs, plan_reads
+from .plan.derive import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .readers import ReaderBackend, ReaderOptions, batches_in_flight, open_reader
-from .recorded_sizes import read_sizes, size_column, sizes_path
-from .sharding import (
+from .results.environment import describe_environment
+from .results.folder import OutputFolder, access_log_name
+from .sampling.requests import AccessPolicy, access_policy, loader_inputs, plan_reads
+from .sampling.sharding import (
     ShuffleSpec,
     draw_entropy,
     epoch_shuffle,
@@ -67,9 +72,9 @@ from .sharding import (
     rank_draws,
     rank_shard,
 )
-from .stage_in import StageSet, clean_stage, rerooted, stage_in
-from .topology import Topology, discover, emulated_ranks_per_node
-from .trace import RankTrace, trace_name
+from .storage.filesystems import check_striping, describe_filesystems
+from .tiers.cache import CacheTier
+from .tiers.stage_in import StageSet, clean_stage, rerooted, stage_in
 from .training import run_epoch
 
 

@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import _core, progress
-from .cache_tier import epoch_cache
-from .intervals import IntervalStats
-from .pacing import Pacing, StepSync
-from .planner import ReadPlan
+from .metrics.intervals import IntervalStats
+from .mpi.pacing import Pacing, StepSync
 from .readers import ReaderBackend
 from .readers.base import BYTES, COMPUTED, DEADLINE, GOT, OPS, READY, START, SYNCED, RequestTrace
+from .sampling.requests import ReadPlan
+from .tiers.cache import epoch_cache
 
 # Columns of EpochTrace.stamps (monotonic ns): the first six of the step records
 # (readers.base), re-exported for the metrics.

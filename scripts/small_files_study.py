@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.samples_per_shard:
         pack += ["--samples-per-shard", str(args.samples_per_shard)]
     dlio(args.ranks, work, *pack, timeout=args.timeout)
-    from dlio_mpi.pack import OVERRIDES_NAME, combined
+    from dlio_mpi.data.pack import OVERRIDES_NAME, combined
 
     packed = tuple((work / "packed" / OVERRIDES_NAME).read_text().split())
     training = ["workflow.generate_data=False", f"reader.batch_size={args.batch}",

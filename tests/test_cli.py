@@ -81,7 +81,7 @@ def test_validate_prints_the_plan_without_touching_storage(tmp_path):
 
 
 def test_a_failing_rank_ends_the_job_promptly(tmp_path):
-    from dlio_mpi.catalog import spot_indices
+    from dlio_mpi.data.catalog import spot_indices
 
     over = workload_overrides(tmp_path, dataset__format="npy", reader__read_mode="sample",
                               train__epochs=1, reader__sample_shuffle="off",
@@ -168,7 +168,7 @@ def test_npz_samples_read_by_extent_match_numpy(tmp_path, odirect):
     over = workload_overrides(tmp_path, dataset__num_samples_per_file=3)
     assert run_cli(["generate", "demo", *over]).returncode == 0
     from dlio_mpi.config import load_config
-    from dlio_mpi.dataset import describe_dataset
+    from dlio_mpi.data.dataset import describe_dataset
 
     split = describe_dataset(load_config("demo", over))["train"]
     align = max(_core.odirect_alignment(split.path(0))) if odirect else 0

@@ -37,7 +37,7 @@ def _generate(cfg):
 def _expected(split, index: int) -> bytes:
     """The file as one rank writes it: header, then the payload stream of its seed."""
     from dlio_mpi import _core
-    from dlio_mpi.generate import file_seed
+    from dlio_mpi.data.generate import file_seed
 
     header, payload = split.format.payload_extent(split.spec(index))
     stream = np.zeros(payload, dtype=np.uint8)
@@ -50,7 +50,7 @@ def _expected(split, index: int) -> bytes:
 def test_fewer_files_than_ranks_are_written_by_all_ranks_byte_exact(shared_tmp, fmt):
     from mpi4py import MPI
 
-    from dlio_mpi.manifest import read_manifest
+    from dlio_mpi.data.manifest import read_manifest
 
     comm = MPI.COMM_WORLD
     files = comm.Get_size() - 1
@@ -91,7 +91,7 @@ def test_a_rank_failing_in_a_collective_round_fails_all_and_leaves_nothing(share
                                                                            monkeypatch):
     from mpi4py import MPI
 
-    import dlio_mpi.collective_generation as collective
+    import dlio_mpi.data.collective_generation as collective
     from dlio_mpi.errors import JobError
 
     comm = MPI.COMM_WORLD
@@ -124,7 +124,7 @@ def _umask() -> int:
 
 
 def test_the_striping_of_new_files_is_attributed_to_what_set_it():
-    from dlio_mpi.generate import GenerationResult
+    from dlio_mpi.data.generate import GenerationResult
     from dlio_mpi.run import striping_set_by
 
     hinted = {"hints_requested": {"striping_factor": "4"}}

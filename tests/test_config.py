@@ -280,7 +280,7 @@ def test_impossible_values(overrides, expected):
 
 
 def test_dataset_files_are_required_only_when_the_workflow_uses_them():
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     cfg = load_config("llama_7b", ["dataset.num_files_train=0"])  # checkpoints only
     plan = derive_plan(cfg, 4)
@@ -513,7 +513,7 @@ def test_values_not_implemented_yet_are_refused(override, accepted):
 
 
 def test_storage_types_meaning_a_posix_path_both_act():
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     plans = [derive_plan(load_config("demo", [f"storage.storage_type={kind}"]), 2)
              for kind in ("local_fs", "parallel_fs")]
@@ -533,7 +533,7 @@ def test_storage_types_meaning_a_posix_path_both_act():
     (["storage.lustre.stripe_size=' 3G '"], (None, 3 << 30, None, False)),
 ])
 def test_lustre_section_is_read_with_sizes_in_bytes(overrides, expected, tmp_path):
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     cfg = load_config("demo", overrides)
     lustre = cfg.storage.lustre
@@ -592,7 +592,7 @@ def test_data_loader_none_is_refused_as_dlio_refuses_it():
     ("profiling.profiler=darshan", "profiling.profiler=darshan"),
 ])
 def test_settings_without_effect_are_noted_in_the_plan(override, shown):
-    from dlio_mpi.plan import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan, describe_plan
 
     cfg = load_config("demo", [override])
     notes = [n for n in derive_plan(cfg, 2).notes if "no effect" in n]
@@ -628,7 +628,7 @@ def test_notes_of_one_reason_are_one_line():
      "file_per_rank writes without MPI-IO"),
 ])
 def test_checkpoint_keys_where_they_cannot_act_are_noted(overrides, shown):
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     notes = [n for n in derive_plan(load_config("demo", overrides), 2).notes
              if "no effect here" in n]
@@ -636,7 +636,7 @@ def test_checkpoint_keys_where_they_cannot_act_are_noted(overrides, shown):
 
 
 def test_data_loader_acts_on_multi_sample_files_and_says_what_it_emulates():
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     def plan(*overrides):
         return derive_plan(load_config("demo", ["dataset.num_files_train=8", *overrides]), 2)
@@ -671,7 +671,7 @@ def test_data_loader_acts_on_multi_sample_files_and_says_what_it_emulates():
 
 
 def test_the_plan_says_how_long_the_compute_takes():
-    from dlio_mpi.plan import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan, describe_plan
 
     cfg = load_config("demo", ["train.computation_time=1e9"])
     text = describe_plan(derive_plan(cfg, 2), cfg)
@@ -792,7 +792,7 @@ def test_long_draws_are_clipped_to_what_int64_nanoseconds_hold():
 ])
 def test_plans_past_int64_or_the_engine_are_refused(overrides, expected):
     from dlio_mpi.errors import UserError
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     with pytest.raises(UserError, match=None) as info:
         derive_plan(load_config("demo", overrides), 2)
@@ -801,7 +801,7 @@ def test_plans_past_int64_or_the_engine_are_refused(overrides, expected):
 
 def test_plans_past_memory_are_refused_with_the_figures():
     from dlio_mpi.errors import UserError
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     cfg = load_config("demo", ["dataset.num_files_train=1000000"])  # with a size stdev
     with pytest.raises(UserError) as info:  # refused before the shapes are drawn
@@ -832,7 +832,7 @@ def test_any_value_of_any_key_is_taken_or_refused_cleanly():
     agreed error (ConfigError, UserError), never in an overflow or a crash."""
     from dlio_mpi.config.schema import schema_keys
     from dlio_mpi.errors import UserError
-    from dlio_mpi.plan import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan, describe_plan
 
     small = {"dataset.num_files_train": "8", "dataset.record_length_bytes": "4096",
              "dataset.record_length_bytes_stdev": "0"}
@@ -848,7 +848,7 @@ def test_any_value_of_any_key_is_taken_or_refused_cleanly():
 
 def test_mpiio_backends_take_drop_page_cache_and_the_watchdog():
     from dlio_mpi.config import load_config
-    from dlio_mpi.plan import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan, describe_plan
 
     for access in ("shared", "collective"):
         cfg = load_config("demo", [f"reader.file_access={access}",
@@ -858,7 +858,7 @@ def test_mpiio_backends_take_drop_page_cache_and_the_watchdog():
 
 def test_mpiio_hints_where_nothing_uses_them_are_noted():
     from dlio_mpi.config import load_config
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     hints = "reader.mpiio_hints={cb_nodes: 2}"
     unused = "reader.mpiio_hints: no effect here"

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dlio_mpi.dataset import (
+from dlio_mpi.data.dataset import (
     COLUMNS,
     ComputedLayouts,
     DatasetSplit,

@@ -15,7 +15,7 @@ import pytest
 
 from dlio_mpi.config import load_config
 from dlio_mpi.errors import UserError
-from dlio_mpi.filesystems import (
+from dlio_mpi.storage.filesystems import (
     apply_striping,
     check_striping,
     describe_filesystems,
@@ -415,7 +415,7 @@ def test_lustre_folders_and_files_are_described_with_their_layout(lustre):
 
 # --------------------------------------------------------------------------- the plan
 def plan_text(overrides=(), filesystems=None, striping=None) -> str:
-    from dlio_mpi.plan import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan, describe_plan
 
     cfg = load_config("demo", list(overrides))
     return describe_plan(derive_plan(cfg, 2), cfg, filesystems, striping)
@@ -475,7 +475,7 @@ def test_the_plan_shows_lustre_layouts_and_gpfs_block_sizes(lustre):
 def test_the_plan_notes_mpiio_striping_hints_beside_storage_lustre():
     from types import SimpleNamespace
 
-    from dlio_mpi.plan import storage_lines
+    from dlio_mpi.plan.derive import storage_lines
 
     storage = load_config("demo", ["storage.lustre.stripe_count=4"]).storage
     cfg = SimpleNamespace(storage=storage, reader=SimpleNamespace(

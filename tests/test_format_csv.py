@@ -17,13 +17,13 @@ import pandas as pd
 import pytest
 
 from dlio_mpi.config import load_config
+from dlio_mpi.data.recorded_sizes import sizes_path
 from dlio_mpi.errors import UserError
 from dlio_mpi.formats import SampleSpec, get_format
 from dlio_mpi.formats.base import StagedWrites, library_load, library_sample
 from dlio_mpi.formats.csv_table import row_text
 from dlio_mpi.formats.sized import payload_values
-from dlio_mpi.plan import derive_plan
-from dlio_mpi.recorded_sizes import sizes_path
+from dlio_mpi.plan.derive import derive_plan
 from helpers import access_logs, error_of, run_cli, workload_overrides
 
 FMT = get_format("csv")
@@ -164,7 +164,7 @@ def test_tables_pandas_wrote_are_probed_and_read(tmp_path):
 
 
 def test_sized_layouts_keep_one_int64_per_file_at_ten_million_files():
-    from dlio_mpi.dataset import SizedLayouts
+    from dlio_mpi.data.dataset import SizedLayouts
 
     sizes = np.arange(10**7, dtype=np.int64) * 3 + 30
     table = SizedLayouts(sizes, 3, FMT)

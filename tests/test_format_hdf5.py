@@ -22,7 +22,7 @@ from dlio_mpi.formats import SampleSpec, format_for, get_format
 from dlio_mpi.formats import hdf5 as hdf5_module
 from dlio_mpi.formats.base import StagedWrites
 from dlio_mpi.formats.hdf5 import Hdf5Format, Hdf5Options
-from dlio_mpi.plan import derive_plan
+from dlio_mpi.plan.derive import derive_plan
 from helpers import run_cli, workload_overrides, write_one
 
 SEED = 1234

@@ -15,12 +15,12 @@ import pytest
 from PIL import Image
 
 from dlio_mpi.config import load_config
+from dlio_mpi.data.recorded_sizes import sizes_path
 from dlio_mpi.errors import UserError
 from dlio_mpi.formats import SampleSpec, get_format
 from dlio_mpi.formats.base import StagedWrites, library_load, library_sample
 from dlio_mpi.formats.sized import payload_values
-from dlio_mpi.plan import derive_plan
-from dlio_mpi.recorded_sizes import sizes_path
+from dlio_mpi.plan.derive import derive_plan
 from helpers import access_logs, error_of, run_cli, workload_overrides
 
 FORMATS = ("jpeg", "png")

@@ -19,15 +19,15 @@ from test_loader_fidelity import _calls, _strace
 from conftest import mpiexec
 from dlio_mpi import _core
 from dlio_mpi.config import load_config
-from dlio_mpi.dataset import describe_dataset
+from dlio_mpi.data.dataset import describe_dataset
+from dlio_mpi.data.generate import file_seed
 from dlio_mpi.errors import UserError
 from dlio_mpi.formats import SampleSpec, format_for, get_format
 from dlio_mpi.formats import parquet as parquet_module
 from dlio_mpi.formats.base import StagedWrites, library_load
 from dlio_mpi.formats.parquet import ParquetFormat, ParquetOptions, geometry
-from dlio_mpi.generate import file_seed
-from dlio_mpi.plan import derive_plan
-from dlio_mpi.planner import AccessPolicy, plan_reads
+from dlio_mpi.plan.derive import derive_plan
+from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 from helpers import access_logs, run_cli, workload_overrides, write_one
 
 SEED = 4321
@@ -375,7 +375,7 @@ def test_whole_file_reads_are_pyarrows_read_table(tmp_path):
 def test_manifest_records_the_row_group_size_and_pyarrows_version(tmp_path):
     import pyarrow
 
-    from dlio_mpi.manifest import generation_params
+    from dlio_mpi.data.manifest import generation_params
 
     params = generation_params(_cfg(tmp_path, dataset__parquet__row_group_size=5))
     assert params["parquet"] == {"row_group_size": 5, "compression": "none",

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from dlio_mpi.config import load_config
-from dlio_mpi.dataset import describe_dataset
-from dlio_mpi.recorded_sizes import sizes_path
+from dlio_mpi.data.dataset import describe_dataset
+from dlio_mpi.data.recorded_sizes import sizes_path
 from helpers import workload_overrides
 
 pytestmark = pytest.mark.timeout(600)

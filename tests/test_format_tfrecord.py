@@ -20,11 +20,11 @@ import tensorflow as tf
 from conftest import mpiexec
 from dlio_mpi import _core
 from dlio_mpi.config import load_config
-from dlio_mpi.dataset import describe_dataset
+from dlio_mpi.data.dataset import describe_dataset
+from dlio_mpi.data.generate import file_seed
 from dlio_mpi.formats import SampleSpec, get_format
 from dlio_mpi.formats.base import StagedWrites
 from dlio_mpi.formats.tfrecord import example_parts, record_geometry, record_parts
-from dlio_mpi.generate import file_seed
 from helpers import run_cli, signal_one_rank_when, workload_overrides
 
 FMT = get_format("tfrecord")

@@ -52,8 +52,8 @@ def _config(tmp: Path, **values):
 def _write_dataset(cfg):
     """The train split written as dlio-mpi generates it (each file its own seed); its
     SplitFiles as the run finds generated data."""
-    from dlio_mpi.catalog import SplitFiles
-    from dlio_mpi.dataset import describe_dataset
+    from dlio_mpi.data.catalog import SplitFiles
+    from dlio_mpi.data.dataset import describe_dataset
     from dlio_mpi.formats.base import StagedWrites
 
     split = describe_dataset(cfg)["train"]
@@ -74,8 +74,8 @@ def _rows(files, sample_id: int) -> bytes:
 
 
 def _plan(cfg, files, ids: np.ndarray, batch: int, delays: np.ndarray | None = None):
-    from dlio_mpi.plan import resolve_read_mode
-    from dlio_mpi.planner import AccessPolicy, plan_reads
+    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     return plan_reads(ids, len(ids) // batch, batch, files.split.samples_per_file,
                       files.layouts, resolve_read_mode(cfg), AccessPolicy(cfg.reader.access),
@@ -83,7 +83,7 @@ def _plan(cfg, files, ids: np.ndarray, batch: int, delays: np.ndarray | None = N
 
 
 def _reader(cfg, files):
-    from dlio_mpi.dataset import decoded_item
+    from dlio_mpi.data.dataset import decoded_item
     from dlio_mpi.readers import ReaderOptions, open_reader
 
     options = ReaderOptions.from_config(cfg.reader, 0, decoded_item(cfg), cfg.train.seed)
@@ -157,7 +157,7 @@ def test_bytes_read_are_the_chunks_hdf5_reads(tmp_path):
 
 @pytest.mark.parametrize("extra", [{}, {"dataset__hdf5__chunk_dims": "[1,16,16]"}])
 def test_contiguous_and_one_sample_chunks_stay_with_the_c_engine(tmp_path, extra):
-    from dlio_mpi.plan import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan, describe_plan
     from dlio_mpi.readers.native import NativeReader
 
     cfg = _config(tmp_path, **extra)
@@ -174,7 +174,7 @@ def test_contiguous_and_one_sample_chunks_stay_with_the_c_engine(tmp_path, extra
 
 @pytest.mark.parametrize("extra,why", LIBRARY_READ)
 def test_the_plan_says_h5py_reads_and_why(tmp_path, extra, why):
-    from dlio_mpi.plan import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan, describe_plan
 
     cfg = _config(tmp_path, reader__read_threads=3, **extra)
     plan = derive_plan(cfg, 2)
@@ -202,7 +202,7 @@ def test_the_plan_says_h5py_reads_and_why(tmp_path, extra, why):
      "files", "keeps the page cache from serving the reads)"),
 ])
 def test_what_the_h5py_reader_cannot_do_is_refused_before_io(tmp_path, extra, key, accepted):
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     cfg = _config(tmp_path, dataset__hdf5__chunk_dims="[2,16,16]", **extra)
     with pytest.raises(UserError) as info:
@@ -214,8 +214,8 @@ def test_what_the_h5py_reader_cannot_do_is_refused_before_io(tmp_path, extra, ke
 
 
 def test_sample_delays_from_the_plan():
-    from dlio_mpi.planner import ReadPlan
     from dlio_mpi.readers.h5py_reader import sample_delays
+    from dlio_mpi.sampling.requests import ReadPlan
 
     z = np.zeros(0, dtype=np.int64)
     one = ReadPlan(np.arange(4), np.array([0, 2, 4]), z, z, z, z, z, z,
@@ -374,7 +374,7 @@ def _run(tmp: Path, **values):
 def test_each_rank_reads_its_shard_through_h5py(shared_tmp, extra, why):
     from mpi4py import MPI
 
-    from dlio_mpi.catalog import locate_split
+    from dlio_mpi.data.catalog import locate_split
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
@@ -410,7 +410,7 @@ def test_each_rank_reads_its_shard_through_h5py(shared_tmp, extra, why):
 
 
 def summary_split(cfg):
-    from dlio_mpi.dataset import describe_dataset
+    from dlio_mpi.data.dataset import describe_dataset
 
     return describe_dataset(cfg)["train"]
 

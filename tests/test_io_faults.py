@@ -26,8 +26,8 @@ from pathlib import Path
 import pytest
 
 from conftest import mpiexec
-from dlio_mpi.catalog import spot_indices
-from dlio_mpi.manifest import MANIFEST_NAME
+from dlio_mpi.data.catalog import spot_indices
+from dlio_mpi.data.manifest import MANIFEST_NAME
 
 pytestmark = pytest.mark.timeout(300)
 

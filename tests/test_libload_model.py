@@ -18,7 +18,7 @@ from test_npload_model import _strace
 from dlio_mpi.formats import SampleSpec, get_format
 from dlio_mpi.formats.base import StagedWrites
 from dlio_mpi.formats.libload import csv_reads, jpeg_reads
-from dlio_mpi.planner import AccessPolicy, plan_reads
+from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 
@@ -89,7 +89,7 @@ def test_the_models_issue_the_loaders_reads(traced):
 
 def test_the_plan_issues_the_model_for_each_file(tmp_path):
     fmt = get_format("csv")
-    from dlio_mpi.dataset import SizedLayouts
+    from dlio_mpi.data.dataset import SizedLayouts
 
     sizes = np.array([10, 300_000, 10, 600_000], dtype=np.int64)
     policy = AccessPolicy("loader", False, 4096, fmt.loader_model(None, 1, 1))

@@ -36,8 +36,8 @@ def _dataset(tmp, **values):
     """Generate a small dataset under tmp; (cfg, its train split, SplitFiles)."""
     from mpi4py import MPI
 
-    from dlio_mpi.catalog import locate_split
     from dlio_mpi.config import load_config
+    from dlio_mpi.data.catalog import locate_split
     from dlio_mpi.run import prepare, run_generation
 
     comm = MPI.COMM_WORLD
@@ -52,9 +52,9 @@ def _dataset(tmp, **values):
 def _read_plan(cfg, split, files, steps: int, batch: int, shard=None):
     from mpi4py import MPI
 
-    from dlio_mpi.plan import resolve_read_mode
-    from dlio_mpi.planner import plan_reads
-    from dlio_mpi.sharding import ShuffleSpec, epoch_shuffle, rank_shard
+    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.sampling.requests import plan_reads
+    from dlio_mpi.sampling.sharding import ShuffleSpec, epoch_shuffle, rank_shard
 
     if shard is None:  # the same on every rank: a failure here must not split the ranks
         assert steps * batch * MPI.COMM_WORLD.Get_size() <= split.num_samples

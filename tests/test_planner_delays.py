@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from dlio_mpi.dataset import ListedLayouts
+from dlio_mpi.data.dataset import ListedLayouts
 from dlio_mpi.formats import FileLayout
-from dlio_mpi.planner import AccessPolicy, plan_reads
+from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
 LAYOUTS = ListedLayouts.from_layouts([FileLayout(4096 * 4, 0, 4096, 4096, 4096)] * 3)
 SHARD = np.array([0, 5, 1, 9, 4, 2], dtype=np.int64)  # files 0, 1, 0, 2, 1, 0

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from dlio_mpi.catalog import spot_indices
+from dlio_mpi.data.catalog import spot_indices
 from helpers import run_cli, run_cli_opens, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)

@@ -80,8 +80,8 @@ def test_same_seed_gives_same_order_and_rerun_skips_generated_files(shared_tmp):
 
 def test_generated_bytes_do_not_depend_on_rank_count(shared_tmp):
     from dlio_mpi.config import load_config
-    from dlio_mpi.dataset import describe_dataset
-    from dlio_mpi.generate import generate
+    from dlio_mpi.data.dataset import describe_dataset
+    from dlio_mpi.data.generate import generate
 
     comm = _comm()
     over = dict(dataset__num_files_train=5, dataset__num_files_eval=2,
@@ -216,7 +216,7 @@ def test_emulated_nodes_split_the_ranks_and_the_host_fields_follow(shared_tmp, m
 
 def test_a_bad_ranks_per_node_is_one_clear_error(monkeypatch):
     from dlio_mpi.errors import JobError, check_all
-    from dlio_mpi.topology import emulated_ranks_per_node
+    from dlio_mpi.mpi.topology import emulated_ranks_per_node
 
     monkeypatch.setenv("DLIO_MPI_RANKS_PER_NODE", "two")
     with pytest.raises(JobError, match="DLIO_MPI_RANKS_PER_NODE='two'"):
@@ -224,10 +224,10 @@ def test_a_bad_ranks_per_node_is_one_clear_error(monkeypatch):
 
 
 def test_the_step_loop_falls_back_to_mpi4py_without_the_mpi_symbols(shared_tmp, monkeypatch):
-    import dlio_mpi.pacing
+    import dlio_mpi.mpi.pacing
 
-    dlio_mpi.pacing.mpi_functions.cache_clear()
-    monkeypatch.setattr(dlio_mpi.pacing, "mpi_functions", lambda: None)
+    dlio_mpi.mpi.pacing.mpi_functions.cache_clear()
+    monkeypatch.setattr(dlio_mpi.mpi.pacing, "mpi_functions", lambda: None)
     comm = _comm()
     cfg, summary = _run(shared_tmp, dataset__num_files_train=6 * comm.Get_size(),
                         train__computation_time=0.005, reader__batch_size=1,

@@ -6,10 +6,16 @@ import numpy as np
 import pytest
 
 from dlio_mpi import _core
-from dlio_mpi.dataset import ListedLayouts
+from dlio_mpi.data.dataset import ListedLayouts
 from dlio_mpi.formats.loader import WholeFileReads
-from dlio_mpi.planner import AccessPolicy, plan_reads
-from dlio_mpi.sharding import ShuffleSpec, epoch_shuffle, order_slice, rank_shard, steps_per_epoch
+from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
+from dlio_mpi.sampling.sharding import (
+    ShuffleSpec,
+    epoch_shuffle,
+    order_slice,
+    rank_shard,
+    steps_per_epoch,
+)
 
 
 def epoch_order(files: int, per_file: int, spec: ShuffleSpec, epoch: int, entropy: int = 0):

@@ -4,7 +4,7 @@ Slurm: every point is an `mpiexec -n 2 dlio-mpi run` on a tiny dataset, the resu
 Lustre is faked as in test_filesystems.py: a recording `lfs` first on PATH and a mountinfo
 file naming the data root's folder a Lustre mount. The runs are separate processes that read
 /proc/self/mountinfo, so a sitecustomize module (on PYTHONPATH for them only) points the
-default mountinfo of dlio_mpi.filesystems at the fake one."""
+default mountinfo of dlio_mpi.storage.filesystems at the fake one."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ SITECUSTOMIZE = '''\
 import os
 
 if os.environ.get("FAKE_MOUNTINFO"):
-    import dlio_mpi.filesystems as fs
+    import dlio_mpi.storage.filesystems as fs
 
     for function in vars(fs).values():
         defaults = getattr(function, "__defaults__", None) or ()

@@ -52,8 +52,8 @@ def _cfg(tmp: Path, **values):
 
 
 def _files(cfg):
-    from dlio_mpi.catalog import SplitFiles, probe_file
-    from dlio_mpi.dataset import ListedLayouts, describe_dataset
+    from dlio_mpi.data.catalog import SplitFiles, probe_file
+    from dlio_mpi.data.dataset import ListedLayouts, describe_dataset
 
     split = describe_dataset(cfg)["train"]
     probed = [probe_file(cfg, split, i, split.path(i)) for i in range(split.num_files)]
@@ -63,8 +63,8 @@ def _files(cfg):
 
 
 def _plan(cfg, files, ids: np.ndarray, batch: int):
-    from dlio_mpi.plan import resolve_read_mode
-    from dlio_mpi.planner import AccessPolicy, plan_reads
+    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     fmt = files.split.format
     facts = fmt.loader_facts(files.path(0))
@@ -76,7 +76,7 @@ def _plan(cfg, files, ids: np.ndarray, batch: int):
 
 
 def _reader(cfg, files):
-    from dlio_mpi.dataset import decoded_item
+    from dlio_mpi.data.dataset import decoded_item
     from dlio_mpi.readers import ReaderOptions, open_reader
 
     options = ReaderOptions.from_config(cfg.reader, 0, decoded_item(cfg), cfg.train.seed)
@@ -215,7 +215,7 @@ def _npy_dataset(tmp: Path, fmt: str, per_file: int, **values):
     them, each sample's bytes all equal to _value(its id); its config and SplitFiles."""
     import os
 
-    from dlio_mpi.dataset import describe_dataset
+    from dlio_mpi.data.dataset import describe_dataset
 
     cfg = load_config("demo", workload_overrides(
         tmp, dataset__format=fmt, dataset__num_samples_per_file=per_file,
@@ -243,8 +243,8 @@ def test_npy_npz_batches_hold_the_planned_samples_in_the_plans_order(tmp_path, f
                               reader__read_type="memory" if memory else "on_demand")
     total = files.split.num_samples
     ids = np.random.default_rng(per_file).permutation(total)[: total // 2 // 2 * 2]
-    from dlio_mpi.plan import resolve_read_mode
-    from dlio_mpi.planner import AccessPolicy, plan_reads
+    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     fmt_obj = files.split.format
     policy = AccessPolicy("loader", False, 4096, fmt_obj.loader_model(
@@ -305,7 +305,7 @@ def test_transfer_size_is_the_buffer_size_and_a_lost_file_fails_in_one_line(tf_d
 
 def test_a_lost_npz_file_fails_the_epoch_in_one_line_naming_it(tmp_path):
     cfg, files = _npy_dataset(tmp_path, "npz", 2, reader__read_threads=2)
-    from dlio_mpi.planner import AccessPolicy, plan_reads
+    from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     fmt = files.split.format
     policy = AccessPolicy("loader", False, 4096, fmt.loader_model(
@@ -355,7 +355,7 @@ TF = ["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=t
      "reader.read_mode: sample does not apply with reader.engine framework"),
 ])
 def test_unsupported_combinations_are_refused_by_the_plan(overrides, message):
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     cfg = load_config("demo", ["reader.engine=framework", *overrides])
     with pytest.raises(UserError) as info:
@@ -380,7 +380,7 @@ def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, override
 
 
 def test_the_plan_says_the_tf_data_pipeline_runs(tmp_path):
-    from dlio_mpi.plan import derive_plan, describe_plan, plan_record
+    from dlio_mpi.plan.derive import derive_plan, describe_plan, plan_record
 
     cfg = _cfg(tmp_path, reader__read_threads=1, reader__transfer_size=262144,
                reader__computation_threads=3, reader__sample_shuffle="off",

@@ -41,7 +41,7 @@ def _value(sample_id: int) -> int:
 def _write_dataset(cfg) -> None:
     """The train split as DLIO's names and layout (samples on the last axis), each sample's
     bytes all equal to _value(its id); indexed binary with its two index files."""
-    from dlio_mpi.dataset import describe_dataset
+    from dlio_mpi.data.dataset import describe_dataset
 
     split = describe_dataset(cfg)["train"]
     per = split.samples_per_file
@@ -63,8 +63,8 @@ def _write_dataset(cfg) -> None:
 
 def _files(cfg):
     """The train split's SplitFiles as the run finds DLIO's data: headers probed."""
-    from dlio_mpi.catalog import SplitFiles, probe_file
-    from dlio_mpi.dataset import ListedLayouts, describe_dataset
+    from dlio_mpi.data.catalog import SplitFiles, probe_file
+    from dlio_mpi.data.dataset import ListedLayouts, describe_dataset
 
     split = describe_dataset(cfg)["train"]
     probed = [probe_file(cfg, split, i, split.path(i)) for i in range(split.num_files)]
@@ -74,8 +74,8 @@ def _files(cfg):
 
 
 def _plan(cfg, files, ids: np.ndarray, batch: int):
-    from dlio_mpi.plan import resolve_read_mode
-    from dlio_mpi.planner import AccessPolicy, plan_reads
+    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     fmt = files.split.format
     facts = fmt.loader_facts(files.path(0))
@@ -86,7 +86,7 @@ def _plan(cfg, files, ids: np.ndarray, batch: int):
 
 
 def _reader(cfg, files):
-    from dlio_mpi.dataset import decoded_item
+    from dlio_mpi.data.dataset import decoded_item
     from dlio_mpi.readers import ReaderOptions, open_reader
 
     options = ReaderOptions.from_config(cfg.reader, 0, decoded_item(cfg), cfg.train.seed)
@@ -314,7 +314,7 @@ def test_the_loader_module_imports_no_mpi():
                                   "framework"),
 ])
 def test_unsupported_combinations_are_refused_by_the_plan(overrides, message):
-    from dlio_mpi.plan import derive_plan
+    from dlio_mpi.plan.derive import derive_plan
 
     cfg = load_config("demo", ["reader.engine=framework", *overrides])
     with pytest.raises(UserError) as info:
@@ -340,7 +340,7 @@ def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, override
 
 
 def test_the_plan_says_which_engine_reads_and_notes_the_other_engines_keys():
-    from dlio_mpi.plan import derive_plan, describe_plan, plan_record
+    from dlio_mpi.plan.derive import derive_plan, describe_plan, plan_record
 
     cfg = load_config("demo", ["reader.engine=framework", "reader.read_threads=3",
                                "reader.prefetch_size=4", "reader.multiprocessing_context=spawn",

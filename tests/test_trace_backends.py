@@ -78,7 +78,7 @@ def test_mpiio_traces_every_request_of_the_plan(shared_tmp, access):
     the bytes each returned (a collective call's requests: its start and latency)."""
     from mpi4py import MPI
 
-    from dlio_mpi.mpi_library import is_open_mpi
+    from dlio_mpi.mpi.library import is_open_mpi
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()

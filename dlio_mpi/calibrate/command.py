@@ -100,10 +100,10 @@ def main(argv: list[str]) -> int:
 def workload_files(args):
     """(config, source, overrides, the train split's files, the paths of its first
     args.files files) of the workload args.args names (UserError if it cannot be used)."""
-    from ..catalog import locate_split_here
     from ..cli import split_args
     from ..config import ConfigError, load_config
-    from ..plan import derive_plan
+    from ..data.catalog import locate_split_here
+    from ..plan.derive import derive_plan
 
     source, overrides = split_args(args.args)
     try:
@@ -142,7 +142,7 @@ def check_emulated_by_native(cfg, library_read: str) -> None:
 
 def job_dataset(args, cfg, files, paths):
     """(the job's Dataset over `paths`: args.dataset's, or a built-in one; its name)."""
-    from ..dataset import decoded_item
+    from ..data.dataset import decoded_item
     from .datasets import builtin_dataset, default_transform, user_dataset
 
     if args.dataset:
@@ -242,10 +242,10 @@ def emulator_read_cost(cfg, files, count: int):
     workload's loader reads them (warm, one reader thread): CPU time and reads per sample."""
     from dataclasses import replace
 
-    from ..plan import resolve_read_mode
-    from ..planner import access_policy, loader_inputs, plan_reads
+    from ..plan.derive import resolve_read_mode
     from ..readers.base import ReaderOptions
     from ..readers.native import NativeReader
+    from ..sampling.requests import access_policy, loader_inputs, plan_reads
     from .measure import self_cpu_s
     from .model import ReadCost
 

@@ -23,7 +23,7 @@ from typing import Callable, Protocol
 
 from .. import _core, progress
 from ..errors import UserError, check_all, on_root
-from ..filesystems import apply_striping, nearest_existing
+from ..storage.filesystems import apply_striping, nearest_existing
 from .file_per_rank import FilePerRank, IoStats
 from .folder import CheckpointFolder
 from .results import CheckpointRecord, gather_record

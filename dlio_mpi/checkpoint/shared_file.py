@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import check_all, on_root
-from ..mpiio_rounds import mpiio_call, open_shared, read_rounds, write_rounds
+from ..mpi.write_rounds import mpiio_call, open_shared, read_rounds, write_rounds
 from ..ownership import remove_quietly, rename_noreplace, temporary_name
 from ..readers.base import drop_cached_pages
 from .file_per_rank import IoStats, shard_seed

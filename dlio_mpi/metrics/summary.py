@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..cache_tier import combine as combine_cache
+from ..tiers.cache import combine as combine_cache
 from ..training import COMPUTED, SYNCED, EpochTrace
 from . import latency
 from .au import block_metrics

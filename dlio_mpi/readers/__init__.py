@@ -9,7 +9,7 @@ from __future__ import annotations
 from importlib import import_module
 from importlib.util import find_spec
 
-from ..catalog import SplitFiles
+from ..data.catalog import SplitFiles
 from ..formats import library_read_reason
 from .base import (
     BatchStats,
@@ -28,7 +28,7 @@ BACKENDS = {
 }
 ALIASES = {"posix": "multi", "mpio": "shared"}  # DLIO's names for the same access
 # reader.staging: read_once: the files staged into the ranks' memory, served by MPI
-READ_ONCE = ("dlio_mpi.readers.read_once", "ReadOnceReader")
+READ_ONCE = ("dlio_mpi.tiers.read_once", "ReadOnceReader")
 
 # reader.engine native with files the C engine cannot read at their samples' file offsets
 # (formats.library_read_reason): format -> the backend reading them through its library

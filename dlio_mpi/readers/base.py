@@ -24,7 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from .. import _core
-from ..planner import ReadPlan
+from ..sampling.requests import ReadPlan
 
 
 @dataclass(frozen=True)

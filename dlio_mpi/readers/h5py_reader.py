@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .. import _core
-from ..catalog import SplitFiles
+from ..data.catalog import SplitFiles
 from ..formats import library_read_reason
 from ..formats.hdf5 import Rows
-from ..planner import ReadPlan
+from ..sampling.requests import ReadPlan
 from .base import (
     BatchStats,
     IoChain,
@@ -59,7 +59,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from ..pacing import StepSync
+    from ..mpi.pacing import StepSync
 
 
 def sample_delays(plan: ReadPlan) -> np.ndarray | None:

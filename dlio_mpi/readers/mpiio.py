@@ -50,10 +50,16 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import _core
-from ..catalog import SplitFiles
+from ..data.catalog import SplitFiles
 from ..errors import UserError
-from ..mpi_library import file_hints, honoured_hints, is_open_mpi, mpi_library, mpiio_implementation
-from ..planner import ReadPlan
+from ..mpi.library import (
+    file_hints,
+    honoured_hints,
+    is_open_mpi,
+    mpi_library,
+    mpiio_implementation,
+)
+from ..sampling.requests import ReadPlan
 from .base import (
     BatchStats,
     IoWatchdog,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _core
-from ..catalog import SplitFiles
-from ..pacing import StepSync
-from ..planner import ReadPlan
+from ..data.catalog import SplitFiles
+from ..mpi.pacing import StepSync
+from ..sampling.requests import ReadPlan
 from .base import BatchStats, ReaderOptions, RequestTrace
 
 

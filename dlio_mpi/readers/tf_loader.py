@@ -68,9 +68,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # INFO and WARNING off; erro
 import tensorflow as tf  # noqa: E402
 
 from .. import _core  # noqa: E402
-from ..catalog import SplitFiles  # noqa: E402
+from ..data.catalog import SplitFiles  # noqa: E402
 from ..formats.base import library_load, library_sample  # noqa: E402
-from ..planner import ReadPlan  # noqa: E402
+from ..sampling.requests import ReadPlan  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
 from .base import (  # noqa: E402
     BatchStats,
@@ -83,7 +83,7 @@ from .base import (  # noqa: E402
 )
 
 if TYPE_CHECKING:
-    from ..pacing import StepSync
+    from ..mpi.pacing import StepSync
 
 READS = FRAMEWORK_LOADERS["tensorflow"]["reads"]
 FEATURES = {"image": tf.io.FixedLenFeature([], tf.string),   # DLIO's feature spec

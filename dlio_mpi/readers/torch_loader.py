@@ -65,10 +65,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_worker_info
 
 from .. import _core
-from ..catalog import SplitFiles
-from ..dataset import FileNaming
+from ..data.catalog import SplitFiles
+from ..data.dataset import FileNaming
 from ..formats.base import library_load, library_sample
-from ..planner import ReadPlan
+from ..sampling.requests import ReadPlan
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
 from .base import (
     BatchStats,
@@ -83,7 +83,7 @@ from .base import (
 )
 
 if TYPE_CHECKING:
-    from ..pacing import StepSync
+    from ..mpi.pacing import StepSync
 
 READS = FRAMEWORK_LOADERS["pytorch"]["reads"]
 STATS_HEAD = 3  # stats tensor: bytes, read calls, file opens, then each sample's load ns

@@ -295,7 +295,7 @@ def _small_once(work: Path, batch: int, threads: int) -> dict:
     import numpy as np
 
     from dlio_mpi.config import load_config
-    from dlio_mpi.dataset import describe_dataset
+    from dlio_mpi.data.dataset import describe_dataset
 
     data, out = work / "small-data", work / f"small-out-{batch}-{threads}"
     common = ["demo", *overrides(

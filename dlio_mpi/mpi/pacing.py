@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 NAP_NS = 200_000            # the longest nap of the barrier (they double from 10 us)
 AUTO_SYNC_SPIN_NS = 200_000

@@ -16,8 +16,8 @@ import re
 import threading
 import time
 
-from .errors import UserError
-from .ownership import (
+from ..errors import UserError
+from ..ownership import (
     LOCK_NAME,
     FolderLock,
     create_exclusive,
@@ -28,7 +28,7 @@ from .ownership import (
     rename_noreplace,
     temporary_name,
 )
-from .report.folder import own_report_files
+from ..report.folder import own_report_files
 
 RESULTS_MANIFEST = "dlio_mpi_results.json"
 ACCESS_LOG = "access_log"
@@ -186,7 +186,7 @@ class OutputFolder:
             self.release()
 
     def _write_manifest(self, state: str) -> None:
-        from . import __version__
+        from .. import __version__
 
         body = {"tool": "dlio-mpi", "version": __version__, "state": state,
                 "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "files": self.files,

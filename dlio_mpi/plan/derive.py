@@ -12,23 +12,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .config import keys_set, support_notes
-from .dataset import DatasetSplit, LayoutTable, describe_dataset
-from .errors import UserError
-from .filesystems import setstripe_args
-from .formats import implemented_formats, library_read_reason, read_refusal
-from .formats.loader import TF_BUFFER
-from .planner import READ_MODES
-from .readers import (
+from ..config import keys_set, support_notes
+from ..data.dataset import DatasetSplit, LayoutTable, describe_dataset
+from ..errors import UserError
+from ..formats import implemented_formats, library_read_reason, read_refusal
+from ..formats.loader import TF_BUFFER
+from ..mpi.topology import emulated_ranks_per_node, host_info, plan_topology
+from ..readers import (
     ALIASES,
     FRAMEWORK_LOADERS,
     batches_in_flight,
     engine_refusal,
     torch_prefetch_factor,
 )
-from .sharding import steps_per_epoch
-from .stage_in import check_folders
-from .topology import emulated_ranks_per_node, host_info, plan_topology
+from ..sampling.requests import READ_MODES
+from ..sampling.sharding import steps_per_epoch
+from ..storage.filesystems import setstripe_args
+from ..tiers.stage_in import check_folders
 
 MAX_FILE_BYTES = 2**62  # the C engine refuses offsets past INT64_MAX / 2 (csrc/dio_engine.c)
 MAX_SAMPLES = 2**62     # sample ids are int64 everywhere
@@ -313,7 +313,7 @@ def _notes(cfg, library_read: str = "") -> tuple[str, ...]:
 
 def _sized_notes(cfg) -> list[str]:
     """Formats whose sizes depend on the content: the plan's bytes are estimates."""
-    from .formats import format_for, sizes_recorded
+    from ..formats import format_for, sizes_recorded
 
     fmt = cfg.dataset.format
     if fmt not in implemented_formats() or not sizes_recorded(configured := format_for(
@@ -371,7 +371,7 @@ def _mpiio_notes(rd) -> list[str]:
         notes.append(f"reader.fd_cache_size={rd.fd_cache_size}: no effect with "
                      "reader.file_access=collective, which keeps every file it read open (until "
                      "the epoch's end with reader.access: loader)")
-    from .mpi_library import is_open_mpi
+    from ..mpi.library import is_open_mpi
 
     if is_open_mpi():
         notes.append(f"reader.prefetch_size={rd.prefetch_size}: under Open MPI the MPI-IO "
@@ -387,7 +387,7 @@ def _mpiio_notes(rd) -> list[str]:
 def _check_reader_fits(cfg) -> None:
     """What only some readers do: a format read by mmap (mmap_indexed_binary: through the
     page cache, with its mapped reads), synthetic data (read by nothing)."""
-    from .formats import get_format
+    from ..formats import get_format
 
     fmt = get_format(cfg.dataset.format)
     if getattr(fmt, "reads_nothing", False):
@@ -410,7 +410,7 @@ def _check_reader_fits(cfg) -> None:
 def _check_whole_file_reads(cfg, mode: str) -> None:
     """Formats DLIO's readers decode whole (jpeg, png: the image; csv: the table) have no
     sample extent to read: reader.read_mode sample is refused for them."""
-    from .formats import get_format
+    from ..formats import get_format
 
     if mode == "sample" and cfg.workflow.train \
             and getattr(get_format(cfg.dataset.format), "whole_file_only", False):
@@ -603,7 +603,7 @@ def _unused_hints_note(cfg, splits, ranks: int) -> tuple[str, ...]:
     reads and generation (if any) deals files out."""
     if not cfg.reader.mpiio_hints or cfg.reader.file_access not in ("multi", "posix"):
         return ()
-    from .generate import writes_collectively
+    from ..data.generate import writes_collectively
 
     if cfg.workflow.generate_data and splits and writes_collectively(splits, ranks):
         return ()
@@ -619,9 +619,9 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
     and restores checkpoints; else None."""
     if not cfg.workflow.checkpoint:
         return None
-    from .checkpoint.checkpointer import restore_methods, writer_name
-    from .checkpoint.schedule import Schedule
-    from .checkpoint.sizing import checkpoint_layout
+    from ..checkpoint.checkpointer import restore_methods, writer_name
+    from ..checkpoint.schedule import Schedule
+    from ..checkpoint.sizing import checkpoint_layout
 
     ck = cfg.checkpoint
     sizing = checkpoint_layout(cfg, ranks).summary()
@@ -650,7 +650,7 @@ def _check_tensor_memory(checkpoint: Mapping, local_ranks: int, node_memory: int
     """checkpoint_mechanism pt_save keeps each rank's checkpoint share in memory as tensors
     (as DLIO does): refuse before any I/O when a node's ranks could not hold them."""
     try:
-        from .checkpoint.torch_save import memory_needed  # imports torch
+        from ..checkpoint.torch_save import memory_needed  # imports torch
     except ImportError as exc:
         raise UserError(f"checkpoint.checkpoint_mechanism: pt_save writes with torch.save, but "
                         f"torch cannot be imported ({exc}); install it with "
@@ -899,7 +899,7 @@ def _generation(plan: RunPlan) -> dict:
     """How generation will write the files: {"how": "collective" (all ranks together through
     MPI-IO), "whole_files" (fewer files than ranks, one rank a file) or "round_robin",
     "files", "writers" (ranks writing), "text" (the plan's generation line)}."""
-    from .generate import writes_collectively
+    from ..data.generate import writes_collectively
 
     files = sum(s.num_files for s in plan.splits.values())
     if writes_collectively(plan.splits, plan.ranks):
@@ -908,7 +908,7 @@ def _generation(plan: RunPlan) -> dict:
                 "MPI-IO (Write_at_all), fewer files than ranks")
     elif files < plan.ranks:
         how, writers = "whole_files", files
-        from .formats import get_format
+        from ..formats import get_format
 
         why = getattr(get_format(plan.format), "written_whole", "")
         text = (f"{files} file(s) dealt out to {files} of the {plan.ranks} ranks: {plan.format} "

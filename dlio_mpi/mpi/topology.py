@@ -16,8 +16,8 @@ import platform
 import socket
 from dataclasses import dataclass
 
-from . import _core
-from .errors import UserError
+from .. import _core
+from ..errors import UserError
 
 ENV_RANKS_PER_NODE = "DLIO_MPI_RANKS_PER_NODE"
 PING_PONGS = 8

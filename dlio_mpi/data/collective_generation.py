@@ -13,12 +13,12 @@ The rounds and their error agreement are mpiio_rounds.py's."""
 
 from __future__ import annotations
 
-from . import _core
+from .. import _core
+from ..errors import check_all, on_root
+from ..formats.base import StagedWrites
+from ..mpi.write_rounds import mpiio_call, open_shared, write_rounds
+from ..ownership import temporary_name
 from .dataset import DatasetSplit
-from .errors import check_all, on_root
-from .formats.base import StagedWrites
-from .mpiio_rounds import mpiio_call, open_shared, write_rounds
-from .ownership import temporary_name
 
 
 def collective_format(split: DatasetSplit) -> bool:
@@ -34,7 +34,7 @@ def write_file_collectively(comm, split: DatasetSplit, index: int, seed: int,
     the others). Returns the file's size and the MPI-IO hints in effect for it."""
     from mpi4py import MPI
 
-    from .mpi_library import file_hints
+    from ..mpi.library import file_hints
 
     path, spec, fmt = split.path(index), split.spec(index), split.format
     header, payload = fmt.payload_extent(spec)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core
+from .. import _core
 
 FILE_STREAM, SAMPLE_STREAM, DRAW_STREAM = 0, 1, 2
 

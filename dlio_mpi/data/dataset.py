@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .formats import FileLayout, Format, SampleSpec, UnitExtents, format_for
+from ..formats import FileLayout, Format, SampleSpec, UnitExtents, format_for
 
 SPLITS = ("train", "valid")
 SHAPE_SEED = 10  # DLIO seeds its global NumPy RNG with 10 before drawing file shapes

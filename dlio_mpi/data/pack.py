@@ -24,17 +24,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core
+from .. import _core
+from ..config import ConfigError, load_config
+from ..config.loader import parse_override
+from ..errors import UserError, check_all, on_root
+from ..formats.base import SampleSpec, StagedWrites
+from ..formats.indexed_binary import IndexedBinaryFormat
+from ..ownership import LOCK_NAME, FolderLock, new_tag, read_regular
 from .catalog import locate_split
-from .config import ConfigError, load_config
-from .config.loader import parse_override
 from .dataset import SHAPE_CHUNK, SPLITS, FileNaming, describe_dataset
-from .errors import UserError, check_all, on_root
-from .formats.base import SampleSpec, StagedWrites
-from .formats.indexed_binary import IndexedBinaryFormat
 from .generate import _remove_temporaries, check_free_space
 from .manifest import differing_params, generation_params, read_manifest, write_manifest
-from .ownership import LOCK_NAME, FolderLock, new_tag, read_regular
 
 SHARD_BYTES = 256 << 20  # default shard size: large reads, few files, still many per rank
 OVERRIDES_NAME = "dlio_mpi_pack_overrides.txt"

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core
+from .. import _core
+from ..errors import UserError, on_root
+from ..formats import FileLayout, probe_record, record_width, sizes_recorded
 from .dataset import COLUMNS, DatasetSplit, LayoutTable, ListedLayouts, ShiftedLayouts, SizedLayouts
-from .errors import UserError, on_root
-from .formats import FileLayout, probe_record, record_width, sizes_recorded
 from .manifest import differing_params, generation_params, read_manifest
 from .recorded_sizes import read_sizes
 

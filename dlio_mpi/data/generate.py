@@ -16,16 +16,22 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core, progress
+from .. import _core, progress
+from ..errors import JobError, Stopped, UserError, check_all, on_root
+from ..formats import probe_record, record_width, sizes_recorded
+from ..formats.base import StagedWrites
+from ..ownership import (
+    LOCK_NAME,
+    FolderLock,
+    is_temporary_of,
+    new_tag,
+    remove_quietly,
+)
+from ..storage.filesystems import apply_striping, nearest_existing
 from .catalog import spot_check_sizes
 from .collective_generation import collective_format, write_file_collectively
 from .dataset import SPLITS, DatasetSplit, LayoutTable, SizedLayouts
-from .errors import JobError, Stopped, UserError, check_all, on_root
-from .filesystems import apply_striping, nearest_existing
-from .formats import probe_record, record_width, sizes_recorded
-from .formats.base import StagedWrites
 from .manifest import differing_params, generation_params, read_manifest, write_manifest
-from .ownership import LOCK_NAME, FolderLock, is_temporary_of, new_tag, remove_quietly
 from .recorded_sizes import (
     UNKNOWN,
     read_sizes,

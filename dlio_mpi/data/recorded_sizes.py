@@ -14,7 +14,12 @@ import os
 
 import numpy as np
 
-from .ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+from ..ownership import (
+    create_exclusive,
+    remove_quietly,
+    rename_noreplace,
+    temporary_name,
+)
 
 UNKNOWN = -1
 

@@ -29,11 +29,11 @@ import threading
 import numpy as np
 
 from .. import _core
-from ..catalog import SplitFiles
+from ..data.catalog import SplitFiles
 from ..errors import describe
-from ..planner import ReadPlan
-from ..topology import emulated_ranks_per_node
-from .base import BatchStats, ReaderOptions, python_steps
+from ..mpi.topology import emulated_ranks_per_node
+from ..readers.base import BatchStats, ReaderOptions, python_steps
+from ..sampling.requests import ReadPlan
 
 CHUNK = 64 << 20  # bytes per read call while staging
 # test hook: each delivered sample checked against a pread of its file (slow; tests only)

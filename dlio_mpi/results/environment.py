@@ -33,7 +33,7 @@ def software_versions() -> dict[str, Any]:
     import numpy
     import yaml
 
-    from . import __version__
+    from .. import __version__
 
     versions: dict[str, Any] = {
         "dlio_mpi": __version__, "python": platform.python_version(),
@@ -50,7 +50,7 @@ def mpi_description() -> dict[str, Any]:
     MPI_Get_library_version, and the MPI standard it implements."""
     from mpi4py import MPI
 
-    from .mpi_library import mpi_library
+    from ..mpi.library import mpi_library
 
     name, version = MPI.get_vendor()
     return {"name": name, "version": ".".join(str(v) for v in version),

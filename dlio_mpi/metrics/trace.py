@@ -22,9 +22,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from . import _core
-from .planner import ReadPlan
-from .training import COMPUTED, GOT, START, SYNCED, EpochTrace
+from .. import _core
+from ..sampling.requests import ReadPlan
+from ..training import COMPUTED, GOT, START, SYNCED, EpochTrace
 
 STEPS_TID = 1  # the step loop's track; reader threads' tracks follow
 

@@ -10,7 +10,7 @@ import json
 import os
 import time
 
-from .ownership import create_exclusive, read_regular, temporary_name
+from ..ownership import create_exclusive, read_regular, temporary_name
 
 MANIFEST_NAME = "dlio_mpi_manifest.json"
 
@@ -69,7 +69,7 @@ def read_manifest(root: str) -> dict | None:
 def write_manifest(root: str, params: dict, complete: bool, tag: str, **extra) -> None:
     """Write the manifest atomically (an exclusive temporary carrying the job's `tag`, then a
     rename over the previous manifest, which read_manifest has found to be ours)."""
-    from . import __version__
+    from .. import __version__
 
     body = {"tool": "dlio-mpi", "version": __version__, "complete": complete,
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "params": params, **extra}

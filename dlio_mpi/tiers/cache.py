@@ -35,16 +35,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import _core
-from .errors import UserError, check_all, on_root
-from .ownership import (
+from .. import _core
+from ..errors import UserError, check_all, on_root
+from ..ownership import (
     create_exclusive,
     is_temporary_of,
     read_own_json,
     remove_quietly,
     temporary_name,
 )
-from .planner import ReadPlan
+from ..sampling.requests import ReadPlan
 from .stage_in import check_node_local, node_root
 
 CACHE_MANIFEST = "dlio_mpi_cache.json"

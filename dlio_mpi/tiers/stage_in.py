@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core, progress
-from .dataset import DatasetSplit, FileNaming
-from .errors import UserError, check_all, on_root
-from .manifest import manifest_path, read_manifest
-from .ownership import (
+from .. import _core, progress
+from ..data.dataset import DatasetSplit, FileNaming
+from ..data.manifest import manifest_path, read_manifest
+from ..errors import UserError, check_all, on_root
+from ..ownership import (
     create_exclusive,
     read_own_json,
     remove_quietly,

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _core
-from .dataset import Layouts, LayoutTable
-from .formats.base import UnitExtents
-from .formats.loader import WholeFileReads
+from .. import _core
+from ..data.dataset import Layouts, LayoutTable
+from ..formats.base import UnitExtents
+from ..formats.loader import WholeFileReads
 
 READ_MODES = ("sample", "file", "file_once")
 

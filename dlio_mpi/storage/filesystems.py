@@ -19,10 +19,10 @@ import subprocess
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import UserError
+from ..errors import UserError
 
 if TYPE_CHECKING:
-    from .config.schema import Lustre
+    from ..config.schema import Lustre
 
 MOUNTINFO = "/proc/self/mountinfo"
 LFS_TIMEOUT_SECONDS = 30.0
