@@ -63,6 +63,7 @@ from .plan.derive import RunPlan, derive_plan, describe_plan, resolve_read_mode
 from .readers import ReaderBackend, ReaderOptions, batches_in_flight, open_reader
 from .results.environment import describe_environment
 from .results.folder import OutputFolder, access_log_name
+from .results.names import CONFIG, PER_EPOCH_STATS, SUMMARY
 from .sampling.requests import AccessPolicy, access_policy, loader_inputs, plan_reads
 from .sampling.sharding import (
     ShuffleSpec,
@@ -465,11 +466,11 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
         if checkpoints is not None:
             for epoch, entries in epoch_entries(checkpoints.records, wall_offset).items():
                 stats.setdefault(str(epoch), {}).update(entries)
-        out.write("summary.json", lambda fp: json.dump(summary, fp, indent=2))
-        out.write("per_epoch_stats.json", lambda fp: json.dump(stats, fp, indent=2))
-        out.write("config.yaml", lambda fp: yaml.safe_dump({"workload": cfg.to_dict()}, fp,
+        out.write(SUMMARY, lambda fp: json.dump(summary, fp, indent=2))
+        out.write(PER_EPOCH_STATS, lambda fp: json.dump(stats, fp, indent=2))
+        out.write(CONFIG, lambda fp: yaml.safe_dump({"workload": cfg.to_dict()}, fp,
                                                            sort_keys=False))
-        for name in ("summary.json", "per_epoch_stats.json", "config.yaml"):
+        for name in (SUMMARY, PER_EPOCH_STATS, CONFIG):
             out.record(name)
         say(comm, format_table(train_epochs, eval_epochs, summary),
             f"results in {out.path('summary.json')}", out=out)

@@ -8,8 +8,8 @@ import pytest
 
 from dlio_mpi.metrics import latency
 from dlio_mpi.metrics.au import block_metrics
+from dlio_mpi.metrics.epoch_trace import EpochTrace
 from dlio_mpi.metrics.summary import EpochSummary, condense, phase_metrics
-from dlio_mpi.training import EpochTrace
 
 
 def _block(wait, compute, planned=None, sync=None, block=1.0, batch=1, start=0, end=0):

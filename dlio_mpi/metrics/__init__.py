@@ -1,2 +1,2 @@
-"""Timers, counters and the metrics computed from them (AU, throughput, latency), their
-reduction over ranks and the files and tables they are reported in."""
+"""What the step loop measured (the epoch trace) and what is computed from it: AU, throughput
+and latency, the time series (intervals) and the per-request trace, reduced over the ranks."""

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _core
-from ..readers.base import BYTES, DEADLINE, GOT, OPS, SYNCED
 from ..sampling.requests import ReadPlan
 from . import latency
+from .epoch_trace import BYTES, DEADLINE, GOT, OPS, SYNCED
 
 MIB = 2**20
 TAG = 0x1D10
@@ -327,7 +327,7 @@ class IntervalStats:
 
     def write(self, out) -> None:
         """Rank 0: the rows into output.folder (an OutputFolder)."""
-        from ..results.folder import INTERVAL_STATS
+        from ..results.names import INTERVAL_STATS
 
         out.write(INTERVAL_STATS, lambda fp: json.dump(self.rows, fp, indent=1))
         out.record(INTERVAL_STATS)

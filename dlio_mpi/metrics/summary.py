@@ -15,9 +15,9 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..tiers.cache import combine as combine_cache
-from ..training import COMPUTED, SYNCED, EpochTrace
 from . import latency
 from .au import block_metrics
+from .epoch_trace import COMPUTED, SYNCED, EpochTrace
 
 MIB = 2**20
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import _core
 from ..sampling.requests import ReadPlan
-from ..training import COMPUTED, GOT, START, SYNCED, EpochTrace
+from .epoch_trace import COMPUTED, GOT, START, SYNCED, EpochTrace
 
 STEPS_TID = 1  # the step loop's track; reader threads' tracks follow
 

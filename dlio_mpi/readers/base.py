@@ -24,6 +24,7 @@ from typing import Protocol
 import numpy as np
 
 from .. import _core
+from ..metrics.epoch_trace import RequestTrace
 from ..sampling.requests import ReadPlan
 
 
@@ -251,31 +252,6 @@ def forget_thread_io() -> None:
     fd = _IO_FDS.pop((os.getpid(), threading.get_native_id()), -1)
     if fd >= 0:
         os.close(fd)
-
-
-@dataclass(frozen=True)
-class RequestTrace:
-    """Per request of an epoch, for output.trace: when its read began (CLOCK_MONOTONIC ns),
-    the reader thread that served it (-1: the step loop's own thread) and the bytes it
-    transferred; its latency is the backend's lat_ns."""
-
-    start_ns: np.ndarray
-    thread: np.ndarray
-    nread: np.ndarray
-
-    @staticmethod
-    def empty(requests: int) -> RequestTrace:
-        """Zeroed, and its pages faulted in (np.full writes them; np.zeros would not)."""
-        return RequestTrace(*(np.full(requests, 0, dtype=np.int64) for _ in range(3)))
-
-    def head(self, requests: int) -> RequestTrace:
-        """A copy of the first `requests` entries."""
-        return RequestTrace(self.start_ns[:requests].copy(), self.thread[:requests].copy(),
-                            self.nread[:requests].copy())
-
-
-# Columns of the step records run_steps returns (CLOCK_MONOTONIC ns, then bytes and reads).
-START, READY, GOT, DEADLINE, COMPUTED, SYNCED, BYTES, OPS = range(8)
 
 
 class ReaderBackend(Protocol):

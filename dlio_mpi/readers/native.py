@@ -7,9 +7,10 @@ import numpy as np
 
 from .. import _core
 from ..data.catalog import SplitFiles
+from ..metrics.epoch_trace import RequestTrace
 from ..mpi.pacing import StepSync
 from ..sampling.requests import ReadPlan
-from .base import BatchStats, ReaderOptions, RequestTrace
+from .base import BatchStats, ReaderOptions
 
 
 class NativeReader:

@@ -25,7 +25,7 @@ def make_report(folders: list[str], output: str | None = None) -> list[str]:
         import matplotlib  # noqa: F401 - the `report` extra
     except ImportError:
         raise MissingMatplotlib(INSTALL_HINT) from None
-    from .folder import write_report_folder
+    from ..results.report_folder import write_report_folder
     from .results import read_results
 
     runs = [read_results(folder) for folder in folders]

@@ -9,9 +9,9 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from ..results.names import CONFIG, INTERVAL_STATS, PER_EPOCH_STATS, SUMMARY
 
-REQUIRED = ("summary.json", "per_epoch_stats.json")
-INTERVAL_STATS = "interval_stats.json"  # output.INTERVAL_STATS (not imported: no MPI here)
+REQUIRED = (SUMMARY, PER_EPOCH_STATS)
 
 
 @dataclass
@@ -87,8 +87,8 @@ def read_results(folder: str) -> RunResults:
     if missing:
         raise UserError(f"report: {folder} is not a dlio-mpi results folder (no "
                         f"{' or '.join(missing)}): give the output.folder of a finished run")
-    summary = _json(folder, "summary.json")
-    stats = _json(folder, "per_epoch_stats.json")
+    summary = _json(folder, SUMMARY)
+    stats = _json(folder, PER_EPOCH_STATS)
     epochs, evals = [], []
     for key, entry in stats.items():
         if not key.isdigit() or not isinstance(entry, dict):
@@ -149,7 +149,7 @@ def _workload_name(folder: str) -> str:
     import yaml
 
     try:
-        with open(os.path.join(folder, "config.yaml")) as fp:
+        with open(os.path.join(folder, CONFIG)) as fp:
             cfg = yaml.safe_load(fp)
         name = cfg["workload"]["model"]["name"]
         if isinstance(name, str) and name:

@@ -28,15 +28,8 @@ from ..ownership import (
     rename_noreplace,
     temporary_name,
 )
-from ..report.folder import own_report_files
-
-RESULTS_MANIFEST = "dlio_mpi_results.json"
-ACCESS_LOG = "access_log"
-REPORT = "report"  # dlio-mpi report's plots of the results
-INTERVAL_STATS = "interval_stats.json"  # output.stats_interval's time series
-# what a run writes besides its log (output.log_file may not take these names)
-RESERVED = ("summary.json", "per_epoch_stats.json", "config.yaml", RESULTS_MANIFEST,
-            ACCESS_LOG, REPORT, INTERVAL_STATS, "dlio_mpi.lock")
+from .names import ACCESS_LOG, REPORT, RESERVED, RESULTS_MANIFEST
+from .report_folder import own_report_files
 
 
 class OutputFolder:

@@ -409,7 +409,7 @@ def _trace_engine_only(paths: list[str], n: int = 131072, repeats: int = 15) -> 
     import numpy as np
 
     from dlio_mpi import _core
-    from dlio_mpi.readers.base import RequestTrace
+    from dlio_mpi.metrics.epoch_trace import RequestTrace
 
     rng = np.random.default_rng(1)
     files = rng.integers(0, len(paths), n).astype(np.int64)

@@ -17,14 +17,13 @@ from ..ownership import (
     rename_noreplace,
     temporary_name,
 )
-
-MANIFEST = "dlio_mpi_report.json"
+from .names import REPORT_MANIFEST
 
 
 def own_report_files(folder: str) -> list[str] | None:
     """The files of an earlier report of ours in `folder` (its manifest last), or None when
     the folder holds anything else: what a new run may remove with the results drawn."""
-    manifest_path = os.path.join(folder, MANIFEST)
+    manifest_path = os.path.join(folder, REPORT_MANIFEST)
     try:
         earlier = read_own_json(manifest_path, "")
         entries = os.listdir(folder)
@@ -32,12 +31,13 @@ def own_report_files(folder: str) -> list[str] | None:
         return None
     listed = (earlier or {}).get("files", {})
     for entry in entries:
-        if entry == MANIFEST:
+        if entry == REPORT_MANIFEST:
             continue
         st = os.lstat(os.path.join(folder, entry))
         if listed.get(entry) != [st.st_size, st.st_mtime_ns]:
             return None
-    return [e for e in entries if e != MANIFEST] + ([MANIFEST] if MANIFEST in entries else [])
+    ours = [e for e in entries if e != REPORT_MANIFEST]
+    return ours + ([REPORT_MANIFEST] if REPORT_MANIFEST in entries else [])
 
 
 def write_report_folder(folder: str, files: dict[str, bytes]) -> list[str]:
@@ -46,13 +46,13 @@ def write_report_folder(folder: str, files: dict[str, bytes]) -> list[str]:
         os.makedirs(folder, exist_ok=True)
     except OSError as exc:
         raise UserError(f"report: cannot make {folder}: {exc.strerror or exc}") from exc
-    manifest_path = os.path.join(folder, MANIFEST)
+    manifest_path = os.path.join(folder, REPORT_MANIFEST)
     earlier = read_own_json(manifest_path, f"report: {manifest_path} is not dlio-mpi's; "
                             "move it away or give another --output") or {}
     listed = earlier.get("files", {})
     for entry in sorted(os.listdir(folder)):
         full = os.path.join(folder, entry)
-        if entry == MANIFEST:
+        if entry == REPORT_MANIFEST:
             continue
         st = os.lstat(full)
         if listed.get(entry) != [st.st_size, st.st_mtime_ns]:

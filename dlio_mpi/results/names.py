@@ -1,0 +1,16 @@
+"""The names of what a run writes in its output folder: written by run.py and results/folder.py,
+read back by `dlio-mpi report` (report/), which must not import MPI."""
+
+from ..ownership import LOCK_NAME
+
+SUMMARY = "summary.json"
+PER_EPOCH_STATS = "per_epoch_stats.json"
+CONFIG = "config.yaml"
+RESULTS_MANIFEST = "dlio_mpi_results.json"  # what the run wrote, for the next run to recognise
+ACCESS_LOG = "access_log"
+REPORT = "report"  # dlio-mpi report's plots of the results
+REPORT_MANIFEST = "dlio_mpi_report.json"  # in REPORT: what the report wrote
+INTERVAL_STATS = "interval_stats.json"  # output.stats_interval's time series
+# what a run writes besides its log (output.log_file may not take these names)
+RESERVED = (SUMMARY, PER_EPOCH_STATS, CONFIG, RESULTS_MANIFEST, ACCESS_LOG, REPORT,
+            INTERVAL_STATS, LOCK_NAME)
