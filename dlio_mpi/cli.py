@@ -112,7 +112,8 @@ def _command(args, comm) -> int:
     cfg = check_all(comm, lambda: load_config(source, overrides),
                     expected=(ConfigError, UserError, OSError))
     if args.command == "validate":
-        from .plan.derive import derive_plan, plan_record, render_plan
+        from .plan.derive import derive_plan
+        from .plan.render import plan_record, render_plan
 
         ranks = comm.Get_size() if args.ranks is None else args.ranks
 

@@ -59,7 +59,9 @@ from .metrics.trace import RankTrace, trace_name
 from .mpi.pacing import Pacing, make_pacing
 from .mpi.topology import Topology, discover, emulated_ranks_per_node
 from .ownership import remove_quietly
-from .plan.derive import RunPlan, derive_plan, describe_plan, resolve_read_mode
+from .plan.derive import RunPlan, derive_plan
+from .plan.notes import resolve_read_mode
+from .plan.render import describe_plan
 from .readers import ReaderBackend, ReaderOptions, batches_in_flight, open_reader
 from .results.environment import describe_environment
 from .results.folder import OutputFolder, access_log_name

@@ -592,7 +592,8 @@ def test_data_loader_none_is_refused_as_dlio_refuses_it():
     ("profiling.profiler=darshan", "profiling.profiler=darshan"),
 ])
 def test_settings_without_effect_are_noted_in_the_plan(override, shown):
-    from dlio_mpi.plan.derive import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
 
     cfg = load_config("demo", [override])
     notes = [n for n in derive_plan(cfg, 2).notes if "no effect" in n]
@@ -671,7 +672,8 @@ def test_data_loader_acts_on_multi_sample_files_and_says_what_it_emulates():
 
 
 def test_the_plan_says_how_long_the_compute_takes():
-    from dlio_mpi.plan.derive import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
 
     cfg = load_config("demo", ["train.computation_time=1e9"])
     text = describe_plan(derive_plan(cfg, 2), cfg)
@@ -832,7 +834,8 @@ def test_any_value_of_any_key_is_taken_or_refused_cleanly():
     agreed error (ConfigError, UserError), never in an overflow or a crash."""
     from dlio_mpi.config.schema import schema_keys
     from dlio_mpi.errors import UserError
-    from dlio_mpi.plan.derive import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
 
     small = {"dataset.num_files_train": "8", "dataset.record_length_bytes": "4096",
              "dataset.record_length_bytes_stdev": "0"}
@@ -848,7 +851,8 @@ def test_any_value_of_any_key_is_taken_or_refused_cleanly():
 
 def test_mpiio_backends_take_drop_page_cache_and_the_watchdog():
     from dlio_mpi.config import load_config
-    from dlio_mpi.plan.derive import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
 
     for access in ("shared", "collective"):
         cfg = load_config("demo", [f"reader.file_access={access}",

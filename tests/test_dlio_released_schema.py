@@ -252,7 +252,8 @@ UNREAD = [
 
 
 def test_keys_dlio_2_never_reads_are_noted_and_do_nothing(tmp_path):
-    from dlio_mpi.plan.derive import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
 
     cfg = load_config(released("dlrm"))
     note = f"{', '.join(shown for *_, shown in UNREAD)}: {UNREAD_NOTE}"

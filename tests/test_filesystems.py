@@ -415,7 +415,8 @@ def test_lustre_folders_and_files_are_described_with_their_layout(lustre):
 
 # --------------------------------------------------------------------------- the plan
 def plan_text(overrides=(), filesystems=None, striping=None) -> str:
-    from dlio_mpi.plan.derive import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
 
     cfg = load_config("demo", list(overrides))
     return describe_plan(derive_plan(cfg, 2), cfg, filesystems, striping)
@@ -475,7 +476,7 @@ def test_the_plan_shows_lustre_layouts_and_gpfs_block_sizes(lustre):
 def test_the_plan_notes_mpiio_striping_hints_beside_storage_lustre():
     from types import SimpleNamespace
 
-    from dlio_mpi.plan.derive import storage_lines
+    from dlio_mpi.plan.render import storage_lines
 
     storage = load_config("demo", ["storage.lustre.stripe_count=4"]).storage
     cfg = SimpleNamespace(storage=storage, reader=SimpleNamespace(

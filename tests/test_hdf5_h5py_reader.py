@@ -74,7 +74,7 @@ def _rows(files, sample_id: int) -> bytes:
 
 
 def _plan(cfg, files, ids: np.ndarray, batch: int, delays: np.ndarray | None = None):
-    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.plan.notes import resolve_read_mode
     from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     return plan_reads(ids, len(ids) // batch, batch, files.split.samples_per_file,
@@ -157,7 +157,8 @@ def test_bytes_read_are_the_chunks_hdf5_reads(tmp_path):
 
 @pytest.mark.parametrize("extra", [{}, {"dataset__hdf5__chunk_dims": "[1,16,16]"}])
 def test_contiguous_and_one_sample_chunks_stay_with_the_c_engine(tmp_path, extra):
-    from dlio_mpi.plan.derive import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
     from dlio_mpi.readers.native import NativeReader
 
     cfg = _config(tmp_path, **extra)
@@ -174,7 +175,8 @@ def test_contiguous_and_one_sample_chunks_stay_with_the_c_engine(tmp_path, extra
 
 @pytest.mark.parametrize("extra,why", LIBRARY_READ)
 def test_the_plan_says_h5py_reads_and_why(tmp_path, extra, why):
-    from dlio_mpi.plan.derive import derive_plan, describe_plan
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
 
     cfg = _config(tmp_path, reader__read_threads=3, **extra)
     plan = derive_plan(cfg, 2)

@@ -52,7 +52,7 @@ def _dataset(tmp, **values):
 def _read_plan(cfg, split, files, steps: int, batch: int, shard=None):
     from mpi4py import MPI
 
-    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.plan.notes import resolve_read_mode
     from dlio_mpi.sampling.requests import plan_reads
     from dlio_mpi.sampling.sharding import ShuffleSpec, epoch_shuffle, rank_shard
 

@@ -63,7 +63,7 @@ def _files(cfg):
 
 
 def _plan(cfg, files, ids: np.ndarray, batch: int):
-    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.plan.notes import resolve_read_mode
     from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     fmt = files.split.format
@@ -243,7 +243,7 @@ def test_npy_npz_batches_hold_the_planned_samples_in_the_plans_order(tmp_path, f
                               reader__read_type="memory" if memory else "on_demand")
     total = files.split.num_samples
     ids = np.random.default_rng(per_file).permutation(total)[: total // 2 // 2 * 2]
-    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.plan.notes import resolve_read_mode
     from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     fmt_obj = files.split.format
@@ -380,7 +380,8 @@ def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, override
 
 
 def test_the_plan_says_the_tf_data_pipeline_runs(tmp_path):
-    from dlio_mpi.plan.derive import derive_plan, describe_plan, plan_record
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan, plan_record
 
     cfg = _cfg(tmp_path, reader__read_threads=1, reader__transfer_size=262144,
                reader__computation_threads=3, reader__sample_shuffle="off",

@@ -74,7 +74,7 @@ def _files(cfg):
 
 
 def _plan(cfg, files, ids: np.ndarray, batch: int):
-    from dlio_mpi.plan.derive import resolve_read_mode
+    from dlio_mpi.plan.notes import resolve_read_mode
     from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     fmt = files.split.format
@@ -340,7 +340,8 @@ def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, override
 
 
 def test_the_plan_says_which_engine_reads_and_notes_the_other_engines_keys():
-    from dlio_mpi.plan.derive import derive_plan, describe_plan, plan_record
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan, plan_record
 
     cfg = load_config("demo", ["reader.engine=framework", "reader.read_threads=3",
                                "reader.prefetch_size=4", "reader.multiprocessing_context=spawn",

@@ -17,7 +17,6 @@ TIB = 2**40  # a sample of 1 TiB: a few files outgrow any test machine's disk
 
 
 def _size(n: float) -> str:
-    from dlio_mpi.plan.derive import _size
 
     return _size(n)
 

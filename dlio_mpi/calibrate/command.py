@@ -242,7 +242,7 @@ def emulator_read_cost(cfg, files, count: int):
     workload's loader reads them (warm, one reader thread): CPU time and reads per sample."""
     from dataclasses import replace
 
-    from ..plan.derive import resolve_read_mode
+    from ..plan.notes import resolve_read_mode
     from ..readers.base import ReaderOptions
     from ..readers.native import NativeReader
     from ..sampling.requests import access_policy, loader_inputs, plan_reads

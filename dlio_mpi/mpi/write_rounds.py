@@ -22,7 +22,7 @@ Block = tuple[int, int, Callable[[np.ndarray], None]]
 def open_shared(comm, path: str, hints: dict[str, str], mode: int):
     """File.Open of `path` on `comm` with `hints`, its errors agreed by all ranks (JobError
     naming the file)."""
-    from ..readers.mpiio import info_of, open_file
+    from .mpiio import info_of, open_file
 
     info = info_of(hints)
     try:
@@ -89,7 +89,7 @@ def mpiio_call(call, verb: str, path: str):
     """An MPI-IO call whose errors are OSErrors naming `path`."""
     from mpi4py import MPI
 
-    from ..readers.mpiio import mpi_oserror
+    from .mpiio import mpi_oserror
 
     try:
         return call()

@@ -45,7 +45,7 @@ from ..ownership import (
     temporary_name,
 )
 from ..sampling.requests import ReadPlan
-from .stage_in import check_node_local, node_root
+from ..storage.node_local import check_node_local, node_root
 
 CACHE_MANIFEST = "dlio_mpi_cache.json"
 KIND = "dlio-mpi cache tier"

@@ -41,6 +41,7 @@ from ..ownership import (
     rename_noreplace,
     temporary_name,
 )
+from ..storage.node_local import check_node_local, node_root
 
 STAGE_MANIFEST = "dlio_mpi_stage.json"
 KIND = "dlio-mpi stage-in copy"
@@ -377,38 +378,6 @@ def _copy_small(src: str, dst: str, tag: str) -> None:
         fp.flush()
         os.fsync(fp.fileno())
     rename_noreplace(tmp, dst)  # nothing there: make_way cleared our earlier one
-
-
-def node_root(to: str, scope: str, node: int, emulated: bool) -> str:
-    """Where this rank's copy goes."""
-    return os.path.join(to, f"node{node}") if scope == "node" and emulated else to
-
-
-def check_node_local(comm, to: str, node: int, leader: bool, tag: str) -> None:
-    """Collective (scope node on real nodes): refuse a `to` that the nodes share."""
-    probe = os.path.join(to, f".dlio_mpi-{tag}-node{node}.probe")
-
-    def write() -> None:
-        if leader:
-            os.makedirs(to, exist_ok=True)
-            os.close(create_exclusive(probe))
-
-    check_all(comm, write)
-    comm.Barrier()
-    seen = []
-    if leader:
-        seen = sorted(n for n in os.listdir(to)
-                      if n.startswith(f".dlio_mpi-{tag}-node") and n.endswith(".probe")
-                      and n != os.path.basename(probe))
-    seen = comm.allgather(seen)
-    comm.Barrier()
-    if leader:
-        remove_quietly([probe])
-    shared = [(n, s) for n, s in enumerate(seen) if s]
-    if shared:
-        raise UserError(f"storage.stage_in.scope: node, but {to} is one folder the nodes "
-                        f"share (a rank sees {shared[0][1][0]}, another node's file there); "
-                        "expected a node-local folder, or scope: job")
 
 
 def stage_in(comm, opts, files: StageSet, source: str, topo, tag: str

@@ -1,0 +1,191 @@
+"""The checks that need the derived plan (steps, bytes, memory per node): each refuses with one
+message naming the keys, the values and what would be accepted. Per-key rules live in the
+schema, a backend's limits on the backend."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..data.dataset import DatasetSplit
+from ..errors import UserError
+from ..readers import (
+    batches_in_flight,
+)
+from .limits import MAX_FILE_BYTES, MAX_PATH_BYTES, MAX_SAMPLES, SHAPE_BYTES_PER_FILE
+from .units import number_text, size_text
+
+
+def access_order_refusal(cfg) -> str | None:
+    """reader.access_order sorted reorders the plan's reads per batch: refused where no
+    planned read per batch goes to storage in the plan's order (the framework loaders read as
+    their own samplers and workers decide; read_once reads every file before the epochs)."""
+    if cfg.reader.access_order != "sorted":
+        return None
+    if cfg.reader.engine == "framework":
+        return ("reader.access_order: sorted with reader.engine framework is not implemented "
+                "yet (the real loader orders its own reads); accepted: reader.access_order "
+                "shuffled, or reader.engine native")
+    if cfg.reader.staging == "read_once":
+        return ("reader.access_order: sorted with reader.staging read_once is not implemented "
+                "yet (the files are read once, whole, before the first epoch: there are no "
+                "reads per batch to order); accepted: reader.access_order shuffled, or "
+                "reader.staging none")
+    return None
+
+def check_measurable(steps: int, cfg, phase: str) -> None:
+    """AU excludes the first and last steps of an epoch; some must remain to be measured."""
+    metric = cfg.output.metric
+    if steps <= metric.exclude_start_steps + metric.exclude_end_steps:
+        raise UserError(
+            f"{phase} has {steps} steps per epoch, but output.metric.exclude_start_steps="
+            f"{metric.exclude_start_steps} and exclude_end_steps={metric.exclude_end_steps} "
+            "exclude them all from AU; add files or lower the batch size or the exclusions")
+
+def check_reader_fits(cfg) -> None:
+    """What only some readers do: a format read by mmap (mmap_indexed_binary: through the
+    page cache, with its mapped reads), synthetic data (read by nothing)."""
+    from ..formats import get_format
+
+    fmt = get_format(cfg.dataset.format)
+    if getattr(fmt, "reads_nothing", False):
+        if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
+            raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, "
+                            "but dataset.format synthetic reads nothing; expected multi")
+        return
+    if not getattr(fmt, "reads_by_mmap", False):
+        return
+    if cfg.reader.odirect:
+        raise UserError(f"reader.odirect: true does not combine with dataset.format "
+                        f"{cfg.dataset.format}, which is read through a memory mapping (the "
+                        "page cache); expected false, or dataset.format indexed_binary")
+    if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
+        raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, but "
+                        f"dataset.format {cfg.dataset.format} is read through a memory "
+                        "mapping; expected multi (or dataset.format indexed_binary)")
+
+def check_whole_file_reads(cfg, mode: str) -> None:
+    """Formats DLIO's readers decode whole (jpeg, png: the image; csv: the table) have no
+    sample extent to read: reader.read_mode sample is refused for them."""
+    from ..formats import get_format
+
+    if mode == "sample" and cfg.workflow.train \
+            and getattr(get_format(cfg.dataset.format), "whole_file_only", False):
+        raise UserError(f"reader.read_mode: sample reads each sample's extent, but DLIO's "
+                        f"{cfg.dataset.format} reader decodes whole files (a sample is not an "
+                        "extent of one); expected auto, file or file_once")
+
+def check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
+    """Drawn sample shapes are kept for every file on every rank: refuse before drawing them
+    when the ranks of a node could not hold them."""
+    ds = cfg.dataset
+    if ds.record_dims or ds.record_length_bytes_stdev <= 0:
+        return  # one shape for all files
+    files = ds.num_files_train + ds.num_files_eval
+    per_rank = files * SHAPE_BYTES_PER_FILE
+    if per_rank * ranks_per_node > node_memory:
+        raise UserError(
+            f"dataset.num_files_train={ds.num_files_train} and num_files_eval="
+            f"{ds.num_files_eval} with dataset.record_length_bytes_stdev: the files' drawn "
+            f"sample shapes need {_memory(per_rank, ranks_per_node, node_memory)}")
+
+def _sample_keys(ds) -> str:
+    """The keys that size a sample, with their values."""
+    if ds.record_dims:
+        return f"dataset.record_dims={list(ds.record_dims)}"
+    stdev = ds.record_length_bytes_stdev
+    return (f"dataset.record_length_bytes={number_text(ds.record_length_bytes)}"
+            + (f" (stdev {number_text(stdev)})" if stdev else ""))
+
+def _largest_sample(split: DatasetSplit) -> int:
+    """Elements of the largest sample of `split` (exact: Python ints)."""
+    if len(split.dims) == 1:
+        return math.prod(int(d) for d in split.dims[0])
+    return int(np.prod(split.dims.astype(np.int64), axis=1).max())  # two int32 dims each
+
+def check_read_once_memory(cfg, ranks: int, nodes: int, node_memory: int) -> None:
+    """reader.staging: read_once holds the dataset in the nodes' memory: refuse, before any
+    I/O, a dataset (as generated) whose share per node would not fit 80 % of a node's."""
+    ds = cfg.dataset
+    per_file = ds.num_samples_per_file * ds.record_length_bytes
+    files = ds.num_files_train + (ds.num_files_eval if cfg.workflow.evaluation else 0)
+    per_node = -(-files // nodes) * per_file
+    if per_node > 0.8 * node_memory:
+        raise UserError(f"reader.staging: read_once keeps the dataset in the nodes' memory, "
+                        f"about {size_text(per_node)} per node ({files} files of about "
+                        f"{size_text(per_file)} over {nodes} node(s)), more than 80 % of a node's "
+                        f"{size_text(node_memory)}; expected a dataset that fits, more nodes, or "
+                        "reader.staging: none")
+
+def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
+    """Sizes the C engine and int64 arithmetic can hold, checked before any layout is
+    computed (they would overflow silently)."""
+    ds = cfg.dataset
+    for split in splits.values():
+        if not split.num_files:
+            continue
+        if split.num_samples > MAX_SAMPLES:
+            raise UserError(
+                f"dataset.num_samples_per_file={ds.num_samples_per_file}: {split.num_files} "
+                f"{split.name} files hold {split.num_samples} samples, more than the 2^62 "
+                f"sample ids dlio-mpi counts")
+        payload = _largest_sample(split) * np.dtype(split.dtype).itemsize \
+            * split.samples_per_file
+        if payload > MAX_FILE_BYTES:
+            raise UserError(
+                f"{_sample_keys(ds)} of {ds.record_element_type} with "
+                f"dataset.num_samples_per_file={ds.num_samples_per_file}: a {split.name} file "
+                f"would hold {payload} bytes, more than the 2^62 bytes the engine addresses "
+                f"in a file")
+        longest = max(len(split.path(i).encode()) for i in (0, split.num_files - 1))
+        if longest > MAX_PATH_BYTES:
+            raise UserError(
+                f"dataset.data_folder: {split.name} file paths would be {longest} bytes long "
+                f"(storage.storage_root + data_folder + name); the engine takes at most "
+                f"{MAX_PATH_BYTES}")
+
+def check_batch_memory(cfg, plan_bytes: int, steps: int, ranks: int, ranks_per_node: int,
+                        node_memory: int) -> None:
+    """The engine keeps one batch per rank in memory more than it reads ahead
+    (reader.keep_data; a torch DataLoader's batches in flight, readers.batches_in_flight):
+    refuse when even batches of the mean size cannot fit in a node's memory."""
+    if not cfg.reader.keep_data or steps == 0:
+        return
+    rd = cfg.reader
+    slots = batches_in_flight(rd.data_loader, rd.prefetch_size, rd.read_threads) + 1
+    batch = plan_bytes // (steps * ranks)
+    if slots * batch * ranks_per_node > node_memory:
+        raise UserError(
+            f"reader.prefetch_size={cfg.reader.prefetch_size}, reader.batch_size="
+            f"{cfg.reader.batch_size} and {_sample_keys(cfg.dataset)}: {slots} batch buffers "
+            f"of about {size_text(batch)} need "
+            f"{_memory(slots * batch, ranks_per_node, node_memory)}"
+            f"; lower them, or read without keeping the data (reader.keep_data: false)")
+
+def _memory(per_rank: int, ranks_per_node: int, node_memory: int) -> str:
+    """'X per rank[, Y for the N ranks of a node], more than the node's Z of memory'."""
+    node = f", {size_text(per_rank * ranks_per_node)} for the {ranks_per_node} ranks of a node" \
+        if ranks_per_node > 1 else ""
+    return (f"{size_text(per_rank)} per rank{node}, more than the node's {size_text(node_memory)} "
+            f"of memory")
+
+def check_tensor_memory(checkpoint: Mapping, local_ranks: int, node_memory: int) -> None:
+    """checkpoint_mechanism pt_save keeps each rank's checkpoint share in memory as tensors
+    (as DLIO does): refuse before any I/O when a node's ranks could not hold them."""
+    try:
+        from ..checkpoint.torch_save import memory_needed  # imports torch
+    except ImportError as exc:
+        raise UserError(f"checkpoint.checkpoint_mechanism: pt_save writes with torch.save, but "
+                        f"torch cannot be imported ({exc}); install it with "
+                        "pip install 'dlio-mpi[torch]' (torch==2.13.0, the CPU wheel), or use "
+                        "checkpoint_mechanism native") from None
+    need = memory_needed(checkpoint["bytes_per_rank"][1], local_ranks)
+    if need > node_memory:
+        raise UserError(f"checkpoint.checkpoint_mechanism: pt_save holds each rank's share of a "
+                        f"checkpoint in memory as tensors (and a file's worth more while a load "
+                        f"checks it): {need / 2**30:,.1f} GiB for the {local_ranks} rank(s) of a "
+                        f"node, which has {node_memory / 2**30:,.1f} GiB; expected "
+                        "checkpoint_mechanism native (streams from one buffer), or a smaller "
+                        "share (checkpoint.mode subset, more ranks)")

@@ -1,0 +1,258 @@
+"""The plan's notes: what the configured reader does per sample (as DLIO's loaders do), which
+settings have no effect with the chosen engine, and what a format, checkpoint or MPI-IO setting
+means for the run. Notes inform; they never refuse."""
+
+from __future__ import annotations
+
+from ..config import keys_set, support_notes
+from ..formats import implemented_formats
+from ..formats.loader import TF_BUFFER
+from ..readers import (
+    FRAMEWORK_LOADERS,
+    torch_prefetch_factor,
+)
+
+# What DLIO's pytorch and tensorflow readers do per read mode, for the plan's loader note
+_PATTERNS = {"file": "the whole file loaded for every sample",
+             "file_once": "each file loaded once, whole, for all its samples",
+             "sample": "a read of each sample's extent"}
+
+def resolve_read_mode(cfg, data_loader: str | None = None) -> str:
+    """reader.read_mode, with 'auto' following DLIO's reader for `data_loader` (default:
+    reader.data_loader): extents for indexed formats, else the whole file per sample
+    (on_demand) or once per epoch (memory). DLIO's tensorflow loader walks a file's samples
+    one after the other on one thread and loads the file once for them, so with several
+    samples per file it reads each file once per epoch even on_demand."""
+    mode = cfg.reader.read_mode
+    if mode != "auto":
+        return mode
+    if cfg.dataset.format in ("indexed_binary", "mmap_indexed_binary", "hdf5"):
+        return "sample"
+    if cfg.dataset.format == "parquet" and cfg.reader.engine == "native":
+        return "sample"  # row groups, as MLPerf Storage's parquet readers read them
+    if cfg.reader.read_type == "memory":
+        return "file_once"
+    loader = data_loader or cfg.reader.data_loader
+    iterates_files = loader == "tensorflow" and cfg.dataset.num_samples_per_file > 1
+    return "file_once" if iterates_files else "file"
+
+def loader_note(cfg, library_read: str = "") -> str:
+    """What reader.data_loader changes in the run, as a plan note: the access pattern the
+    native engine emulates, or the real loader reader.engine framework runs. `library_read`:
+    why the format's library reads instead of the C engine (RunPlan.library_read)."""
+    loader, fmt = cfg.reader.data_loader, cfg.dataset.format
+    if cfg.reader.engine == "framework":
+        return _framework_note(cfg)
+    real = {"pytorch": "torch DataLoader", "tensorflow": "tf.data pipeline"}[loader]
+    tail = f"the real {real} is not run (reader.engine: framework runs it)"
+    if library_read:
+        threads = max(cfg.reader.read_threads, 1)
+        kept = ("kept open per thread for the epoch (reader.read_type memory)"
+                if cfg.reader.read_type == "memory" else
+                "opened and closed for every sample (reader.read_type on_demand)")
+        return (f"reader.data_loader={loader}: {fmt} files read through h5py, not by the C "
+                f"engine, because {library_read}: {threads} reader thread(s) each read whole "
+                f"batches as DLIO's HDF5Reader reads samples (h5py.File(path, 'r') {kept}, "
+                f"row i of every records_<k>), prefetch {cfg.reader.prefetch_size} batch(es); "
+                f"{tail}")
+    if cfg.reader.read_mode != "auto":
+        return (f"reader.data_loader={loader}: reader.read_mode={cfg.reader.read_mode} decides "
+                f"the reads, not DLIO's {loader} reader; {tail}")
+    if fmt == "parquet":
+        rows, per_file = cfg.dataset.parquet.row_group_size, cfg.dataset.num_samples_per_file
+        return (f"reader.data_loader={loader}: the native C engine reads parquet by row group "
+                f"(dataset.parquet.row_group_size={rows}: {-(-per_file // rows)} in each file of "
+                f"{per_file} samples), as pq.ParquetFile(path).read_row_group does (the file's "
+                "footer when it is "
+                "first opened in the epoch, then each row group holding planned samples once, "
+                "its other samples from memory; MLPerf Storage's parquet readers), where "
+                "DLIO's parquet reader loads whole files with pq.read_table (reader.read_mode "
+                f"file or file_once); {tail}")
+    if fmt == "tfrecord" and resolve_read_mode(cfg) != "sample":
+        buffer = cfg.reader.transfer_size or TF_BUFFER
+        return (f"reader.data_loader={loader}: the native C engine reads tfrecord as DLIO's "
+                "tensorflow reader's tf.data.TFRecordDataset streams it: each file of the plan "
+                f"once, whole, in preads of buffer_size={buffer:,} bytes ("
+                + ("reader.transfer_size" if cfg.reader.transfer_size
+                   else "reader.transfer_size unset: TensorFlow's") + "), "
+                f"files read by reader.read_threads threads at once; {tail}")
+    other = "tensorflow" if loader == "pytorch" else "pytorch"
+    mine, theirs = resolve_read_mode(cfg), resolve_read_mode(cfg, other)
+    alike = (f"as its {other} reader does" if mine == theirs
+             else f"its {other} reader: {_PATTERNS[theirs]}")
+    engine = ("the native C engine" if cfg.reader.file_access in ("multi", "posix")
+              else f"MPI-IO (reader.file_access={cfg.reader.file_access})")
+    return (f"reader.data_loader={loader}: {engine} reads {fmt} with the access "
+            f"pattern of DLIO's {loader} reader ({_PATTERNS[mine]}; {alike}); {tail}")
+
+def _framework_note(cfg) -> str:
+    """The real loader reader.engine framework runs (a combination engine_refusal accepts)."""
+    rd = cfg.reader
+    loader = FRAMEWORK_LOADERS[rd.data_loader]
+    if rd.data_loader == "tensorflow":
+        return _tf_data_note(cfg)
+    workers = rd.read_threads
+    how = (f"{workers} worker process(es) started by {rd.multiprocessing_context} (persistent), "
+           f"prefetch_factor {torch_prefetch_factor(rd.prefetch_size, workers)}"
+           if workers else "no worker process (reader.read_threads=0: read in the rank)")
+    memory = (", each file once per worker and epoch (reader.read_type memory)"
+              if rd.read_type == "memory" and cfg.dataset.format != "indexed_binary" else "")
+    return (f"reader.engine=framework: each rank runs a real {loader['loader']} ({how}, "
+            f"pin_memory {'true' if rd.pin_memory else 'false'} (torch pins only where it "
+            f"finds an accelerator), batches of "
+            f"{rd.batch_size}) over the samples the native engine would read, in the same "
+            f"order; its Dataset reads {cfg.dataset.format} as DLIO's {rd.data_loader} reader "
+            f"does: {loader['reads'][cfg.dataset.format]}{memory}")
+
+def _tf_data_note(cfg) -> str:
+    """The tf.data pipeline reader.engine framework runs with reader.data_loader tensorflow
+    (readers/tf_loader.py)."""
+    rd = cfg.reader
+    if cfg.dataset.format != "tfrecord":
+        threads = max(rd.read_threads, 1)
+        return (f"reader.engine=framework: each rank runs a real tf.data pipeline ({threads} "
+                f"generator(s) interleaved, as DLIO's reader threads, prefetch "
+                f"{rd.prefetch_size}, batches of {rd.batch_size}) over the samples the native "
+                f"engine would read, in the same order; "
+                f"{FRAMEWORK_LOADERS['tensorflow']['reads'][cfg.dataset.format]}")
+    reads = rd.read_threads if rd.read_threads > 0 else None
+    order = ("in the same order" if reads in (None, 1) and rd.sample_shuffle == "off"
+             else f"the same samples each epoch, in the order the TFRecordDataset streams "
+                  f"them ({reads} files interleaved, not the plan's order)"
+             if reads not in (None, 1) else
+             "the same samples each epoch, in file order (not the plan's shuffled order)")
+    return (f"reader.engine=framework: each rank runs a real tf.data pipeline "
+            f"(TFRecordDataset buffer_size {rd.transfer_size}, num_parallel_reads {reads}; "
+            f"batches of {rd.batch_size} parsed by a map with num_parallel_calls "
+            f"{rd.computation_threads}; prefetch {rd.prefetch_size}) over the files and "
+            f"samples the native engine would read, {order}; "
+            f"{FRAMEWORK_LOADERS['tensorflow']['reads'][cfg.dataset.format]}")
+
+# native engine settings without effect when the framework loader reads, and the reverse
+NATIVE_ONLY = ("reader.access", "reader.fd_cache_size", "reader.keep_data")
+
+FRAMEWORK_ONLY = ("reader.pin_memory", "reader.multiprocessing_context")
+
+def _engine_notes(cfg, library_read: str = "") -> list[str]:
+    """Reader keys set for the other engine than the one that runs."""
+    if cfg.reader.engine == "native" and library_read:
+        keys = keys_set(cfg, ("reader.access", "reader.fd_cache_size") + FRAMEWORK_ONLY)
+        why = (f"the h5py reader ({library_read}): reader.read_type decides how long files "
+               "stay open, h5py how they are read")
+    elif cfg.reader.engine == "framework" and cfg.reader.data_loader == "tensorflow":
+        keys = keys_set(cfg, NATIVE_ONLY + FRAMEWORK_ONLY)
+        why = ("reader.engine framework with reader.data_loader tensorflow: the tf.data "
+               "pipeline reads the plan's samples with its own threads and buffers (no "
+               "worker processes)")
+    elif cfg.reader.engine == "framework":
+        keys = keys_set(cfg, NATIVE_ONLY)
+        why = ("reader.engine framework: they set how the native engine opens, keeps and "
+               "watches files; the loader's Dataset reads as DLIO's reader does")
+    else:
+        keys = keys_set(cfg, FRAMEWORK_ONLY)
+        why = ("reader.engine native, which reads with the C engine's threads into its own "
+               "buffers; they set the torch DataLoader that reader.engine framework runs")
+    notes = [f"{', '.join(keys)}: no effect with {why}"] if keys else []
+    rd = cfg.reader
+    if rd.engine == "framework" and rd.io_watchdog_abort and rd.io_watchdog_seconds > 0 and (
+            rd.data_loader != "pytorch" or rd.read_threads == 0):
+        notes.append("reader.io_watchdog_abort: true: a batch waited for longer than "
+                     "reader.io_watchdog_seconds is reported, not ended: the "
+                     + ("tf.data pipeline" if rd.data_loader != "pytorch" else
+                        "torch DataLoader without workers") + " reads in this process, where "
+                     "a stuck read cannot be interrupted (the DataLoader's workers can: "
+                     "reader.read_threads > 0)")
+    return notes
+
+def plan_notes(cfg, library_read: str = "") -> tuple[str, ...]:
+    """The settings that have no effect or act differently in dlio-mpi."""
+    reads = cfg.workflow.train and cfg.dataset.format in implemented_formats()
+    notes = ([loader_note(cfg, library_read)] if reads else []) + support_notes(cfg) \
+        + _sized_notes(cfg)
+    if reads:
+        notes += _mpiio_notes(cfg.reader) + _engine_notes(cfg, library_read)
+    return tuple(notes + _checkpoint_notes(cfg))
+
+def _sized_notes(cfg) -> list[str]:
+    """Formats whose sizes depend on the content: the plan's bytes are estimates."""
+    from ..formats import format_for, sizes_recorded
+
+    fmt = cfg.dataset.format
+    if fmt not in implemented_formats() or not sizes_recorded(configured := format_for(
+            cfg.dataset)):
+        return []
+    if getattr(configured, "record_width", None):  # parquet, compressed or of varying sizes
+        return [f"dataset.format={fmt} with dataset.compression={cfg.dataset.compression} and "
+                f"dataset.record_length_bytes_stdev={cfg.dataset.record_length_bytes_stdev:g}: "
+                "the files' row groups depend on the content or differ from file to file, so "
+                "the plan's dataset and epoch bytes are estimates (the uncompressed files'); "
+                "generation records each file's row groups and footer (beside its manifest) "
+                "and the run reads exactly those"]
+    return [f"dataset.format={fmt}: file sizes depend on the content, so the plan's dataset "
+            "and epoch bytes are estimates; generation records each file's size (beside its "
+            "manifest) and the run reads exactly those files whole"]
+
+def _checkpoint_notes(cfg) -> list[str]:
+    """Checkpoint keys set where they cannot act in this run."""
+    ck = cfg.checkpoint
+    idle: list[tuple[list[str], str]] = []
+    if not cfg.workflow.checkpoint:
+        idle.append((keys_set(cfg, ("checkpoint", "model.")),
+                     "workflow.checkpoint is false (they size and drive checkpoints)"))
+    elif cfg.workflow.train:
+        idle.append((keys_set(cfg, ("checkpoint.num_checkpoints_write",
+                                    "checkpoint.num_checkpoints_read",
+                                    "checkpoint.time_between_checkpoints",
+                                    "checkpoint.recovery_rank_shift")),
+                     "they drive the checkpoint-only workflow (workflow.train false); "
+                     "training writes checkpoints and restores none, as in DLIO"))
+    else:
+        idle.append((keys_set(cfg, ("checkpoint.steps_between_checkpoints",
+                                    "checkpoint.checkpoint_after_epoch",
+                                    "checkpoint.epochs_between_checkpoints")),
+                     "they place checkpoints in training, and workflow.train is false"))
+    if cfg.workflow.checkpoint and ck.layout != "shared":
+        idle.append((keys_set(cfg, ("checkpoint.mpiio_hints",)),
+                     "checkpoint.layout file_per_rank writes without MPI-IO"))
+    return [f"{', '.join(keys)}: no effect here: {why}" for keys, why in idle if keys]
+
+def _mpiio_notes(rd) -> list[str]:
+    """What the MPI-IO backends make of the native engine's settings."""
+    if rd.file_access not in ("shared", "mpio", "collective"):
+        return []
+    if rd.file_access == "collective":
+        notes = [f"reader.read_threads={rd.read_threads}: no effect with "
+                 "reader.file_access=collective, whose reader thread makes one collective read "
+                 "per file and step"]
+    else:
+        notes = [f"reader.read_threads={rd.read_threads}: reader.file_access={rd.file_access} "
+                 "reads on one thread per rank, one blocking MPI-IO read per request"]
+    if rd.file_access == "collective":
+        notes.append(f"reader.fd_cache_size={rd.fd_cache_size}: no effect with "
+                     "reader.file_access=collective, which keeps every file it read open (until "
+                     "the epoch's end with reader.access: loader)")
+    from ..mpi.library import is_open_mpi
+
+    if is_open_mpi():
+        notes.append(f"reader.prefetch_size={rd.prefetch_size}: under Open MPI the MPI-IO "
+                     "backends read each batch when the step asks for it, on the step loop's "
+                     "thread (its MPI-IO layer is not thread-safe): no read ahead, no watchdog")
+    if rd.odirect:
+        notes.append("reader.odirect: true asks MPI-IO for O_DIRECT with the direct_read hint, "
+                     "which ROMIO honours on some file systems only; summary.json says whether "
+                     "it was reported back (dlio_mpi.readers)")
+    return notes
+
+def unused_hints_note(cfg, splits, ranks: int) -> tuple[str, ...]:
+    """reader.mpiio_hints set where nothing opens a file through MPI-IO: the native engine
+    reads and generation (if any) deals files out."""
+    if not cfg.reader.mpiio_hints or cfg.reader.file_access not in ("multi", "posix"):
+        return ()
+    from ..data.generate import writes_collectively
+
+    if cfg.workflow.generate_data and splits and writes_collectively(splits, ranks):
+        return ()
+    return ("reader.mpiio_hints: no effect here: reader.file_access="
+            f"{cfg.reader.file_access} reads with the native engine and no file is written "
+            "through MPI-IO (the hints act with reader.file_access shared or collective, and "
+            "in collective generation: fewer files than ranks)",)
