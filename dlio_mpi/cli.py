@@ -13,7 +13,6 @@ import sys
 import time
 import traceback
 
-DEFAULT_WORKLOAD = "demo"
 ABORT_GRACE_SECONDS = 0.5
 USAGE = """dlio-mpi COMMAND [CONFIG] [KEY=VALUE ...]
 
@@ -92,20 +91,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def split_args(args: list[str]) -> tuple[str, list[str]]:
-    """(config source, overrides): the first argument without '=' (or workload=NAME) is the
-    config; without one the shipped demo workload is used."""
-    source, overrides = None, []
-    for arg in args:
-        if source is None and ("=" not in arg or arg.startswith("workload=")):
-            source = arg
-        else:
-            overrides.append(arg)
-    return source or DEFAULT_WORKLOAD, overrides
-
-
 def _command(args, comm) -> int:
-    from .config import ConfigError, load_config
+    from .config import ConfigError, load_config, split_args
     from .errors import UserError, check_all, on_root
 
     source, overrides = split_args(args.args)

@@ -100,8 +100,7 @@ def main(argv: list[str]) -> int:
 def workload_files(args):
     """(config, source, overrides, the train split's files, the paths of its first
     args.files files) of the workload args.args names (UserError if it cannot be used)."""
-    from ..cli import split_args
-    from ..config import ConfigError, load_config
+    from ..config import ConfigError, load_config, split_args
     from ..data.catalog import locate_split_here
     from ..plan.derive import derive_plan
 

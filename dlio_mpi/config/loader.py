@@ -87,6 +87,21 @@ _YamlLoader.add_implicit_resolver(
 MIN_STATS_INTERVAL = 0.01  # seconds: output.stats_interval's shortest
 
 
+DEFAULT_WORKLOAD = "demo"  # the workload a command without one runs
+
+
+def split_args(args: list[str]) -> tuple[str, list[str]]:
+    """(config source, overrides): the first argument without '=' (or workload=NAME) is the
+    config; without one the shipped demo workload is used."""
+    source, overrides = None, []
+    for arg in args:
+        if source is None and ("=" not in arg or arg.startswith("workload=")):
+            source = arg
+        else:
+            overrides.append(arg)
+    return source or DEFAULT_WORKLOAD, overrides
+
+
 def parse_yaml(text: str, what: str) -> Any:
     """The YAML document `text` (from `what`: a file or an override); a key given twice in
     one mapping is an error, as YAML 1.2 says (PyYAML would keep the last silently)."""

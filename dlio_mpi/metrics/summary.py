@@ -14,7 +14,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from ..tiers.cache import combine as combine_cache
 from . import latency
 from .au import block_metrics
 from .epoch_trace import COMPUTED, SYNCED, EpochTrace
@@ -380,3 +379,18 @@ def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: 
                     + ("; host: taking the batches, reader.step_*_time" if host else "")
                     + "; ovh: the emulator's own time per step)")
     return "\n".join(rows)
+
+
+def combine_cache(records: list[dict]) -> dict:
+    """The node's or job's cache-tier figures of an epoch (summary.json), from the ranks'
+    (tiers/cache.py: epoch_cache)."""
+    total = {k: sum(r[k] for r in records) for k in records[0]}
+    reads = total["requests"]
+    return {"hit_ratio": round(total["hits"] / reads, 6) if reads else 0.0,
+            "requests": reads, "hits": total["hits"],
+            "requests_from_cache": total["cache_reads"],
+            "bytes_from_cache": total["bytes_from_cache"],
+            "bytes_from_pfs": total["bytes_from_pfs"],
+            "files_filled": total["cache_fills"], "fill_bytes": total["cache_fill_bytes"],
+            "fill_seconds": round(total["cache_fill_ns"] / 1e9, 6),
+            "evictions": total["cache_evictions"], "fallbacks": total["cache_fallbacks"]}

@@ -357,17 +357,3 @@ def epoch_cache(before: dict, after: dict, plan: ReadPlan, requests: int) -> dic
     out["bytes_from_cache"] = int(length[cached].sum())
     out["bytes_from_pfs"] = int(length[~cached].sum()) + out["cache_fill_bytes"]
     return out
-
-
-def combine(records: list[dict]) -> dict:
-    """The node's or job's cache figures of an epoch, from the ranks'."""
-    total = {k: sum(r[k] for r in records) for k in records[0]}
-    reads = total["requests"]
-    return {"hit_ratio": round(total["hits"] / reads, 6) if reads else 0.0,
-            "requests": reads, "hits": total["hits"],
-            "requests_from_cache": total["cache_reads"],
-            "bytes_from_cache": total["bytes_from_cache"],
-            "bytes_from_pfs": total["bytes_from_pfs"],
-            "files_filled": total["cache_fills"], "fill_bytes": total["cache_fill_bytes"],
-            "fill_seconds": round(total["cache_fill_ns"] / 1e9, 6),
-            "evictions": total["cache_evictions"], "fallbacks": total["cache_fallbacks"]}
