@@ -1,4 +1,5 @@
-"""The command line: dlio-mpi run | generate | validate | list-workloads | report.
+"""The command line: dlio-mpi run, generate, validate, list-workloads, pack, calibrate and
+report.
 
 Every rank runs this. Errors the ranks agree on (bad configuration, missing data) are printed
 once by rank 0 and every rank exits with status 2; any other exception on any rank is printed

@@ -1,4 +1,6 @@
-"""One emulated training job, end to end, on every rank of the communicator:
+"""One emulated training job, end to end, on every rank of the communicator: its plan, data,
+epochs, evaluations and checkpoints, and its results.
+
 validate -> (generate) -> per epoch: shuffle on rank 0, scatter shards, plan, read + sleep +
 barrier -> gather metrics -> summary.json, per_epoch_stats.json, the resolved config."""
 

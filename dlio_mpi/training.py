@@ -1,8 +1,9 @@
 """One epoch of steps, as data-parallel training runs it: wait for the batch, compute (a precise
-wait to an absolute deadline), then synchronise with the other ranks as the gradient allreduce
-would. The loop itself runs in C (csrc/dio_steps.c); each step records six clock stamps, and
-everything reported about time (AU, the wait/compute/sync split, storage stalls, the emulator's
-own overhead) is derived from them."""
+wait to an absolute deadline), then synchronise with the other ranks.
+
+The synchronisation stands for the gradient allreduce. The loop itself runs in C
+(csrc/dio_steps.c); each step records six clock stamps, and everything reported about time (AU,
+the wait/compute/sync split, storage stalls, the emulator's own overhead) is derived from them."""
 
 from __future__ import annotations
 

@@ -1,6 +1,8 @@
-"""Reader backends in a registry (as IOR's aiori and fio's ioengines): the step loop, metrics
-and summary use only the ReaderBackend protocol (base.py). reader.engine picks the family:
-native backends by `reader.file_access`, framework backends (the real loader) by
+"""The reader backends (the C engine, MPI-IO, h5py, the real torch and tf loaders) in a
+registry, as IOR's aiori and fio's ioengines, behind one protocol (base.py).
+
+The step loop, metrics and summary use only the ReaderBackend protocol. reader.engine picks
+the family: native backends by `reader.file_access`, framework backends (the real loader) by
 `reader.data_loader`. Backends are imported when opened, so that one's dependencies (torch)
 cost the others nothing (tensorflow is imported only by readers/tf_loader.py)."""
 

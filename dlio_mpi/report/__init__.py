@@ -1,6 +1,7 @@
-"""dlio-mpi report OUT [OUT ...]: plots and an HTML page of finished runs' results, drawn
-from their results folders (and their traces when present), without MPI. Several folders are
-also compared side by side (compare.html, compare.png, compare.csv)."""
+"""dlio-mpi report OUT [OUT ...]: plots and an HTML page of finished runs' results (and their
+traces), without MPI; several runs compared side by side.
+
+Drawn from the results folders; the comparison is compare.html, compare.png, compare.csv."""
 
 from __future__ import annotations
 

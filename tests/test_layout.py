@@ -1,0 +1,141 @@
+"""The package's shape: one folder per concern, each saying in its __init__ what lives there (the
+README's "Where things are" table is made from those lines), few flat modules, and imports
+that never go round in a circle, between folders or between modules."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "dlio_mpi"
+MAX_FLAT_MODULES = 10  # besides __init__ and __main__
+HEADING = "## Where things are"
+
+
+def _docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text())) or ""
+
+
+def _first_paragraph(path: Path) -> str:
+    return _docstring(path).split("\n\n")[0]
+
+
+def concerns() -> list[tuple[str, str]]:
+    """(folder or flat module, what lives there: the first paragraph of its docstring)."""
+    rows = [(f"`dlio_mpi/{p.parent.name}/`", _first_paragraph(p))
+            for p in sorted(PACKAGE.glob("*/__init__.py"))]
+    rows += [(f"`dlio_mpi/{p.name}`", _first_paragraph(p)) for p in sorted(PACKAGE.glob("*.py"))
+             if p.name not in ("__init__.py", "__main__.py")]
+    return rows
+
+
+def where_things_are() -> str:
+    """The README's table, as the docstrings say it."""
+    lines = ["| where | what lives there |", "|---|---|"]
+    lines += [f"| {name} | {' '.join(text.split())} |" for name, text in concerns()]
+    return "\n".join(lines)
+
+
+def test_each_folder_and_module_says_in_two_lines_what_lives_there():
+    for name, text in concerns():
+        assert text, f"{name} has no docstring"
+        assert len(text.splitlines()) <= 2, f"{name}'s first paragraph: {text!r}"
+
+
+def test_few_modules_sit_flat_in_the_package():
+    flat = [p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py")]
+    assert len(flat) <= MAX_FLAT_MODULES, sorted(flat)
+
+
+def test_the_readme_table_is_the_docstrings():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split(HEADING, 1)[1].split("\n## ", 1)[0]
+    table = "\n".join(line for line in section.splitlines() if line.startswith("|"))
+    assert table == where_things_are(), "README's table, as the docstrings say it:\n\n" + \
+        where_things_are()
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def import_graph(top_level_only: bool = False) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports (inside functions too, unless
+    top_level_only)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text())
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        nodes = tree.body if top_level_only else list(ast.walk(tree))
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                for alias in node.names:
+                    target = f"{source}.{alias.name}"
+                    graph[module].add(target if target in modules else source)
+            elif isinstance(node, ast.Import):
+                graph[module].update(a.name for a in node.names)
+        graph[module] = {t for t in graph[module] if t in modules and t != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one node (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _folder(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if len(parts) > 1 and (PACKAGE / parts[1]).is_dir() else module
+
+
+def test_no_import_goes_round_in_a_circle():
+    assert cycles(import_graph(top_level_only=True)) == []
+    folders: dict[str, set[str]] = {}
+    for module, targets in import_graph().items():
+        folders.setdefault(_folder(module), set()).update(
+            _folder(t) for t in targets if _folder(t) != _folder(module))
+    assert cycles(folders) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert re.fullmatch(r"dlio_mpi\.\w+", _folder("dlio_mpi.readers.native"))
