@@ -17,8 +17,9 @@ TIB = 2**40  # a sample of 1 TiB: a few files outgrow any test machine's disk
 
 
 def _size(n: float) -> str:
+    from dlio_mpi.plan.units import size_text
 
-    return _size(n)
+    return size_text(n)
 
 
 def _validate(args: list[str], json_out: bool, ranks: int = 1):
