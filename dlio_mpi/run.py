@@ -47,7 +47,6 @@ from .data.manifest import (
 )
 from .data.recorded_sizes import read_sizes, size_column, sizes_path
 from .errors import JobError, Stopped, UserError, check_all, on_root
-from .formats import record_width, sizes_recorded
 from .metrics.intervals import IntervalStats
 from .metrics.summary import (
     EpochSummary,
@@ -534,7 +533,7 @@ def _recorded(root: str, splits, sized: list[str]) -> dict:
     """The recorded sizes of the `sized` splits' files (None for a split without them)."""
     manifest = read_manifest(root)
     return {name: read_sizes(root, name, splits[name].num_files, manifest,
-                             record_width(splits[name].format)) for name in sized}
+                             splits[name].format.record_width) for name in sized}
 
 
 def remove_dataset(comm, plan: RunPlan) -> int:
@@ -545,7 +544,7 @@ def remove_dataset(comm, plan: RunPlan) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     kept = 0
     root = plan.splits["train"].root
-    sized = [name for name, s in plan.splits.items() if sizes_recorded(s.format)]
+    sized = [name for name, s in plan.splits.items() if s.format.sizes_recorded]
     recorded = on_root(comm, lambda: _recorded(root, plan.splits, sized)) if sized else {}
     for name, split in plan.splits.items():
         mine = np.arange(rank, split.num_files, size, dtype=np.int64)

@@ -20,7 +20,7 @@ from dlio_mpi.config import load_config
 from dlio_mpi.data.recorded_sizes import sizes_path
 from dlio_mpi.errors import UserError
 from dlio_mpi.formats import SampleSpec, get_format
-from dlio_mpi.formats.base import StagedWrites, library_load, library_sample
+from dlio_mpi.formats.base import StagedWrites
 from dlio_mpi.formats.csv_table import row_text
 from dlio_mpi.formats.sized import payload_values
 from dlio_mpi.plan.derive import derive_plan
@@ -60,8 +60,8 @@ def test_files_are_what_pandas_to_csv_writes_and_read_back(tmp_path, shape, samp
     with open(path, newline="") as fp:
         rows = list(csv.reader(fp))
     assert rows == [[str(v) for v in values]] * samples
-    loaded = library_load("csv", str(path))
-    assert np.array_equal(library_sample("csv", loaded, samples - 1, False), values)
+    loaded = get_format("csv").load_whole(str(path))
+    assert np.array_equal(get_format("csv").library_sample(loaded, samples - 1, False), values)
     assert [p.name for p in tmp_path.iterdir()] == ["f.csv"]
 
 

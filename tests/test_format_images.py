@@ -18,7 +18,7 @@ from dlio_mpi.config import load_config
 from dlio_mpi.data.recorded_sizes import sizes_path
 from dlio_mpi.errors import UserError
 from dlio_mpi.formats import SampleSpec, get_format
-from dlio_mpi.formats.base import StagedWrites, library_load, library_sample
+from dlio_mpi.formats.base import StagedWrites
 from dlio_mpi.formats.sized import payload_values
 from dlio_mpi.plan.derive import derive_plan
 from helpers import access_logs, error_of, run_cli, workload_overrides
@@ -98,12 +98,12 @@ def test_the_plans_estimate_is_near_the_real_size(tmp_path, fmt):
         assert abs(get_format(fmt).layout(spec).size - real) < 0.05 * real
 
 
-def test_library_load_is_dlios_image_read_and_every_sample_is_the_image(tmp_path):
+def test_load_whole_is_dlios_image_read_and_every_sample_is_the_image(tmp_path):
     path = tmp_path / "f.png"
     write("png", path, SampleSpec((8, 9), "|u1", 1), 2)
-    image = library_load("png", str(path))
+    image = get_format("png").load_whole(str(path))
     assert image.shape == (8, 9)
-    assert library_sample("png", image, 3, False) is image
+    assert get_format("png").library_sample(image, 3, False) is image
 
 
 # --------------------------------------------------------------------------- the plan

@@ -24,7 +24,7 @@ from dlio_mpi.data.generate import file_seed
 from dlio_mpi.errors import UserError
 from dlio_mpi.formats import SampleSpec, format_for, get_format
 from dlio_mpi.formats import parquet as parquet_module
-from dlio_mpi.formats.base import StagedWrites, library_load
+from dlio_mpi.formats.base import StagedWrites
 from dlio_mpi.formats.parquet import ParquetFormat, ParquetOptions, geometry
 from dlio_mpi.plan.derive import derive_plan
 from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
@@ -86,7 +86,7 @@ def test_pyarrow_reads_the_rows_we_wrote_where_the_layout_says(tmp_path, n, rows
         first = g * units.per_unit
         assert stream[first * n:(first + 1) * n] in chunk
         assert stream[(first + counts[g] - 1) * n:(first + counts[g]) * n] in chunk
-    array = library_load("parquet", str(path))
+    array = get_format("parquet").load_whole(str(path))
     assert array.shape == (rows, n) and array.tobytes() == stream
 
 
@@ -416,7 +416,7 @@ def test_recorded_files_are_written_with_the_codec_and_recorded_as_pyarrow_repor
     meta = pq.ParquetFile(path).metadata
     assert {meta.row_group(g).column(0).compression for g in range(4)} == {
         "UNCOMPRESSED" if codec == "none" else codec.upper()}
-    assert library_load("parquet", str(path)).tobytes() == _stream(7000)
+    assert get_format("parquet").load_whole(str(path)).tobytes() == _stream(7000)
     units = fmt.recorded_units(row[None, :])
     assert units.per_file and units.per_unit == 3 and units.sample_bytes.tolist() == [700]
     assert units.open_length.tolist() == [[row[0], 0]]  # a small file: its tail is all of it

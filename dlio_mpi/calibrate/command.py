@@ -142,12 +142,14 @@ def check_emulated_by_native(cfg, library_read: str) -> None:
 def job_dataset(args, cfg, files, paths):
     """(the job's Dataset over `paths`: args.dataset's, or a built-in one; its name)."""
     from ..data.dataset import decoded_item
+    from ..formats import format_for
     from .datasets import builtin_dataset, default_transform, user_dataset
 
     if args.dataset:
         return user_dataset(args.dataset, paths), f"--dataset {args.dataset}"
-    transform = args.transform or default_transform(cfg.dataset.format)
-    return (builtin_dataset(transform, paths, cfg.dataset.format,
+    fmt = format_for(cfg.dataset)
+    transform = args.transform or default_transform(fmt)
+    return (builtin_dataset(transform, paths, fmt,
                             files.sample_layout == "last_axis", decoded_item(cfg)),
             f"--transform {transform}")
 

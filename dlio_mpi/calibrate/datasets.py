@@ -29,13 +29,17 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..errors import UserError
-from ..formats.base import WHOLE_FILE_SAMPLES, library_load, library_sample
+from ..formats import get_format, implemented_formats
+from ..formats.base import Format
 from ..readers import torch_prefetch_factor
 from ..readers.base import as_item
 
 TRANSFORMS = ("imagenet", "none")
-# formats whose whole file the `none` Dataset loads with DLIO's library call (library_load)
-NONE_FORMATS = ("npy", "npz", "jpeg", "png", "csv", "parquet")
+
+
+def _names(formats: Callable[[Format], bool]) -> str:
+    """The formats for which `formats` holds, by name."""
+    return ", ".join(name for name in implemented_formats() if formats(get_format(name)))
 IMAGENET_SIZE = 224
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 IMAGENET_STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
@@ -96,9 +100,9 @@ class ImagenetDataset(Dataset):
 
 class FormatDataset(Dataset):
     """Item i: files[i] loaded whole as DLIO's pytorch reader loads a sample of its format
-    (library_load; its first sample), shaped as the item DLIO hands to the collation."""
+    (Format.load_whole; its first sample), shaped as the item DLIO hands to the collation."""
 
-    def __init__(self, files: Sequence[str], fmt: str, last_axis: bool,
+    def __init__(self, files: Sequence[str], fmt: Format, last_axis: bool,
                  item: tuple[tuple[int, ...], str]) -> None:
         self.files, self.fmt, self.last_axis, self.item = list(files), fmt, last_axis, item
 
@@ -106,34 +110,35 @@ class FormatDataset(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> torch.Tensor:
-        sample = library_sample(self.fmt, library_load(self.fmt, self.files[i]), 0,
-                                self.last_axis)
+        sample = self.fmt.library_sample(self.fmt.load_whole(self.files[i]), 0, self.last_axis)
         return torch.from_numpy(as_item(sample, *self.item))
 
 
-def builtin_dataset(transform: str, files: Sequence[str], fmt: str, last_axis: bool = False,
+def builtin_dataset(transform: str, files: Sequence[str], fmt: Format,
+                    last_axis: bool = False,
                     item: tuple[tuple[int, ...], str] = ((), "|u1")) -> Dataset:
-    """The built-in Dataset `transform` over `files` of format `fmt` (UserError if it does
-    not apply to the format)."""
+    """The built-in Dataset `transform` over `files` of format `fmt` (configured; UserError
+    if it does not apply to the format)."""
     if transform == "imagenet":
-        if fmt not in WHOLE_FILE_SAMPLES:
-            raise UserError(f"--transform imagenet decodes images: dataset.format is {fmt}, "
-                            f"expected one of {', '.join(WHOLE_FILE_SAMPLES)} (or --transform "
+        if not fmt.whole_file_sample:
+            raise UserError(f"--transform imagenet decodes images: dataset.format is "
+                            f"{fmt.name}, expected one of "
+                            f"{_names(lambda f: f.whole_file_sample)} (or --transform "
                             f"none, or --dataset MODULE:CALLABLE)")
         return ImagenetDataset(files)
     if transform == "none":
-        if fmt not in NONE_FORMATS:
+        if not fmt.loads_whole_array:
             raise UserError(f"--transform none loads whole files with the format's library: "
-                            f"dataset.format {fmt} is read by extent, not whole (formats: "
-                            f"{', '.join(NONE_FORMATS)}); give your own --dataset "
-                            f"MODULE:CALLABLE")
+                            f"dataset.format {fmt.name} is read by extent, not whole (formats: "
+                            f"{_names(lambda f: f.loads_whole_array)}); give your own "
+                            f"--dataset MODULE:CALLABLE")
         return FormatDataset(files, fmt, last_axis, item)
     raise UserError(f"--transform {transform}: expected one of {', '.join(TRANSFORMS)}")
 
 
-def default_transform(fmt: str) -> str:
+def default_transform(fmt: Format) -> str:
     """The built-in Dataset calibration uses for format `fmt` unless told otherwise."""
-    return "imagenet" if fmt in WHOLE_FILE_SAMPLES else "none"
+    return "imagenet" if fmt.whole_file_sample else "none"
 
 
 def load_callable(spec: str, option: str = "--dataset") -> Callable:

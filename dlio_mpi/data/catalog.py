@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import UserError, on_root
-from ..formats import FileLayout, probe_record, record_width, sizes_recorded
+from ..formats import FileLayout
 from .dataset import COLUMNS, DatasetSplit, LayoutTable, ListedLayouts, ShiftedLayouts, SizedLayouts
 from .manifest import differing_params, generation_params, read_manifest
 from .recorded_sizes import read_sizes
@@ -160,7 +160,7 @@ def probe_file(cfg, split: DatasetSplit, index: int, path: str) -> tuple[FileLay
 
 def _locate_on_root(cfg, split: DatasetSplit):
     manifest = read_manifest(split.root) if os.path.isdir(split.root) else None
-    sized = sizes_recorded(split.format)
+    sized = split.format.sizes_recorded
     if manifest and manifest.get("complete") and not differing_params(
             manifest, generation_params(cfg)):
         if not sized:
@@ -168,7 +168,7 @@ def _locate_on_root(cfg, split: DatasetSplit):
             return ("manifest", split.sample_layout, None, None, False)
         try:
             sizes = read_sizes(split.root, split.name, split.num_files, manifest,
-                               record_width(split.format))
+                               split.format.record_width)
         except ValueError as exc:
             raise UserError(f"{exc}: {CHANGED}") from None
         if sizes is None:
@@ -222,7 +222,7 @@ def _units_as_computed(split: DatasetSplit, expected: LayoutTable, chosen: list[
 
 def _probe_size(split: DatasetSplit, path: str):
     try:
-        return probe_record(split.format, path)
+        return split.format.probe_record(path)
     except (OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise UserError(why if path in why else f"{path}: {why}") from None

@@ -157,8 +157,8 @@ class ComputedLayouts(LayoutTable):
         self.itemsize = np.dtype(dtype).itemsize
         self._classes: dict[tuple, tuple[int, int, bool]] = {}
         self._totals: dict[str, int] | None = None
-        self._by_sample_bytes = getattr(fmt, "layout_columns", None)
-        self.ragged = hasattr(fmt, "unit_extents")
+        self._by_sample_bytes = fmt.layout_columns
+        self.ragged = fmt.unit_extents is not None
 
     def units(self) -> UnitExtents | None:
         if not self.ragged:
@@ -277,7 +277,7 @@ class SizedLayouts(LayoutTable):
     def __init__(self, sizes: np.ndarray, samples_per_file: int, fmt: Format) -> None:
         self.sizes = np.ascontiguousarray(sizes, dtype=np.int64)
         self.count, self.samples, self.format = len(self.sizes), samples_per_file, fmt
-        self.ragged = hasattr(fmt, "recorded_units")
+        self.ragged = fmt.recorded_units is not None
         self._units: UnitExtents | None = None
 
     def units(self) -> UnitExtents | None:

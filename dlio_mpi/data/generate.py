@@ -18,7 +18,6 @@ import numpy as np
 
 from .. import _core, progress
 from ..errors import JobError, Stopped, UserError, check_all, on_root
-from ..formats import probe_record, record_width, sizes_recorded
 from ..formats.base import StagedWrites
 from ..ownership import (
     LOCK_NAME,
@@ -104,7 +103,7 @@ def generate(comm, cfg, splits: dict[str, DatasetSplit],
 
 def _generate(comm, splits, layouts, root, params, lock, lustre,
               trust_complete: bool, hints: dict[str, str]) -> GenerationResult:
-    sized = [name for name, split in splits.items() if sizes_recorded(split.format)]
+    sized = [name for name, split in splits.items() if split.format.sizes_recorded]
 
     def prepare() -> tuple[bool, bool, str, dict | None, dict]:
         """Rank 0: take the folder's lock; decide whether existing files are ours (a manifest
@@ -131,7 +130,7 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
         for name in sized if ours else ():
             try:
                 recorded[name] = read_sizes(root, name, splits[name].num_files, manifest,
-                                            record_width(splits[name].format))
+                                            splits[name].format.record_width)
             except ValueError as exc:
                 raise UserError(str(exc)) from None
         if ours and manifest.get("complete") and trust_complete \
@@ -170,7 +169,7 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
     # sized formats: each file's record as found or written (a size, or a row: parquet's)
     my_records = {name: (recorded[name][my_index[name]] if recorded.get(name) is not None
                          else unknown_records(len(my_index[name]),
-                                              record_width(splits[name].format)))
+                                              splits[name].format.record_width))
                   for name in sized}
     expected_size = np.concatenate([
         size_column(my_records[name]) if name in sized
@@ -292,7 +291,7 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str
                 raise UserError(f"generation stopped by {signal.Signals(_core.stop_signal()).name}"
                                 "; complete files stay, and a rerun resumes after them")
             split = splits[name]
-            write = (split.format.write_recorded if record_width(split.format)
+            write = (split.format.write_recorded if split.format.record_width
                      else split.format.write)
             sizes.append(write(split.path(index), split.spec(index), file_seed(name, index),
                                staged))
@@ -316,10 +315,10 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str
 def _record_of(split: DatasetSplit, path: str, size: int):
     """What to record of a complete file of ours found with no record: its size, or its row
     read from the file (a format recording rows)."""
-    if not record_width(split.format):
+    if not split.format.record_width:
         return size
     try:
-        return probe_record(split.format, path)
+        return split.format.probe_record(path)
     except (OSError, ValueError) as exc:
         raise UserError(f"{path}: {exc}: it was changed since; delete it to have it "
                         "generated again") from None
@@ -333,7 +332,7 @@ def _record_sizes(root: str, splits, sized: list[str], parts: list, tag: str,
     each split's bytes."""
     names, totals = {}, {}
     for name in sized:
-        sizes = unknown_records(splits[name].num_files, record_width(splits[name].format))
+        sizes = unknown_records(splits[name].num_files, splits[name].format.record_width)
         for index, part in parts:
             sizes[index[name]] = part[name]
         names[name] = write_sizes(root, name, sizes, tag, replace=name in ours)

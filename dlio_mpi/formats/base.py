@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -147,97 +146,126 @@ class StoredArray:
         return FileLayout.for_array(spec, self.data_offset, self.size)
 
 
-class Format(Protocol):
-    """One dataset format: its layouts, how it writes and probes files."""
+class Format:
+    """One dataset format: the whole contract a format module implements, every hook and
+    capability declared here with its default, as fio's ioengine ops table is (a hook left
+    None means "not supported"). A format overrides what it does differently; the rest of
+    dlio-mpi asks the format, never its name."""
 
-    name: str
-    extension: str
+    name: str = ""
+    extension: str = ""
+
+    # ---- capabilities
+    # why a file cannot be written as a header plus a payload stream in parts (collective
+    # generation; payload_extent None); "" when it can
+    written_whole: str = ""
+    # file sizes depend on the content: generation records them (recorded_sizes.py) and
+    # reading takes its layouts from them (formats/sized.py)
+    sizes_recorded: bool = False
+    # the columns of each file's row in that record when it is more than the size (parquet's
+    # row groups); None: one size per file
+    record_width: int | None = None
+    whole_file_only: bool = False    # the native engine reads its files only whole
+    whole_file_sample: bool = False  # every sample of a file is all of it (images)
+    reads_by_mmap: bool = False      # its loader maps the file and reads samples from memory
+    reads_nothing: bool = False      # synthetic data: batches without any read
+    streams_files: bool = False      # its loader streams files in reader.transfer_size reads
+    # samples found through index side files and read by extent (DLIO's indexed_binary
+    # reader), not loaded whole
+    indexed: bool = False
+    # load_whole returns the whole file's array in memory (hdf5's returns the open file, its
+    # rows read when indexed)
+    loads_whole_array: bool = False
+
+    # ---- optional hooks (None: not supported)
+    # (sample_bytes int64 array, samples) -> (n, 5) layout columns of many files at once,
+    # for formats whose layout is computed from the sample size (dataset.ComputedLayouts)
+    layout_columns = None
+    # (spec) -> UnitExtents: the read units of files whose samples are not at affine offsets
+    unit_extents = None
+    # (records of the split's files) -> UnitExtents from what generation recorded
+    recorded_units = None
+
+    def configure(self, dataset) -> Format:
+        """This format for the `dataset` section (its own keys); ConfigError for values it
+        cannot take."""
+        return self
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         """Byte layout of a file this format writes for `spec` (no I/O)."""
-        ...
+        raise NotImplementedError
 
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         """Write one file (and its side files) with pseudo-random payload from `seed` through
         `staged`, which completes them on commit; return the data file's size."""
-        ...
+        raise NotImplementedError
 
     def payload_extent(self, spec: SampleSpec) -> tuple[bytes, int] | None:
         """The data file as a header followed by the first n bytes of the payload stream of
         its seed, (header, n), as `write` writes it, so that ranks can write the payload in
-        parts (collectively); None when the file cannot be written so (the format's
-        `written_whole` says why)."""
-        ...
+        parts (collectively); None when the file cannot be written so (written_whole says
+        why)."""
+        return None
 
     def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
         """Write the data file's side files through `staged` (before the data file)."""
-        ...
+        return None
+
+    def side_files(self, path: str) -> list[str]:
+        """Other files that belong to the data file at `path` (index files)."""
+        return []
 
     def probe(self, path: str) -> StoredArray:
         """What an existing file holds, read from its header (for data we did not generate);
         ValueError if it cannot be read by extent."""
-        ...
+        raise ValueError(f"{path}: files of format {self.name} cannot be probed")
 
-    def side_files(self, path: str) -> list[str]:
-        """Other files that belong to the data file at `path` (index files)."""
-        ...
+    def probe_record(self, path: str):
+        """What generation records of the file at `path` (sizes_recorded), read from it: its
+        size (its first bytes checked) or its row; ValueError when it is not such a file."""
+        raise ValueError(f"{path}: format {self.name} records nothing of its files")
 
     def loader_facts(self, path: str):
         """What the loader's read model needs to know beyond layouts, read from one file of
         the dataset (rank 0, before training), or None."""
-        ...
+        return None
 
     def loader_model(self, facts, itemsize: int, samples: int):
         """The real loader's reads of whole files (a callable (Layouts, st_blksize) ->
         WholeFileReads), or None for one read per file."""
-        ...
+        return None
 
+    def read_refusal(self, spec: SampleSpec) -> str:
+        """Why files like `spec` cannot be read by the native engine yet ('' when they can):
+        a run that trains on them is refused before any I/O."""
+        return ""
 
-WHOLE_FILE_SAMPLES = ("jpeg", "png")  # every sample of a file is the whole file (an image)
+    def library_read_reason(self, spec: SampleSpec) -> str:
+        """Why the C engine cannot read files like `spec` at their samples' file offsets, so
+        that reader.engine native reads them through the format's library
+        (readers.LIBRARY_BACKENDS); '' when the C engine reads them."""
+        return ""
 
+    def load_whole(self, path: str):
+        """The whole file's array, loaded as DLIO's reader of this format loads it, through
+        the format's real library (the framework loaders' whole-file reads). Samples are on
+        its first or last axis, as the catalog found them (SplitFiles.sample_layout), or the
+        array is the sample (whole_file_sample). ValueError where DLIO's reader does not
+        load whole files."""
+        raise ValueError(f"no whole-file load for format {self.name}")
 
-def library_load(fmt: str, path: str, datasets: int = 1):
-    """The whole file's array, loaded as DLIO's reader of format `fmt` loads it, through the
-    format's real library (the framework loaders' whole-file reads; ValueError for a format
-    whose reader does not load whole files). Samples are on its first or last axis, as the
-    catalog found them (SplitFiles.sample_layout), or the array is the sample (images:
-    library_sample). csv needs pandas (the framework engine refuses csv without it). hdf5:
-    the file opened as DLIO's HDF5Reader opens it, its `datasets` records_<k> read row by
-    row when indexed (formats.hdf5.Rows: close() it)."""
-    if fmt == "hdf5":
-        from .hdf5 import Rows
+    def release(self, loaded) -> None:
+        """Let go of what load_whole returned once its samples are taken (hdf5: the file
+        h5py opened); nothing for an array."""
+        return None
 
-        return Rows(path, datasets)
-    if fmt == "npz":
-        return np.load(path, allow_pickle=True)["x"]
-    if fmt == "npy":
-        return np.load(path)
-    if fmt in WHOLE_FILE_SAMPLES:
-        from PIL import Image
-
-        return np.asarray(Image.open(path))
-    if fmt == "csv":
-        import pandas
-
-        return pandas.read_csv(path, header=None).to_numpy()
-    if fmt == "parquet":  # DLIO's parquet reader: pq.read_table, one sample a row
-        import pyarrow.parquet as pq
-
-        column = pq.read_table(path).column("data").combine_chunks()
-        width = column.type.byte_width
-        values = np.frombuffer(column.buffers()[1], dtype=np.uint8,
-                               count=len(column) * width, offset=column.offset * width)
-        return values.reshape(len(column), width)
-    raise ValueError(f"no whole-file load for format {fmt}")
-
-
-def library_sample(fmt: str, array: np.ndarray, within: int, last_axis: bool) -> np.ndarray:
-    """Sample `within` of a file library_load loaded: the whole array for images (DLIO's
-    image reader returns the image for every sample of its file), else the index on the
-    samples' axis."""
-    if fmt in WHOLE_FILE_SAMPLES:
-        return array
-    return array[..., within] if last_axis else array[within]
+    def library_sample(self, array: np.ndarray, within: int, last_axis: bool) -> np.ndarray:
+        """Sample `within` of a file load_whole loaded: the whole array where every sample is
+        the file (DLIO's image reader returns the image for every sample of its file), else
+        the index on the samples' axis."""
+        if self.whole_file_sample:
+            return array
+        return array[..., within] if last_axis else array[within]
 
 
 class StagedWrites:

@@ -51,7 +51,7 @@ import numpy as np
 from .. import _core
 from ..config.schema import ConfigError
 from ..ownership import temporary_name
-from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 
 LABEL_BYTES = 8             # DLIO's labels: [0] * samples, which h5py stores as int64
 META_BLOCK = 2048           # HDF5's default meta_block_size
@@ -257,7 +257,7 @@ def _chunk_payloads(geo: Geometry, seed: int):
                 yield (start + first, *corner), padded
 
 
-class Hdf5Format:
+class Hdf5Format(Format):
     """dataset.format: hdf5"""
 
     name = "hdf5"
@@ -293,6 +293,14 @@ class Hdf5Format:
                               f"{dataset.record_length_bytes_stdev:g}) are not implemented yet "
                               "in dlio-mpi; accepted with chunks: record_length_bytes_stdev 0")
         return Hdf5Format(options)
+
+    def load_whole(self, path: str) -> Rows:
+        """The file opened as DLIO's HDF5Reader opens it, its records_<k> read row by row when
+        indexed (close() it)."""
+        return Rows(path, self.options.datasets)
+
+    def release(self, loaded: Rows) -> None:
+        loaded.close()
 
     def library_read_reason(self, spec: SampleSpec) -> str:
         """Why the C engine cannot read these files' samples at their file offsets, so that
@@ -377,12 +385,6 @@ class Hdf5Format:
             found["chunks"] = [_stored_chunks(dset, geo) for dset in dsets]
         return found
 
-    def payload_extent(self, spec: SampleSpec) -> None:
-        return None  # the labels and (chunked) the chunks follow the payload
-
-    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
-        return None
-
     def probe(self, path: str) -> StoredArray:
         """records_0 (or DLIO 2.0.0's `records`) of a file another tool wrote: contiguous and
         uncompressed, else ValueError saying why it is not read natively; any layout when
@@ -442,15 +444,6 @@ class Hdf5Format:
             return bool(self.library_read_reason(spec))
         except ConfigError:  # chunks the file's dims cannot have: the configuration's
             return True
-
-    def side_files(self, path: str) -> list[str]:
-        return []
-
-    def loader_facts(self, path: str) -> None:
-        return None
-
-    def loader_model(self, facts, itemsize: int, samples: int) -> None:
-        return None  # a whole-file read is one read of the file
 
 
 class Rows:

@@ -61,6 +61,11 @@ class ImageFormat(SizedFormat):
     def loader_model(self, facts, itemsize: int, samples: int) -> LibraryLoads | None:
         return LibraryLoads(jpeg_reads) if self.name == "jpeg" else None  # png: one read
 
+    def load_whole(self, path: str) -> np.ndarray:
+        from PIL import Image
+
+        return np.asarray(Image.open(path))
+
     def probe(self, path: str) -> StoredWhole:
         from PIL import Image, UnidentifiedImageError
 

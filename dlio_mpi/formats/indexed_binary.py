@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 
 
 def _read_index(path: str) -> np.ndarray:
@@ -16,12 +16,12 @@ def _read_index(path: str) -> np.ndarray:
         return np.fromfile(fp, dtype=np.uint64)
 
 
-class IndexedBinaryFormat:
+class IndexedBinaryFormat(Format):
     """dataset.format: indexed_binary"""
 
     name = "indexed_binary"
     extension = "indexed_binary"
-    reads_by_mmap = False
+    indexed = True
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         size = spec.samples * spec.sample_bytes
@@ -61,12 +61,6 @@ class IndexedBinaryFormat:
 
     def side_files(self, path: str) -> list[str]:
         return [path + ".off.idx", path + ".sz.idx"]
-
-    def loader_facts(self, path: str) -> None:
-        return None
-
-    def loader_model(self, facts, itemsize: int, samples: int) -> None:
-        return None  # DLIO's reader: one read of each sample (a whole file: one read)
 
 
 class MmapIndexedBinaryFormat(IndexedBinaryFormat):

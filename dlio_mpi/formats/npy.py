@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 from .loader import NpyLoads
 
 
@@ -44,11 +44,12 @@ def stored_array(fp, size: int, header_start: int) -> StoredArray:
     return StoredArray(size, header_start + header, tuple(int(d) for d in shape), dtype.str)
 
 
-class NpyFormat:
+class NpyFormat(Format):
     """dataset.format: npy"""
 
     name = "npy"
     extension = "npy"
+    loads_whole_array = True
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         header = len(npy_header(spec))
@@ -66,18 +67,12 @@ class NpyFormat:
     def payload_extent(self, spec: SampleSpec) -> tuple[bytes, int]:
         return npy_header(spec), spec.samples * spec.sample_bytes
 
-    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
-        return None
-
     def probe(self, path: str) -> StoredArray:
         with _core.open_regular(path) as fp:
             return stored_array(fp, os.fstat(fp.fileno()).st_size, 0)
 
-    def side_files(self, path: str) -> list[str]:
-        return []
-
-    def loader_facts(self, path: str) -> None:
-        return None
-
     def loader_model(self, facts, itemsize: int, samples: int) -> NpyLoads:
         return NpyLoads()
+
+    def load_whole(self, path: str) -> np.ndarray:
+        return np.load(path)

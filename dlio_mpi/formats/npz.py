@@ -14,7 +14,7 @@ import zipfile
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 from .loader import NpzLoads, ZipFacts, open_zip, zip_facts
 from .npy import npy_header, stored_array
 
@@ -60,12 +60,13 @@ def _labels(spec: SampleSpec) -> bytes:
     return header + labels.tobytes()
 
 
-class NpzFormat:
+class NpzFormat(Format):
     """dataset.format: npz"""
 
     name = "npz"
     written_whole = "its zip headers hold a checksum of the payload"
     extension = "npz"
+    loads_whole_array = True
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         x_header = npy_header(spec)
@@ -103,12 +104,6 @@ class NpzFormat:
 
         return staged.write(path, fill)
 
-    def payload_extent(self, spec: SampleSpec) -> None:
-        return None  # the zip headers hold the CRC-32 of the whole payload
-
-    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
-        return None
-
     def probe(self, path: str) -> StoredArray:
         with _core.open_regular(path) as fp:
             with open_zip(fp, path) as archive:
@@ -123,11 +118,11 @@ class NpzFormat:
             fp.seek(member)
             return stored_array(fp, os.fstat(fp.fileno()).st_size, member)
 
-    def side_files(self, path: str) -> list[str]:
-        return []
-
     def loader_facts(self, path: str) -> ZipFacts:
         return zip_facts(path)
 
     def loader_model(self, facts: ZipFacts, itemsize: int, samples: int) -> NpzLoads:
         return NpzLoads(facts, itemsize, samples)
+
+    def load_whole(self, path: str) -> np.ndarray:
+        return np.load(path, allow_pickle=True)["x"]

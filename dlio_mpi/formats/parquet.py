@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import _core
 from ..config.schema import ConfigError
-from .base import FileLayout, SampleSpec, StagedWrites, StoredArray, UnitExtents
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray, UnitExtents
 from .loader import WholeFileReads
 
 MAGIC = b"PAR1"
@@ -237,12 +237,13 @@ class StoredParquet(StoredArray):
                           spec.sample_bytes)
 
 
-class ParquetFormat:
+class ParquetFormat(Format):
     """dataset.format: parquet"""
 
     name = "parquet"
     written_whole = "pyarrow writes page headers between the samples and a footer after them"
     extension = "parquet"
+    loads_whole_array = True
 
     def __init__(self, options: ParquetOptions = ParquetOptions()) -> None:
         self.options = options
@@ -354,12 +355,6 @@ class ParquetFormat:
                            records[:, 1], records[:, HEAD:HEAD + groups],
                            records[:, HEAD + groups:], open_offset, open_length)
 
-    def payload_extent(self, spec: SampleSpec) -> None:
-        return None  # page headers between the samples, the footer after them
-
-    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
-        return None
-
     def _metadata(self, path: str):
         """(size, pyarrow's metadata, last 8 bytes) of the parquet file at `path`, when it holds
         one fixed_size_binary column `data`; ValueError otherwise."""
@@ -382,6 +377,16 @@ class ParquetFormat:
         if not meta.num_row_groups:
             raise ValueError("holds no row groups")
         return size, meta, tail
+
+    def load_whole(self, path: str) -> np.ndarray:
+        """DLIO's parquet reader: pq.read_table, one sample a row."""
+        import pyarrow.parquet as pq
+
+        column = pq.read_table(path).column("data").combine_chunks()
+        width = column.type.byte_width
+        values = np.frombuffer(column.buffers()[1], dtype=np.uint8,
+                               count=len(column) * width, offset=column.offset * width)
+        return values.reshape(len(column), width)
 
     def probe_record(self, path: str) -> np.ndarray:
         """The record row (see the module) of a parquet file another tool wrote, read from
@@ -420,12 +425,6 @@ class ParquetFormat:
         if (size, offsets, sizes) != (want.size, want.offset, want.length):
             self.probe_record(path)  # ValueError unless its own layout can be read
         return StoredParquet(size, offsets[0], (rows, width), "|u1")
-
-    def side_files(self, path: str) -> list[str]:
-        return []
-
-    def loader_facts(self, path: str) -> None:
-        return None
 
     def loader_model(self, facts, itemsize: int, samples: int) -> ReadTables:
         return ReadTables(self.options.row_group_size, samples)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 
 HEAD_BYTES = 64  # first bytes read to tell a file's kind
 
@@ -54,7 +54,7 @@ class StoredWhole(StoredArray):
         return FileLayout(*(int(c) for c in cols))
 
 
-class SizedFormat:
+class SizedFormat(Format):
     """Base of the formats whose sizes are recorded: what is common to their protocol."""
 
     name = ""
@@ -63,6 +63,7 @@ class SizedFormat:
     sizes_recorded = True
     whole_file_only = True
     whole_file_sample = True  # every sample of a file is all of it (images)
+    loads_whole_array = True
 
     def estimated_sizes(self, sample_bytes: np.ndarray, samples: int) -> np.ndarray:
         """Rough sizes of files of samples of `sample_bytes` (int64 array) bytes."""
@@ -87,6 +88,9 @@ class SizedFormat:
         """Why a file starting with `head` is not of this format ('' when it is)."""
         raise NotImplementedError
 
+    def probe_record(self, path: str) -> int:
+        return self.probe_size(path)
+
     def probe_size(self, path: str) -> int:
         """The size of the file at `path`, after checking its first bytes are this format's
         (ValueError naming it otherwise): what every file of foreign data costs."""
@@ -104,21 +108,6 @@ class SizedFormat:
                 render(fp)
 
         return staged.write(path, fill)
-
-    def payload_extent(self, spec: SampleSpec) -> None:
-        return None  # encoded whole: not written in collective parts
-
-    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
-        return None
-
-    def side_files(self, path: str) -> list[str]:
-        return []
-
-    def loader_facts(self, path: str) -> None:
-        return None
-
-    def loader_model(self, facts, itemsize: int, samples: int) -> None:
-        return None  # one read of the whole file per load (see the format's module)
 
 
 def payload_values(seed: int, count: int) -> np.ndarray:

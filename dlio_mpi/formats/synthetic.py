@@ -6,10 +6,10 @@ emulator's and the MPI barrier's alone."""
 
 from __future__ import annotations
 
-from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 
 
-class SyntheticFormat:
+class SyntheticFormat(Format):
     """dataset.format: synthetic"""
 
     name = "synthetic"
@@ -24,21 +24,6 @@ class SyntheticFormat:
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         return staged.write(path, lambda fd: None)
 
-    def payload_extent(self, spec: SampleSpec) -> None:
-        return None  # nothing to write collectively
-
-    def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
-        return None
-
     def probe(self, path: str) -> StoredArray:
         raise ValueError("is a synthetic data file: nothing is read from it, so any file of "
                          "that name will do; generate the dataset with dlio-mpi to use it")
-
-    def side_files(self, path: str) -> list[str]:
-        return []
-
-    def loader_facts(self, path: str) -> None:
-        return None
-
-    def loader_model(self, facts, itemsize: int, samples: int) -> None:
-        return None

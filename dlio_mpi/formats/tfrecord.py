@@ -53,7 +53,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, SampleSpec, StagedWrites, StoredArray
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 from .loader import TFRecordStreams
 
 HEADER = 12  # uint64 length + uint32 masked CRC of it
@@ -280,7 +280,7 @@ class StoredRecords(StoredArray):
                           spec.sample_bytes)
 
 
-class TFRecordFormat:
+class TFRecordFormat(Format):
     """dataset.format: tfrecord"""
 
     name = "tfrecord"
@@ -307,9 +307,6 @@ class TFRecordFormat:
         head, tail = record_parts(spec.sample_bytes)
         return staged.write(path, lambda fd: _core.write_tfrecords(
             fd, 0, head, tail, spec.sample_bytes, spec.samples, seed, 0, path=path))
-
-    def payload_extent(self, spec: SampleSpec) -> None:
-        return None  # framing and CRCs between the samples: not written in collective parts
 
     def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
         idx = index_path(path)
@@ -355,9 +352,6 @@ class TFRecordFormat:
 
     def side_files(self, path: str) -> list[str]:
         return [index_path(path)]
-
-    def loader_facts(self, path: str) -> None:
-        return None
 
     def loader_model(self, facts, itemsize: int, samples: int,
                      transfer_size: int | None = None) -> TFRecordStreams:

@@ -36,7 +36,6 @@ class RequestTrace:
 START, READY, GOT, DEADLINE, COMPUTED, SYNCED, BYTES, OPS = range(8)
 
 
-
 @dataclass
 class EpochTrace:
     """What one rank measured in one epoch.

@@ -35,6 +35,7 @@ def access_order_refusal(cfg) -> str | None:
                 "reader.staging none")
     return None
 
+
 def check_measurable(steps: int, cfg, phase: str) -> None:
     """AU excludes the first and last steps of an epoch; some must remain to be measured."""
     metric = cfg.output.metric
@@ -44,18 +45,19 @@ def check_measurable(steps: int, cfg, phase: str) -> None:
             f"{metric.exclude_start_steps} and exclude_end_steps={metric.exclude_end_steps} "
             "exclude them all from AU; add files or lower the batch size or the exclusions")
 
+
 def check_reader_fits(cfg) -> None:
     """What only some readers do: a format read by mmap (mmap_indexed_binary: through the
     page cache, with its mapped reads), synthetic data (read by nothing)."""
     from ..formats import get_format
 
     fmt = get_format(cfg.dataset.format)
-    if getattr(fmt, "reads_nothing", False):
+    if fmt.reads_nothing:
         if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
             raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, "
                             "but dataset.format synthetic reads nothing; expected multi")
         return
-    if not getattr(fmt, "reads_by_mmap", False):
+    if not fmt.reads_by_mmap:
         return
     if cfg.reader.odirect:
         raise UserError(f"reader.odirect: true does not combine with dataset.format "
@@ -66,16 +68,18 @@ def check_reader_fits(cfg) -> None:
                         f"dataset.format {cfg.dataset.format} is read through a memory "
                         "mapping; expected multi (or dataset.format indexed_binary)")
 
+
 def check_whole_file_reads(cfg, mode: str) -> None:
     """Formats DLIO's readers decode whole (jpeg, png: the image; csv: the table) have no
     sample extent to read: reader.read_mode sample is refused for them."""
     from ..formats import get_format
 
     if mode == "sample" and cfg.workflow.train \
-            and getattr(get_format(cfg.dataset.format), "whole_file_only", False):
+            and get_format(cfg.dataset.format).whole_file_only:
         raise UserError(f"reader.read_mode: sample reads each sample's extent, but DLIO's "
                         f"{cfg.dataset.format} reader decodes whole files (a sample is not an "
                         "extent of one); expected auto, file or file_once")
+
 
 def check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
     """Drawn sample shapes are kept for every file on every rank: refuse before drawing them
@@ -91,6 +95,7 @@ def check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
             f"{ds.num_files_eval} with dataset.record_length_bytes_stdev: the files' drawn "
             f"sample shapes need {_memory(per_rank, ranks_per_node, node_memory)}")
 
+
 def _sample_keys(ds) -> str:
     """The keys that size a sample, with their values."""
     if ds.record_dims:
@@ -99,11 +104,13 @@ def _sample_keys(ds) -> str:
     return (f"dataset.record_length_bytes={number_text(ds.record_length_bytes)}"
             + (f" (stdev {number_text(stdev)})" if stdev else ""))
 
+
 def _largest_sample(split: DatasetSplit) -> int:
     """Elements of the largest sample of `split` (exact: Python ints)."""
     if len(split.dims) == 1:
         return math.prod(int(d) for d in split.dims[0])
     return int(np.prod(split.dims.astype(np.int64), axis=1).max())  # two int32 dims each
+
 
 def check_read_once_memory(cfg, ranks: int, nodes: int, node_memory: int) -> None:
     """reader.staging: read_once holds the dataset in the nodes' memory: refuse, before any
@@ -118,6 +125,7 @@ def check_read_once_memory(cfg, ranks: int, nodes: int, node_memory: int) -> Non
                         f"{size_text(per_file)} over {nodes} node(s)), more than 80 % of a node's "
                         f"{size_text(node_memory)}; expected a dataset that fits, more nodes, or "
                         "reader.staging: none")
+
 
 def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
     """Sizes the C engine and int64 arithmetic can hold, checked before any layout is
@@ -146,6 +154,7 @@ def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
                 f"(storage.storage_root + data_folder + name); the engine takes at most "
                 f"{MAX_PATH_BYTES}")
 
+
 def check_batch_memory(cfg, plan_bytes: int, steps: int, ranks: int, ranks_per_node: int,
                         node_memory: int) -> None:
     """The engine keeps one batch per rank in memory more than it reads ahead
@@ -164,12 +173,14 @@ def check_batch_memory(cfg, plan_bytes: int, steps: int, ranks: int, ranks_per_n
             f"{_memory(slots * batch, ranks_per_node, node_memory)}"
             f"; lower them, or read without keeping the data (reader.keep_data: false)")
 
+
 def _memory(per_rank: int, ranks_per_node: int, node_memory: int) -> str:
     """'X per rank[, Y for the N ranks of a node], more than the node's Z of memory'."""
     node = f", {size_text(per_rank * ranks_per_node)} for the {ranks_per_node} ranks of a node" \
         if ranks_per_node > 1 else ""
     return (f"{size_text(per_rank)} per rank{node}, more than the node's {size_text(node_memory)} "
             f"of memory")
+
 
 def check_tensor_memory(checkpoint: Mapping, local_ranks: int, node_memory: int) -> None:
     """checkpoint_mechanism pt_save keeps each rank's checkpoint share in memory as tensors

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from ..data.dataset import DatasetSplit, LayoutTable, describe_dataset
 from ..errors import UserError
-from ..formats import implemented_formats, library_read_reason, read_refusal
+from ..formats import implemented_formats
 from ..mpi.topology import emulated_ranks_per_node, host_info, plan_topology
 from ..readers import engine_refusal
 from ..sampling.requests import READ_MODES
@@ -151,10 +151,10 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         check_sizes(cfg, splits)
         train = splits["train"]
         if cfg.workflow.train and not generating:  # files the engine cannot read yet
-            refusal = read_refusal(train.format, train.spec(0))
+            refusal = train.format.read_refusal(train.spec(0))
             if refusal:
                 raise UserError(refusal)
-            library_read = library_read_reason(train.format, train.spec(0))
+            library_read = train.format.library_read_reason(train.spec(0))
         layouts = {name: split.expected_layouts() for name, split in splits.items()}
         files, samples = train.num_files, train.num_samples
         dataset_bytes = sum(table.total("size") for table in layouts.values())

@@ -17,6 +17,7 @@ _PATTERNS = {"file": "the whole file loaded for every sample",
              "file_once": "each file loaded once, whole, for all its samples",
              "sample": "a read of each sample's extent"}
 
+
 def resolve_read_mode(cfg, data_loader: str | None = None) -> str:
     """reader.read_mode, with 'auto' following DLIO's reader for `data_loader` (default:
     reader.data_loader): extents for indexed formats, else the whole file per sample
@@ -35,6 +36,7 @@ def resolve_read_mode(cfg, data_loader: str | None = None) -> str:
     loader = data_loader or cfg.reader.data_loader
     iterates_files = loader == "tensorflow" and cfg.dataset.num_samples_per_file > 1
     return "file_once" if iterates_files else "file"
+
 
 def loader_note(cfg, library_read: str = "") -> str:
     """What reader.data_loader changes in the run, as a plan note: the access pattern the
@@ -85,6 +87,7 @@ def loader_note(cfg, library_read: str = "") -> str:
     return (f"reader.data_loader={loader}: {engine} reads {fmt} with the access "
             f"pattern of DLIO's {loader} reader ({_PATTERNS[mine]}; {alike}); {tail}")
 
+
 def _framework_note(cfg) -> str:
     """The real loader reader.engine framework runs (a combination engine_refusal accepts)."""
     rd = cfg.reader
@@ -103,6 +106,7 @@ def _framework_note(cfg) -> str:
             f"{rd.batch_size}) over the samples the native engine would read, in the same "
             f"order; its Dataset reads {cfg.dataset.format} as DLIO's {rd.data_loader} reader "
             f"does: {loader['reads'][cfg.dataset.format]}{memory}")
+
 
 def _tf_data_note(cfg) -> str:
     """The tf.data pipeline reader.engine framework runs with reader.data_loader tensorflow
@@ -132,6 +136,7 @@ def _tf_data_note(cfg) -> str:
 NATIVE_ONLY = ("reader.access", "reader.fd_cache_size", "reader.keep_data")
 
 FRAMEWORK_ONLY = ("reader.pin_memory", "reader.multiprocessing_context")
+
 
 def _engine_notes(cfg, library_read: str = "") -> list[str]:
     """Reader keys set for the other engine than the one that runs."""
@@ -164,6 +169,7 @@ def _engine_notes(cfg, library_read: str = "") -> list[str]:
                      "reader.read_threads > 0)")
     return notes
 
+
 def plan_notes(cfg, library_read: str = "") -> tuple[str, ...]:
     """The settings that have no effect or act differently in dlio-mpi."""
     reads = cfg.workflow.train and cfg.dataset.format in implemented_formats()
@@ -173,15 +179,16 @@ def plan_notes(cfg, library_read: str = "") -> tuple[str, ...]:
         notes += _mpiio_notes(cfg.reader) + _engine_notes(cfg, library_read)
     return tuple(notes + _checkpoint_notes(cfg))
 
+
 def _sized_notes(cfg) -> list[str]:
     """Formats whose sizes depend on the content: the plan's bytes are estimates."""
-    from ..formats import format_for, sizes_recorded
+    from ..formats import format_for
 
     fmt = cfg.dataset.format
-    if fmt not in implemented_formats() or not sizes_recorded(configured := format_for(
-            cfg.dataset)):
+    if fmt not in implemented_formats() or not (configured := format_for(cfg.dataset)
+                                                ).sizes_recorded:
         return []
-    if getattr(configured, "record_width", None):  # parquet, compressed or of varying sizes
+    if configured.record_width:  # parquet, compressed or of varying sizes
         return [f"dataset.format={fmt} with dataset.compression={cfg.dataset.compression} and "
                 f"dataset.record_length_bytes_stdev={cfg.dataset.record_length_bytes_stdev:g}: "
                 "the files' row groups depend on the content or differ from file to file, so "
@@ -191,6 +198,7 @@ def _sized_notes(cfg) -> list[str]:
     return [f"dataset.format={fmt}: file sizes depend on the content, so the plan's dataset "
             "and epoch bytes are estimates; generation records each file's size (beside its "
             "manifest) and the run reads exactly those files whole"]
+
 
 def _checkpoint_notes(cfg) -> list[str]:
     """Checkpoint keys set where they cannot act in this run."""
@@ -215,6 +223,7 @@ def _checkpoint_notes(cfg) -> list[str]:
         idle.append((keys_set(cfg, ("checkpoint.mpiio_hints",)),
                      "checkpoint.layout file_per_rank writes without MPI-IO"))
     return [f"{', '.join(keys)}: no effect here: {why}" for keys, why in idle if keys]
+
 
 def _mpiio_notes(rd) -> list[str]:
     """What the MPI-IO backends make of the native engine's settings."""
@@ -242,6 +251,7 @@ def _mpiio_notes(rd) -> list[str]:
                      "which ROMIO honours on some file systems only; summary.json says whether "
                      "it was reported back (dlio_mpi.readers)")
     return notes
+
 
 def unused_hints_note(cfg, splits, ranks: int) -> tuple[str, ...]:
     """reader.mpiio_hints set where nothing opens a file through MPI-IO: the native engine

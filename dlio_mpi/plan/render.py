@@ -33,6 +33,7 @@ def _filesystem_text(name: str, info: Mapping) -> str:
                  else f", layout unknown ({layout.get('error', 'unreadable')})")
     return text
 
+
 def storage_lines(cfg, data_folder: str | None, filesystems: Mapping[str, Mapping] | None = None,
                   striping: Mapping | None = None) -> list[str]:
     """Plan lines on the run's file systems (filesystems.describe_filesystems) and the
@@ -61,6 +62,7 @@ def storage_lines(cfg, data_folder: str | None, filesystems: Mapping[str, Mappin
                      "layout of files MPI-IO creates, storage.lustre the folder's default for "
                      "the others; the layout a data file took is in summary.json")
     return lines
+
 
 def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
                 striping: Mapping | None = None, warnings: tuple[str, ...] = ()) -> dict:
@@ -129,6 +131,7 @@ def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = 
     record["checkpoint"] = dict(plan.checkpoint) if plan.checkpoint is not None else None
     return record
 
+
 def reader_text(cfg, library_read: str = "") -> str:
     """What reads the training data: the engine, the backend and the access (`library_read`:
     RunPlan.library_read)."""
@@ -155,10 +158,12 @@ def reader_text(cfg, library_read: str = "") -> str:
     return (f"engine native: {backend[access]}, reader.file_access {rd.file_access}, with the "
             f"access pattern of DLIO's {rd.data_loader} reader")
 
+
 def describe_plan(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
                   striping: Mapping | None = None, warnings: tuple[str, ...] = ()) -> str:
     """The plan as a few lines of text, rendered from plan_record (same arguments)."""
     return render_plan(plan_record(plan, cfg, filesystems, striping, warnings))
+
 
 def render_plan(r: Mapping) -> str:
     """plan_record's data as the text plan `validate` and `run` print."""
@@ -222,6 +227,7 @@ def render_plan(r: Mapping) -> str:
     lines.extend(f"warning         {warning}" for warning in r["warnings"])
     return "\n".join(lines)
 
+
 def _generation(plan: RunPlan) -> dict:
     """How generation will write the files: {"how": "collective" (all ranks together through
     MPI-IO), "whole_files" (fewer files than ranks, one rank a file) or "round_robin",
@@ -237,7 +243,7 @@ def _generation(plan: RunPlan) -> dict:
         how, writers = "whole_files", files
         from ..formats import get_format
 
-        why = getattr(get_format(plan.format), "written_whole", "")
+        why = get_format(plan.format).written_whole
         text = (f"{files} file(s) dealt out to {files} of the {plan.ranks} ranks: {plan.format} "
                 "cannot be written in parts" + (f" ({why})" if why else ""))
     else:

@@ -12,7 +12,6 @@ from importlib import import_module
 from importlib.util import find_spec
 
 from ..data.catalog import SplitFiles
-from ..formats import library_read_reason
 from .base import (
     BatchStats,
     IoWatchdog,
@@ -37,7 +36,7 @@ READ_ONCE = ("dlio_mpi.tiers.read_once", "ReadOnceReader")
 LIBRARY_BACKENDS = {"hdf5": ("dlio_mpi.readers.h5py_reader", "H5pyReader")}
 
 
-# Libraries a format's whole-file load needs beyond the loader's own (library_load)
+# Libraries a format's whole-file load needs beyond the loader's own (Format.load_whole)
 FORMAT_MODULES = {"csv": "pandas", "jpeg": "PIL", "png": "PIL"}
 
 # reader.engine framework: data_loader -> the backend and what it reads. A combination not
@@ -238,7 +237,7 @@ def open_reader(file_access: str, files: SplitFiles, options: ReaderOptions,
     native, files the C engine cannot read at their file offsets go to the format's library
     backend (LIBRARY_BACKENDS)."""
     split = files.split
-    library = split.format.name if library_read_reason(split.format, split.spec(0)) else None
+    library = split.format.name if split.format.library_read_reason(split.spec(0)) else None
     module, name = backend_of(options.engine, options.data_loader, file_access, library,
                               options.staging)
     return getattr(import_module(module), name)(files, options, comm)

@@ -45,7 +45,6 @@ import numpy as np
 
 from .. import _core
 from ..data.catalog import SplitFiles
-from ..formats import library_read_reason
 from ..formats.hdf5 import Rows
 from ..sampling.requests import ReadPlan
 from .base import (
@@ -123,7 +122,7 @@ class H5pyReader:
     def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
         fmt = files.split.format
         self.files, self.options = files, options
-        self.reason = library_read_reason(fmt, files.split.spec(0))
+        self.reason = fmt.library_read_reason(files.split.spec(0))
         self.datasets = fmt.options.datasets
         self.samples_per_file = files.split.samples_per_file
         self.threads = max(options.read_threads, 1)

@@ -1,7 +1,7 @@
 """The framework engine for TensorFlow (reader.engine: framework, reader.data_loader:
 tensorflow): each rank reads its planned samples through a real tf.data pipeline. npy, npz,
 jpeg, png and csv go through DLIO's generators (TfGeneratorReader, below: each file loaded
-whole by its library, formats.base.library_load); TFRecord files through the pipeline
+whole by its library, Format.load_whole); TFRecord files through the pipeline
 DLIO's TFRecord reader (reader/tf_reader.py) builds:
 
     tf.data.TFRecordDataset(files, buffer_size=reader.transfer_size,
@@ -69,7 +69,6 @@ import tensorflow as tf  # noqa: E402
 
 from .. import _core  # noqa: E402
 from ..data.catalog import SplitFiles  # noqa: E402
-from ..formats.base import library_load, library_sample  # noqa: E402
 from ..sampling.requests import ReadPlan  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
 from .base import (  # noqa: E402
@@ -327,9 +326,8 @@ class NpyFiles:
     of its planned samples is left (read_mode file_once, DLIO's reader keeping a file open for
     its samples), or once per sample (read_mode file: on_demand with one sample per file)."""
 
-    def __init__(self, files: SplitFiles, fmt: str, keep: bool) -> None:
-        self.files, self.fmt, self.keep = files, fmt, keep
-        self.datasets = getattr(getattr(files.split.format, "options", None), "datasets", 1)
+    def __init__(self, files: SplitFiles, keep: bool) -> None:
+        self.files, self.fmt, self.keep = files, files.split.format, keep
         self.last_axis = files.sample_layout == "last_axis"
         self.samples_per_file = files.split.samples_per_file
         self.loads = 0
@@ -345,15 +343,14 @@ class NpyFiles:
         path = self.files.path(file)
         with self._lock:
             self.loads += 1
-        return library_load(self.fmt, path, self.datasets)
+        return self.fmt.load_whole(path)
 
     def sample(self, sample_id: int) -> np.ndarray:
         file, within = divmod(sample_id, self.samples_per_file)
         if not self.keep:
             array = self._load(file)
-            sample = library_sample(self.fmt, array, within, self.last_axis)
-            if hasattr(array, "close"):  # hdf5: the file h5py opened for this sample
-                array.close()
+            sample = self.fmt.library_sample(array, within, self.last_axis)
+            self.fmt.release(array)
             return sample
         with self._lock:
             entry = self._kept.get(file)
@@ -370,14 +367,14 @@ class NpyFiles:
         if entry.array is None:
             raise RuntimeError(f"{self.files.path(file)} could not be loaded")
         array = entry.array
-        sample = library_sample(self.fmt, array, within, self.last_axis)
+        sample = self.fmt.library_sample(array, within, self.last_axis)
         with self._lock:
             self._left[file] -= 1
             done = self._left[file] == 0
             if done:
                 self._kept.pop(file, None)
-        if done and hasattr(array, "close"):  # hdf5: read by every thread that wanted it
-            array.close()
+        if done:  # hdf5: read by every thread that wanted it
+            self.fmt.release(array)
         return sample
 
 
@@ -405,7 +402,7 @@ class TfGeneratorReader(TfDataReader):
         super().__init__(files, options, comm)
         self.threads = max(options.read_threads, 1)  # DLIO: 0 becomes 1
         keep = options.read_type == "memory" or self.samples_per_file > 1
-        self.loaded = NpyFiles(files, self.fmt, keep)
+        self.loaded = NpyFiles(files, keep)
         self._steps: list[np.ndarray] = []
         self._delays: list[list[int]] | None = None
 

@@ -67,7 +67,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler, default_collate, get_
 from .. import _core
 from ..data.catalog import SplitFiles
 from ..data.dataset import FileNaming
-from ..formats.base import library_load, library_sample
+from ..formats.base import Format
 from ..sampling.requests import ReadPlan
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
 from .base import (
@@ -119,11 +119,10 @@ class SampleDataset(Dataset):
     module). Indices are (epoch, sample id): with reader.read_type memory a worker keeps the
     files it loaded until the epoch changes. Picklable: spawned workers get a copy."""
 
-    def __init__(self, naming: FileNaming, listed: tuple[str, ...] | None, fmt: str,
+    def __init__(self, naming: FileNaming, listed: tuple[str, ...] | None, fmt: Format,
                  samples_per_file: int, sample_layout: str, item: tuple[tuple[int, ...], str],
-                 memory: bool, datasets: int = 1, trace: bool = False) -> None:
-        self.naming, self.listed, self.fmt = naming, listed, fmt
-        self.datasets = datasets  # hdf5: records_0 .. records_<datasets-1> hold each sample
+                 memory: bool, trace: bool = False) -> None:
+        self.naming, self.listed, self.fmt = naming, listed, fmt  # fmt: the configured format
         self.samples_per_file, self.last_axis = samples_per_file, sample_layout == "last_axis"
         self.item, self.memory = item, memory
         self.trace = trace  # output.trace: each item's start, bytes and worker too
@@ -135,12 +134,10 @@ class SampleDataset(Dataset):
     @staticmethod
     def of(files: SplitFiles, options: ReaderOptions) -> SampleDataset:
         fmt = files.split.format
-        return SampleDataset(files.split.naming, files.listed, fmt.name,
+        return SampleDataset(files.split.naming, files.listed, fmt,
                              files.split.samples_per_file, files.sample_layout,
                              (options.item_shape, options.item_dtype),
-                             options.read_type == "memory",
-                             getattr(getattr(fmt, "options", None), "datasets", 1),
-                             options.trace)
+                             options.read_type == "memory", options.trace)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
@@ -162,7 +159,7 @@ class SampleDataset(Dataset):
             self._epoch = epoch
         file, within = divmod(sample_id, self.samples_per_file)
         path = self.path(file)
-        if self.fmt == "indexed_binary":
+        if self.fmt.indexed:
             sample = self._read_extent(path, within)
         else:
             array = self._kept.get(path) if self.memory else None
@@ -170,9 +167,9 @@ class SampleDataset(Dataset):
                 array = self._load(path)
                 if self.memory:
                     self._kept[path] = array
-            sample = library_sample(self.fmt, array, within, self.last_axis)
-            if not self.memory and hasattr(array, "close"):  # hdf5: the file h5py opened
-                array.close()
+            sample = self.fmt.library_sample(array, within, self.last_axis)
+            if not self.memory:
+                self.fmt.release(array)
         return as_item(sample, *self.item)
 
     def __getitems__(self, indices: list) -> Fetched:
@@ -197,7 +194,7 @@ class SampleDataset(Dataset):
 
     def _load(self, path: str):
         self.opens += 1
-        return library_load(self.fmt, path, self.datasets)
+        return self.fmt.load_whole(path)
 
     def _read_extent(self, path: str, within: int) -> np.ndarray:
         if path not in self._index:
@@ -228,8 +225,7 @@ class SampleDataset(Dataset):
 
     def _forget(self) -> None:
         for kept in self._kept.values():
-            if hasattr(kept, "close"):
-                kept.close()
+            self.fmt.release(kept)
         self._kept = {}
 
 
@@ -393,7 +389,7 @@ class TorchLoaderReader:
         pinned = bool(self.options.pin_memory and torch.accelerator.is_available())
         return {"backend": "framework", "loader": "torch.utils.data.DataLoader",
                 "data_loader": "pytorch", "file_access": "multi",
-                "format": self.dataset.fmt, "reads": READS[self.dataset.fmt]
+                "format": self.dataset.fmt.name, "reads": READS[self.dataset.fmt.name]
                 + (" (files kept per worker and epoch: reader.read_type memory)"
                    if self.dataset.memory else ""),
                 "workers": self.workers, "prefetch_factor": self.prefetch_factor,

@@ -115,12 +115,12 @@ def access_policy(reader_cfg, split, blksize: int, facts) -> AccessPolicy:
     """The AccessPolicy a rank reads `split` with, from the reader section and what
     loader_inputs found in one of its files."""
     rd, fmt = reader_cfg, split.format
-    streams = {"transfer_size": rd.transfer_size} if getattr(fmt, "streams_files", False) \
+    streams = {"transfer_size": rd.transfer_size} if fmt.streams_files \
         else {}
     return AccessPolicy(rd.access, rd.odirect, blksize, fmt.loader_model(
         facts, np.dtype(split.dtype).itemsize, split.samples_per_file, **streams),
-        mmap=getattr(fmt, "reads_by_mmap", False),
-        reads_nothing=getattr(fmt, "reads_nothing", False))
+        mmap=fmt.reads_by_mmap,
+        reads_nothing=fmt.reads_nothing)
 
 
 def first_uses(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
