@@ -214,7 +214,7 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
     reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
     if cache is not None:
         reader.attach_cache(cache, name, files)
-    staged = getattr(reader, "staging", None)
+    staged = reader.staging
     if staged is not None:  # reader.staging: read_once read the files once, just now
         say(comm, f"staging ({name}, read_once): {staged['files']} file(s), "
                   f"{staged['bytes_read'] / 2**20:.1f} MiB read once in {staged['seconds']:.2f} s "

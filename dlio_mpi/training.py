@@ -97,7 +97,7 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         synchronised=barrier, pauses=pauses,
         request_trace=reader.request_trace.head(requests) if reader.request_trace else None,
         cache=epoch_cache(before, after, plan, requests)
-        if getattr(reader, "cache_attached", False) else None, **_loader_costs(before, after))
+        if reader.cache_attached else None, **_loader_costs(before, after))
 
 
 def _ns(seconds) -> np.ndarray:

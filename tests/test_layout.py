@@ -128,7 +128,7 @@ def _folder(module: str) -> str:
 
 
 def test_no_import_goes_round_in_a_circle():
-    assert cycles(import_graph(top_level_only=True)) == []
+    assert cycles(import_graph()) == []
     folders: dict[str, set[str]] = {}
     for module, targets in import_graph().items():
         folders.setdefault(_folder(module), set()).update(
@@ -139,3 +139,20 @@ def test_no_import_goes_round_in_a_circle():
 def test_the_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert re.fullmatch(r"dlio_mpi\.\w+", _folder("dlio_mpi.readers.native"))
+
+
+# getattr/hasattr on a format, reader backend or checkpoint writer: a capability its protocol
+# should declare (formats/base.py Format, readers/base.py ReaderBackend, checkpoint/writer.py)
+PROBE = re.compile(r"\b(?:get|has)attr\(\s*(?:[\w.\[\]()]*\.)?"
+                   r"(?:fmt|format|get_format\([^)]*\)|reader|writer|backend)\s*,")
+
+
+def test_no_capability_is_probed_with_getattr():
+    found = [f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+             for path in sorted(PACKAGE.rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), start=1)
+             if PROBE.search(line)]
+    assert found == []
+    assert PROBE.search('x = getattr(fmt, "sizes_recorded", False)')
+    assert PROBE.search('getattr(get_format(cfg.dataset.format), "whole_file_only", False)')
+    assert PROBE.search('hasattr(self.writer, "allocate")')

@@ -19,29 +19,18 @@ from __future__ import annotations
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 from .. import _core, progress
 from ..errors import UserError, check_all, on_root
 from ..storage.filesystems import apply_striping, nearest_existing
-from .file_per_rank import FilePerRank, IoStats
+from .file_per_rank import FilePerRank
 from .folder import CheckpointFolder
 from .results import CheckpointRecord, gather_record
 from .schedule import Schedule
 from .shared_file import SharedFile
-from .sizing import CheckpointLayout, RankShard
-
-
-class CheckpointWriter(Protocol):
-    """Saves and loads one rank's share of each checkpoint. `save` and `load` are
-    collective for writers that say so (`collective`)."""
-
-    collective: bool
-
-    def file_names(self, shards: list[RankShard]) -> list[str]: ...
-    def save(self, checkpoint: int, checkpoint_id: str, shard: RankShard) -> IoStats: ...
-    def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
-             drop_cache: bool = False) -> IoStats: ...
+from .sizing import CheckpointLayout
+from .writer import CheckpointWriter, IoStats
 
 
 @dataclass(frozen=True)
@@ -160,9 +149,7 @@ class Checkpointer:
         removed, self.striping = on_root(self.comm, make_way)
         # pt_save keeps its tensors all run, as DLIO allocates them at start: made and filled
         # here, outside the first save's time
-        allocate = getattr(self.writer, "allocate", None)
-        if allocate is not None:
-            check_all(self.comm, lambda: allocate(self.shard))
+        check_all(self.comm, lambda: self.writer.allocate(self.shard))
         return removed
 
     def _check_complete(self, cid: str) -> None:

@@ -11,31 +11,11 @@ without having kept them (every block's stamp, every 64th block whole)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 from .. import _core
 from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
 from .sizing import RankShard
-
-
-@dataclass
-class IoStats:
-    """What one rank's save or load of one checkpoint did."""
-
-    bytes: int = 0
-    files: int = 0
-    calls: int = 0
-    syncs: int = 0
-    sync_ns: int = 0
-    verified: int = 0
-
-    def add(self, stats: dict) -> None:
-        self.bytes += stats["bytes"]
-        self.calls += stats["calls"]
-        self.syncs += stats["syncs"]
-        self.sync_ns += stats["sync_ns"]
-        self.verified += stats["verified"]
-        self.files += 1
+from .writer import CheckpointWriter, IoStats
 
 
 def shard_seed(checkpoint: int, rank: int, file: int) -> int:
@@ -43,7 +23,7 @@ def shard_seed(checkpoint: int, rank: int, file: int) -> int:
     return (0xC4 << 56) | (checkpoint & 0xFFFF) << 40 | (rank & 0xFFFFFF) << 16 | file & 0xFFFF
 
 
-class FilePerRank:
+class FilePerRank(CheckpointWriter):
     """Saves and loads one rank's files of each checkpoint (a checkpoint.CheckpointWriter)."""
 
     def __init__(self, folder: str, tag: str, odirect: bool, fsync: bool,

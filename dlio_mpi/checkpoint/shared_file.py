@@ -26,18 +26,21 @@ from ..errors import check_all, on_root
 from ..mpi.write_rounds import mpiio_call, open_shared, read_rounds, write_rounds
 from ..ownership import remove_quietly, rename_noreplace, temporary_name
 from ..readers.base import drop_cached_pages
-from .file_per_rank import IoStats, shard_seed
+from .file_per_rank import shard_seed
 from .sizing import EXTENSION, RankShard
+from .writer import CheckpointWriter, IoStats
 
 CHUNK = 64 << 20  # bytes per rank and round
 ALIGN = 1 << 20  # a rank's share starts at a multiple of this with O_DIRECT
 NAME = f"shared_model_optim_states.{EXTENSION}"  # the one file of a checkpoint
 
 
-class SharedFile:
+class SharedFile(CheckpointWriter):
     """Saves and loads the ranks' shares of each checkpoint in one file, collectively (a
     checkpoint.CheckpointWriter). `sizes[r]`: the bytes rank r writes; rank r's share starts
     where rank r - 1's ends."""
+
+    collective = True
 
     def __init__(self, comm, folder: str, tag: str, fsync: bool, hints: dict[str, str],
                  sizes: list[int], chunk: int = CHUNK, odirect: bool = False) -> None:

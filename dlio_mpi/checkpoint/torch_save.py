@@ -30,8 +30,9 @@ import torch
 
 from .. import _core
 from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
-from .file_per_rank import IoStats, shard_seed
+from .file_per_rank import shard_seed
 from .sizing import RankShard
+from .writer import CheckpointWriter, IoStats
 
 BLOCK = 64 << 20  # bytes per shard block (the stamp and check unit)
 TENSOR = 1 << 30  # bytes per tensor at most (a whole number of blocks)
@@ -55,11 +56,9 @@ def _keys(nbytes: int) -> list[str]:
     return [f"t{j}" for j in range(len(_tensor_sizes(nbytes)))]
 
 
-class TorchSave:
+class TorchSave(CheckpointWriter):
     """Saves and loads one rank's files of each checkpoint with torch.save / torch.load (a
     checkpoint.CheckpointWriter)."""
-
-    collective = False
 
     def __init__(self, folder: str, tag: str, fsync: bool) -> None:
         self.folder, self.tag, self.fsync = folder, tag, fsync

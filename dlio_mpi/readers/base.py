@@ -19,7 +19,6 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Protocol
 
 import numpy as np
 
@@ -254,23 +253,60 @@ def forget_thread_io() -> None:
         os.close(fd)
 
 
-class ReaderBackend(Protocol):
+class ReaderBackend:
+    """What the step loop, the metrics and the summary know of a reader backend (see the
+    module): every hook declared here with its default; a backend overrides what it does."""
+
     lat_ns: np.ndarray  # per request of the current epoch
     # per request of the current epoch with output.trace, where the backend knows it
-    request_trace: RequestTrace | None
+    request_trace: RequestTrace | None = None
+    cache_attached: bool = False  # reader.cache: attach_cache gave it the tier's copies
+    staging: dict | None = None   # reader.staging: what the backend staged when opened
 
-    def prepare_epoch(self, plan: ReadPlan) -> None: ...
-    def start_epoch(self, plan: ReadPlan) -> None: ...
+    def prepare_epoch(self, plan: ReadPlan) -> None:
+        """Work before the epoch's clock starts (buffers, dropping pages)."""
+        return None
+
+    def start_epoch(self, plan: ReadPlan) -> None:
+        """Inside the clock: the epoch's requests handed over, reading begins."""
+        raise NotImplementedError
+
     def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
                   start_ns: int, out: np.ndarray,
                   host_cpu_ns: np.ndarray | None = None,
-                  host_wait_ns: np.ndarray | None = None) -> np.ndarray: ...
-    def next_batch(self) -> BatchStats | None: ...
-    def end_epoch(self) -> None: ...
-    def abandon_epoch(self) -> None: ...
-    def counters(self) -> dict[str, int]: ...
-    def describe(self) -> dict: ...
-    def close(self) -> None: ...
+                  host_wait_ns: np.ndarray | None = None) -> np.ndarray:
+        """The epoch's steps (python_steps over next_batch unless the backend has its own
+        loop); the rows of `out` for the steps run."""
+        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns,
+                            host_wait_ns)
+
+    def next_batch(self) -> BatchStats | None:
+        """Wait for the next batch; None at the end of the epoch."""
+        raise NotImplementedError
+
+    def attach_cache(self, tier, name: str, files) -> None:
+        """reader.cache: read and fill the tier's copies of these files (the native engine
+        only: the configuration refuses the cache with any other backend)."""
+        raise NotImplementedError(f"{type(self).__name__} reads no cache tier")
+
+    def end_epoch(self) -> None:
+        """After the last batch (closing what a loader closes)."""
+        return None
+
+    def abandon_epoch(self) -> None:
+        """Stop an epoch before its last batch: reads in flight end."""
+        return None
+
+    def counters(self) -> dict[str, int]:
+        """Totals since open (bytes, reads, opens, ...)."""
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        """What goes into summary.json about the backend."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        return None
 
 
 def python_steps(backend: ReaderBackend, pacer: _core.Pacer, sync, compute_ns: np.ndarray,

@@ -50,15 +50,15 @@ from ..sampling.requests import ReadPlan
 from .base import (
     BatchStats,
     IoChain,
+    ReaderBackend,
     ReaderOptions,
     RequestTrace,
     drop_cached_pages,
     forget_thread_io,
-    python_steps,
 )
 
 if TYPE_CHECKING:
-    from ..mpi.pacing import StepSync
+    pass
 
 
 def sample_delays(plan: ReadPlan) -> np.ndarray | None:
@@ -116,7 +116,7 @@ class _Batch:
     samples: list | None
 
 
-class H5pyReader:
+class H5pyReader(ReaderBackend):
     """A ReaderBackend reading one split's planned batches through h5py (see the module)."""
 
     def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
@@ -181,13 +181,6 @@ class H5pyReader:
                          for t in range(self.threads)]
         for worker in self._workers:
             worker.start()
-
-    def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
-                  start_ns: int, out: np.ndarray,
-                  host_cpu_ns: np.ndarray | None = None,
-                  host_wait_ns: np.ndarray | None = None) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns,
-                            host_wait_ns)
 
     def next_batch(self) -> BatchStats | None:
         """Wait for the plan's next batch; None at the end of the epoch."""

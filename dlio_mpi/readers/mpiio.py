@@ -64,10 +64,10 @@ from ..sampling.requests import ReadPlan
 from .base import (
     BatchStats,
     IoWatchdog,
+    ReaderBackend,
     ReaderOptions,
     RequestTrace,
     drop_cached_pages,
-    python_steps,
 )
 
 COLLECTIVE_FILE_LIMIT = 1024  # files opened on the communicator by `collective`
@@ -256,7 +256,7 @@ class _InlineReads:
         pass
 
 
-class _MpiioReader:
+class _MpiioReader(ReaderBackend):
     """What the two MPI-IO backends share: hints, the batch ring, the reader thread, counters
     and describe(). Subclasses give `file_access`, `_read_batch` and the file handles."""
 
@@ -314,13 +314,6 @@ class _MpiioReader:
                                    self.options.prefetch_size + 1, self.options.watchdog,
                                    self.files.path)
         self._prefetch.start()  # after the assignment: its reads report through it
-
-    def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray,
-                  start_ns: int, out: np.ndarray,
-                  host_cpu_ns: np.ndarray | None = None,
-                  host_wait_ns: np.ndarray | None = None) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns,
-                            host_wait_ns)
 
     def next_batch(self) -> MpiioBatch | None:
         """Wait for the next batch (its buffer is the caller's until the next call)."""

@@ -10,10 +10,10 @@ from ..data.catalog import SplitFiles
 from ..metrics.epoch_trace import RequestTrace
 from ..mpi.pacing import StepSync
 from ..sampling.requests import ReadPlan
-from .base import BatchStats, ReaderOptions
+from .base import BatchStats, ReaderBackend, ReaderOptions
 
 
-class NativeReader:
+class NativeReader(ReaderBackend):
     """Reads planned batches of one split with the C engine (a ReaderBackend).
 
     options.close_at_epoch_end: close every descriptor when an epoch ends, as a loader closes

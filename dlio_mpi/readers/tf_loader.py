@@ -74,15 +74,15 @@ from . import FRAMEWORK_LOADERS  # noqa: E402
 from .base import (  # noqa: E402
     BatchStats,
     BatchWaitWatch,
+    ReaderBackend,
     ReaderOptions,
     as_item,
     batch_paths,
     drop_cached_pages,
-    python_steps,
 )
 
 if TYPE_CHECKING:
-    from ..mpi.pacing import StepSync
+    pass
 
 READS = FRAMEWORK_LOADERS["tensorflow"]["reads"]
 FEATURES = {"image": tf.io.FixedLenFeature([], tf.string),   # DLIO's feature spec
@@ -124,7 +124,7 @@ def stream_ids(first_ids: np.ndarray, records: int, cycle: int | None) -> np.nda
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-class TfDataReader:
+class TfDataReader(ReaderBackend):
     """A ReaderBackend reading one split's planned batches through a tf.data pipeline (see
     the module)."""
 
@@ -221,13 +221,6 @@ class TfDataReader:
             self._dataset = self._pipeline(plan) if plan.steps else None
         self._iter = iter(self._dataset) if self._dataset is not None else iter(())
         self._opens += len(self.paths_of(plan)[0]) if plan.steps else 0
-
-    def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
-                  start_ns: int, out: np.ndarray,
-                  host_cpu_ns: np.ndarray | None = None,
-                  host_wait_ns: np.ndarray | None = None) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns,
-                            host_wait_ns)
 
     def _next(self):
         try:

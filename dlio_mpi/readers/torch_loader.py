@@ -74,16 +74,16 @@ from .base import (
     BatchStats,
     BatchWaitWatch,
     IoChain,
+    ReaderBackend,
     ReaderOptions,
     RequestTrace,
     as_item,
     batch_paths,
     drop_cached_pages,
-    python_steps,
 )
 
 if TYPE_CHECKING:
-    from ..mpi.pacing import StepSync
+    pass
 
 READS = FRAMEWORK_LOADERS["pytorch"]["reads"]
 STATS_HEAD = 3  # stats tensor: bytes, read calls, file opens, then each sample's load ns
@@ -251,7 +251,7 @@ class PlannedSampler(Sampler):
         return len(self.ids)
 
 
-class TorchLoaderReader:
+class TorchLoaderReader(ReaderBackend):
     """A ReaderBackend reading one split's planned batches through a torch DataLoader (see
     the module)."""
 
@@ -318,13 +318,6 @@ class TorchLoaderReader:
         with warnings.catch_warnings():  # said in describe(): pinned or not
             warnings.filterwarnings("ignore", message=".*pin_memory.*")
             self._iter = iter(self.loader)
-
-    def run_steps(self, pacer: _core.Pacer, sync: StepSync | None, compute_ns: np.ndarray,
-                  start_ns: int, out: np.ndarray,
-                  host_cpu_ns: np.ndarray | None = None,
-                  host_wait_ns: np.ndarray | None = None) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns,
-                            host_wait_ns)
 
     def next_batch(self) -> BatchStats | None:
         """Wait for the DataLoader's next batch; None at the end of the epoch."""

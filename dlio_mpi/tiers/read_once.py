@@ -32,7 +32,7 @@ from .. import _core
 from ..data.catalog import SplitFiles
 from ..errors import describe
 from ..mpi.topology import emulated_ranks_per_node
-from ..readers.base import BatchStats, ReaderOptions, python_steps
+from ..readers.base import BatchStats, ReaderBackend, ReaderOptions
 from ..sampling.requests import ReadPlan
 
 CHUNK = 64 << 20  # bytes per read call while staging
@@ -45,7 +45,7 @@ class StagingFailed(RuntimeError):
     """A rank's staging read failed: fatal for the job at once (cli.main aborts it)."""
 
 
-class ReadOnceReader:
+class ReadOnceReader(ReaderBackend):
     """A ReaderBackend serving a split from the ranks' memory (collective construction)."""
 
     def __init__(self, files: SplitFiles, options: ReaderOptions, comm) -> None:
@@ -226,13 +226,6 @@ class ReadOnceReader:
         self.xcomm.Alltoallv([out, (send_counts, _displacements(send_counts)), MPI.BYTE],
                              [into, (recv_counts, _displacements(recv_counts)), MPI.BYTE])
         return began, _core.now_ns(), into
-
-    def run_steps(self, pacer: _core.Pacer, sync, compute_ns: np.ndarray, start_ns: int,
-                  out: np.ndarray,
-                  host_cpu_ns: np.ndarray | None = None,
-                  host_wait_ns: np.ndarray | None = None) -> np.ndarray:
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out, host_cpu_ns,
-                            host_wait_ns)
 
     def next_batch(self) -> BatchStats | None:
         """Step `self._step`'s batch, once the exchange thread has it."""
