@@ -485,3 +485,8 @@ def test_the_plan_notes_mpiio_striping_hints_beside_storage_lustre():
         "reader.mpiio_hints striping_factor set the layout of files MPI-IO creates, "
         "storage.lustre the folder's default for the others; the layout a data file took is "
         "in summary.json"]
+    # and from the configuration itself, which holds the hints as (name, value) pairs
+    cfg = load_config("demo", ["storage.lustre.stripe_count=4",
+                               "reader.mpiio_hints={striping_factor: 8}"])
+    assert [n for n in lines_of("\n".join(storage_lines(cfg, "/lus/data")), "note")
+            if "mpiio_hints" in n]

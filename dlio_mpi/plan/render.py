@@ -55,7 +55,7 @@ def storage_lines(cfg, data_folder: str | None, filesystems: Mapping[str, Mappin
                      + (" (storage.lustre.required)" if lustre.required else ""))
     # The MPI-IO backend takes striping hints too: they set the layout of the files
     # MPI-IO creates, at creation, whatever the folder's default says.
-    hints = getattr(cfg.reader, "mpiio_hints", None) or {}
+    hints = dict(cfg.reader.mpiio_hints)  # the configuration holds (name, value) pairs
     striping_hints = sorted(set(hints) & {"striping_factor", "striping_unit"})
     if args and striping_hints:
         lines.append(f"note            reader.mpiio_hints {', '.join(striping_hints)} set the "
