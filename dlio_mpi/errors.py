@@ -17,6 +17,10 @@ class UserError(Exception):
     """Bad input (configuration, dataset, environment) that the user must fix."""
 
 
+class ConfigError(UserError, ValueError):
+    """An invalid configuration: one line naming the key, the value and what is accepted."""
+
+
 class JobError(UserError):
     """A UserError that all ranks agreed on; rank 0 reports it, every rank exits non-zero."""
 
@@ -85,3 +89,13 @@ def _merge(failed: list[tuple[int, str]], size: int) -> str:
             lines.append(f"{msg} (on rank{'s' if len(ranks) > 1 else ''} "
                          f"{', '.join(map(str, ranks))})")
     return "\n".join(lines)
+
+
+def agreed_stop(comm) -> int:
+    """The stop a signal asked of any rank (SIGINT or SIGTERM: its number, the highest where
+    the ranks differ), agreed by all ranks with one allreduce; 0 when none was asked."""
+    from mpi4py import MPI
+
+    from . import _core
+
+    return comm.allreduce(_core.stop_signal(), op=MPI.MAX)

@@ -46,7 +46,7 @@ from .data.manifest import (
     read_manifest,
 )
 from .data.recorded_sizes import read_sizes, size_column, sizes_path
-from .errors import JobError, Stopped, UserError, check_all, on_root
+from .errors import JobError, Stopped, UserError, agreed_stop, check_all, on_root
 from .metrics.intervals import IntervalStats
 from .metrics.summary import (
     EpochSummary,
@@ -347,7 +347,7 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
                 done[phase.name].append(summary)
             # the step loop stops every rank after the same step; a signal that came during
             # evaluation (no per-step synchronisation) or between epochs is agreed on here
-            stop = comm.allreduce(_core.stop_signal(), op=_max_op())
+            stop = agreed_stop(comm)
             if stop:
                 break
             if phase.name == "train":  # after the last step (step mode) or the epoch
@@ -619,15 +619,7 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
 def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
                  start: float, striping: dict | None) -> dict | None:
     root = data_root(cfg)
-    folders = {"data_folder": root} if plan.splits else {}
-    if cfg.workflow.checkpoint:
-        folders["checkpoint_folder"] = cfg.checkpoint.checkpoint_folder
-    if cfg.storage.stage_in is not None and cfg.workflow.train:
-        folders["stage_folder"] = cfg.storage.stage_in.to
-    if cfg.reader.cache is not None:
-        folders["cache_folder"] = cfg.reader.cache.folder
-    folders["output_folder"] = cfg.output.folder
-    filesystems = on_root(comm, lambda: describe_filesystems(folders))
+    filesystems = on_root(comm, lambda: describe_filesystems(_run_folders(cfg, plan, root)))
     say(comm, describe_plan(plan, cfg, filesystems, striping), out=out)
     checkpoints = None
     if cfg.workflow.checkpoint:  # its folder made ready (or refused) before any other I/O
@@ -639,18 +631,7 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         if cfg.workflow.train else None
     generation = None
     if cfg.workflow.generate_data:
-        began = _core.now_ns()
-        result = run_generation(comm, cfg, plan, out)
-        if tracer is not None:
-            tracer.span("generate", "generate", began, _core.now_ns(),
-                        {"files_written": result.files_written,
-                         "bytes_written": result.bytes_written})
-        striping = result.striping or striping
-        generation = {"files_written": result.files_written,
-                      "files_skipped": result.files_skipped,
-                      "bytes_written": result.bytes_written, "seconds": result.seconds,
-                      "collective": result.collective,
-                      "striping_set_by": striping_set_by(result)}
+        generation, striping = _generate_in_run(comm, cfg, plan, out, tracer, striping)
     summary, stop, done = None, 0, "training epoch(s)"
     pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
     results = dict(start=start, out=out, striping=striping, generation=generation,
@@ -700,10 +681,33 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     return summary
 
 
-def _max_op():
-    from mpi4py import MPI
+def _run_folders(cfg, plan: RunPlan, root: str) -> dict[str, str]:
+    """The folders the run uses, by role (summary.json's dlio_mpi.filesystems)."""
+    folders = {"data_folder": root} if plan.splits else {}
+    if cfg.workflow.checkpoint:
+        folders["checkpoint_folder"] = cfg.checkpoint.checkpoint_folder
+    if cfg.storage.stage_in is not None and cfg.workflow.train:
+        folders["stage_folder"] = cfg.storage.stage_in.to
+    if cfg.reader.cache is not None:
+        folders["cache_folder"] = cfg.reader.cache.folder
+    folders["output_folder"] = cfg.output.folder
+    return folders
 
-    return MPI.MAX
+
+def _generate_in_run(comm, cfg, plan: RunPlan, out: OutputFolder, tracer,
+                     striping: dict | None) -> tuple[dict, dict | None]:
+    """workflow.generate_data inside a run: the generation's summary and the striping."""
+    began = _core.now_ns()
+    result = run_generation(comm, cfg, plan, out)
+    if tracer is not None:
+        tracer.span("generate", "generate", began, _core.now_ns(),
+                    {"files_written": result.files_written,
+                     "bytes_written": result.bytes_written})
+    striping = result.striping or striping
+    return ({"files_written": result.files_written, "files_skipped": result.files_skipped,
+             "bytes_written": result.bytes_written, "seconds": result.seconds,
+             "collective": result.collective, "striping_set_by": striping_set_by(result)},
+            striping)
 
 
 def _min_op():

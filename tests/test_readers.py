@@ -12,15 +12,16 @@ import numpy as np
 import pytest
 
 from dlio_mpi import _core
-from dlio_mpi.readers import BatchStats, python_steps
+from dlio_mpi.readers import BatchStats, ReaderBackend
 from helpers import workload_overrides
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
 
-class PreadReader:
+class PreadReader(ReaderBackend):
     """A minimal real backend: each batch read with os.pread on the calling thread when the
-    step asks for it (no prefetch), descriptors kept open."""
+    step asks for it (no prefetch), descriptors kept open. What it does not override is the
+    protocol's default (readers/base.py): no work before an epoch, the Python step loop."""
 
     def __init__(self, files, options, comm=None) -> None:
         self.files = files
@@ -29,15 +30,9 @@ class PreadReader:
         self.request_trace = None  # no per-request trace (output.trace: step spans only)
         self.totals = {"opens": 0, "closes": 0, "stats": 0, "bytes_read": 0, "read_ops": 0}
 
-    def prepare_epoch(self, plan) -> None:
-        pass
-
     def start_epoch(self, plan) -> None:
         self.plan, self.batch = plan, 0
         self.lat_ns = np.zeros(len(plan.offset), dtype=np.int64)
-
-    def run_steps(self, pacer, sync, compute_ns, start_ns, out):
-        return python_steps(self, pacer, sync, compute_ns, start_ns, out)
 
     def next_batch(self) -> BatchStats | None:
         plan, b = self.plan, self.batch
@@ -61,12 +56,6 @@ class PreadReader:
             self.fds[index] = os.open(self.files.path(index), os.O_RDONLY)
             self.totals["opens"] += 1
         return self.fds[index]
-
-    def end_epoch(self) -> None:
-        pass
-
-    def abandon_epoch(self) -> None:
-        pass
 
     def counters(self) -> dict[str, int]:
         return dict(self.totals)

@@ -8,8 +8,9 @@ acts, refused as not implemented yet, or no effect), timespec (emulated time dis
 loader (YAML sources, aliases, overrides, cross-key checks).
 """
 
+from ..errors import ConfigError
 from .loader import ALIASES, DEFAULT_WORKLOAD, list_workloads, load_config, split_args
-from .schema import Config, ConfigError, keys_set, support_notes
+from .schema import Config, keys_set, support_notes
 from .timespec import TimeSpec
 
 __all__ = ["ALIASES", "DEFAULT_WORKLOAD", "Config", "ConfigError", "TimeSpec", "keys_set",

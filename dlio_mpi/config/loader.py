@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from ..formats import get_format, implemented_formats
 from ..ownership import read_regular
 from .schema import (
     PARQUET_CODECS,
@@ -437,32 +438,15 @@ def check_consistency(cfg: Config) -> None:
     if ds.record_dims and ds.record_dims[0] % ds.hdf5.num_dset_per_record:
         raise ConfigError(f"dataset.hdf5.num_dset_per_record: must divide record_dims[0] "
                           f"({ds.record_dims[0]}), got {ds.hdf5.num_dset_per_record}")
-    if ds.compression in PARQUET_CODECS and ds.format != "parquet":
+    fmt = get_format(ds.format) if ds.format in implemented_formats() else None
+    if ds.compression in PARQUET_CODECS and (fmt is None or ds.compression not in fmt.codecs):
         rule = next(f for f in fields(Dataset) if f.name == "compression").metadata["rule"]
         accepted = ", ".join(c for c in rule.choices if c not in PARQUET_CODECS)
         raise ConfigError(f"dataset.compression: {ds.compression!r} is not accepted; expected "
                           f"one of: {accepted} ({', '.join(PARQUET_CODECS)}: dataset.format "
                           "parquet only)")
-    if ds.format in ("jpeg", "png", "csv"):
-        if ds.record_element_type != "uint8":
-            raise ConfigError(f"dataset.record_element_type: {ds.format} stores uint8 only "
-                              f"(DLIO's generator draws uint8 values), got "
-                              f"{ds.record_element_type!r}")
-        if ds.compression != "none":
-            raise ConfigError(f"dataset.compression: {ds.compression} with dataset.format "
-                              f"{ds.format} is not implemented yet (DLIO's {ds.format} "
-                              "generator writes uncompressed files: its csv compression never "
-                              "acts from YAML); expected none")
-    if ds.format in ("jpeg", "png"):
-        if ds.num_samples_per_file != 1:
-            raise ConfigError(f"dataset.num_samples_per_file: {ds.num_samples_per_file} with "
-                              f"dataset.format {ds.format} is not implemented yet (DLIO writes "
-                              "one image per file and returns it for every sample of the file, "
-                              "so the samples of a file would all be the same image); "
-                              "expected 1")
-        if len(ds.record_dims) > 2:
-            raise ConfigError(f"dataset.record_dims: {ds.format} takes at most 2 dimensions, "
-                              f"got {list(ds.record_dims)}")
+    if fmt is not None:
+        fmt.check_dataset(ds)
     reads_data = cfg.workflow.train or cfg.workflow.evaluation
     if reads_data and rd.data_loader in ("tensorflow", "pytorch") \
             and rd.data_loader != cfg.framework:

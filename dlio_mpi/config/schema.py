@@ -23,13 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import ConfigError
 from .timespec import TimeSpec, parse_timespec
-
-
-class ConfigError(UserError, ValueError):
-    """An invalid configuration: one line naming the key, the value and what is accepted."""
-
 
 DATATYPES = ("int8", "uint8", "fp16", "bf16", "fp32", "fp64")
 FORMATS = ("tfrecord", "hdf5", "csv", "npz", "npy", "hdf5_opt", "jpeg", "png",

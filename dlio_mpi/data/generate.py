@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core, progress
-from ..errors import JobError, Stopped, UserError, check_all, on_root
+from ..errors import JobError, Stopped, UserError, agreed_stop, check_all, on_root
 from ..formats.base import StagedWrites
 from ..ownership import (
     LOCK_NAME,
@@ -103,9 +103,22 @@ def generate(comm, cfg, splits: dict[str, DatasetSplit],
 
 def _generate(comm, splits, layouts, root, params, lock, lustre,
               trust_complete: bool, hints: dict[str, str]) -> GenerationResult:
-    sized = [name for name, split in splits.items() if split.format.sizes_recorded]
+    return _Generation(comm, splits, layouts, root, params, lock, lustre, trust_complete,
+                       hints).run()
 
-    def prepare() -> tuple[bool, bool, str, dict | None, dict]:
+
+class _Generation:
+    """One generation of the dataset in `root` (see generate()): rank 0 prepares the folder,
+    every rank surveys its files and writes those missing, rank 0 records what was made."""
+
+    def __init__(self, comm, splits, layouts, root, params, lock, lustre,
+                 trust_complete: bool, hints: dict[str, str]) -> None:
+        self.comm, self.splits, self.layouts, self.root = comm, splits, layouts, root
+        self.params, self.lock, self.lustre, self.hints = params, lock, lustre, hints
+        self.trust_complete = trust_complete
+        self.sized = [name for name, split in splits.items() if split.format.sizes_recorded]
+
+    def prepare(self) -> tuple[bool, bool, str, dict | None, dict]:
         """Rank 0: take the folder's lock; decide whether existing files are ours (a manifest
         with these parameters lists them) and whether they are complete (the manifest says
         so and a few spot checks agree: a rerun then costs no look at every file); remove
@@ -113,12 +126,13 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
         Also the sizes recorded for formats whose sizes depend on the content (None where
         none are: such files of ours are then checked for existence only, since our files
         only ever get their names complete)."""
+        root, splits, params, sized = self.root, self.splits, self.params, self.sized
         try:
             os.makedirs(root, exist_ok=True)
         except OSError as exc:
             raise UserError(f"dataset.data_folder: cannot create {root}: "
                             f"{exc.strerror or exc}") from None
-        lock.acquire()
+        self.lock.acquire()
         manifest = read_manifest(root)
         ours = manifest is not None and not differing_params(manifest, params)
         if manifest is not None and not ours:
@@ -133,19 +147,19 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
                                             splits[name].format.record_width)
             except ValueError as exc:
                 raise UserError(str(exc)) from None
-        if ours and manifest.get("complete") and trust_complete \
+        if ours and manifest.get("complete") and self.trust_complete \
                 and all(recorded[name] is not None for name in sized):
             try:
                 for name, split in splits.items():
                     spot_check_sizes(split, SizedLayouts(recorded[name], split.samples_per_file,
                                                          split.format)
-                                     if name in sized else layouts[name])
+                                     if name in sized else self.layouts[name])
                 return ours, True, "", None, {}
             except UserError:
                 pass  # a file changed since: the survey looks at every file
         # both split folders, even an empty valid/: DLIO lists it whatever num_files_eval is
         folders = sorted({f for s in splits.values() for f in s.naming.folders()})
-        striping = None if lustre is None else _stripe(lustre, root, folders, ours)
+        striping = None if self.lustre is None else _stripe(self.lustre, root, folders, ours)
         for folder in folders:
             os.makedirs(folder, exist_ok=True)
         if ours:
@@ -153,36 +167,32 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
                                 manifest.get("temporaries", []))
         return ours, False, new_tag(), striping, recorded
 
-    ours, complete, tag, striping, recorded = on_root(comm, prepare)
-    collective = writes_collectively(splits, comm.Get_size())
-    # collectively written files are surveyed by rank 0 alone
-    mine = (_my_files(splits, 0, 1) if comm.Get_rank() == 0 else []) if collective else \
-        _my_files(splits, comm.Get_rank(), comm.Get_size())
-    if complete:
-        return GenerationResult(0, sum(s.num_files for s in splits.values()), 0, 0.0)
+    def expect(self, recorded: dict) -> None:
+        """The expected size of each of my files, in the order of `mine` (train first):
+        computed, or recorded (UNKNOWN where no size is recorded), and what each will take
+        at most; for sized formats each file's record as found or written (a size, or a
+        row: parquet's)."""
+        splits, layouts, sized, mine = self.splits, self.layouts, self.sized, self.mine
+        self.my_index = {name: np.array([i for n, i in mine if n == name], dtype=np.int64)
+                         for name in SPLITS}
+        self.estimate = np.concatenate([layouts[name].take(self.my_index[name]).size
+                                        for name in SPLITS])
+        self.my_records = {name: (recorded[name][self.my_index[name]]
+                                  if recorded.get(name) is not None
+                                  else unknown_records(len(self.my_index[name]),
+                                                       splits[name].format.record_width))
+                           for name in sized}
+        self.expected_size = np.concatenate([
+            size_column(self.my_records[name]) if name in sized
+            else layouts[name].take(self.my_index[name]).size for name in SPLITS]).tolist()
 
-    # the expected size of each of my files, in the order of `mine` (train first): computed,
-    # or recorded (UNKNOWN where no size is recorded), and what each will take at most
-    my_index = {name: np.array([i for n, i in mine if n == name], dtype=np.int64)
-                for name in SPLITS}
-    estimate = np.concatenate([layouts[name].take(my_index[name]).size for name in SPLITS])
-    # sized formats: each file's record as found or written (a size, or a row: parquet's)
-    my_records = {name: (recorded[name][my_index[name]] if recorded.get(name) is not None
-                         else unknown_records(len(my_index[name]),
-                                              splits[name].format.record_width))
-                  for name in sized}
-    expected_size = np.concatenate([
-        size_column(my_records[name]) if name in sized
-        else layouts[name].take(my_index[name]).size for name in SPLITS]).tolist()
-    recorded_names = {name: sizes_name(name) for name, r in recorded.items() if r is not None}
-
-    def survey() -> tuple[list[tuple[str, int]], int]:
+    def survey(self) -> tuple[list[tuple[str, int]], int]:
         """Which of my files still need writing, and their bytes; refuse when a file in the
         way is not ours, or is ours but changed since (it cannot be told from a foreign one)."""
         todo, todo_bytes = [], 0
-        block = os.statvfs(root).f_frsize or 4096  # files take whole blocks
-        for k, ((name, index), want) in enumerate(zip(mine, expected_size)):
-            split = splits[name]
+        block = os.statvfs(self.root).f_frsize or 4096  # files take whole blocks
+        for k, ((name, index), want) in enumerate(zip(self.mine, self.expected_size)):
+            split = self.splits[name]
             path = split.path(index)
             try:
                 if os.path.islink(path):  # even a dangling one: it is not a file of ours
@@ -191,15 +201,15 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
                 size = _core.regular_size(path)  # a FIFO or folder there is refused by name
             except FileNotFoundError:
                 todo.append((name, index))
-                todo_bytes += -(-int(estimate[k]) // block) * block
-                _clear_side_files(split.format.side_files(path), ours)
+                todo_bytes += -(-int(self.estimate[k]) // block) * block
+                _clear_side_files(split.format.side_files(path), self.ours)
                 continue
-            if not ours:
+            if not self.ours:
                 raise UserError(f"{path} exists and was not generated by dlio-mpi with this "
                                 "configuration; remove it or choose another dataset.data_folder")
             if want == UNKNOWN:  # ours, complete (renamed when whole): its size as found
-                at = k - (len(my_index["train"]) if name == "valid" else 0)
-                my_records[name][at] = _record_of(split, path, size)
+                at = k - (len(self.my_index["train"]) if name == "valid" else 0)
+                self.my_records[name][at] = _record_of(split, path, size)
             elif size != want:
                 raise UserError(
                     f"{path} has {size} bytes where dlio-mpi generated {want}: it was changed "
@@ -207,54 +217,81 @@ def _generate(comm, splits, layouts, root, params, lock, lustre,
                     "delete it to have it generated again")
         return todo, todo_bytes
 
-    todo, todo_bytes = check_all(comm, survey)
-    if collective:
-        todo = comm.bcast(todo, root=0)
-    need = comm.allreduce(todo_bytes)
-    on_root(comm, lambda: check_free_space(root, need, "dataset.data_folder"))
-    # Only now, with no foreign file in the way, claim the names: an interrupted generation
-    # is then still known to be ours, and its temporaries by their tag.
-    on_root(comm, lambda: write_manifest(root, params, complete=False, tag=tag, temporaries=[tag],
-                                         **({"sizes": dict(recorded_names)} if sized else {})))
-    start = time.perf_counter()
-    how, sizes_written = None, []
-    try:
+    def run(self) -> GenerationResult:
+        comm, splits, root, sized = self.comm, self.splits, self.root, self.sized
+        self.ours, complete, tag, striping, recorded = on_root(comm, self.prepare)
+        collective = writes_collectively(splits, comm.Get_size())
+        # collectively written files are surveyed by rank 0 alone
+        self.mine = (_my_files(splits, 0, 1) if comm.Get_rank() == 0 else []) \
+            if collective else _my_files(splits, comm.Get_rank(), comm.Get_size())
+        if complete:
+            return GenerationResult(0, sum(s.num_files for s in splits.values()), 0, 0.0)
+        self.expect(recorded)
+        recorded_names = {name: sizes_name(name) for name, r in recorded.items()
+                          if r is not None}
+        todo, todo_bytes = check_all(comm, self.survey)
         if collective:
-            written, how = _write_collectively(comm, splits, todo, tag, root, hints)
+            todo = comm.bcast(todo, root=0)
+        need = comm.allreduce(todo_bytes)
+        on_root(comm, lambda: check_free_space(root, need, "dataset.data_folder"))
+        # Only now, with no foreign file in the way, claim the names: an interrupted
+        # generation is then still known to be ours, and its temporaries by their tag.
+        on_root(comm, lambda: write_manifest(root, self.params, complete=False, tag=tag,
+                                             temporaries=[tag],
+                                             **({"sizes": dict(recorded_names)} if sized
+                                                else {})))
+        written, how, sizes_written, seconds = self.write(todo, tag, collective)
+        if collective:  # every rank knows the totals
+            totals = np.array([len(todo), len(_my_files(splits, 0, 1)) - len(todo), written])
         else:
-            written, sizes_written = check_all(comm, lambda: _write_files(splits, todo, tag,
-                                                                          root))
-    except JobError as exc:
-        stop = comm.allreduce(_core.stop_signal(), op=_max_op())
-        if stop:
-            raise Stopped(f"{exc}", stop) from None
-        raise
-    elapsed = time.perf_counter() - start
-    if collective:  # every rank knows the totals
-        totals = np.array([len(todo), len(_my_files(splits, 0, 1)) - len(todo), written])
-    else:
-        totals = comm.allreduce(np.array([len(todo), len(mine) - len(todo), written],
-                                         dtype=np.int64))
-    seconds = comm.allreduce(elapsed, op=_max_op())
-    totals_bytes = {name: layouts[name].total("size") for name in splits if name not in sized}
-    if sized:  # every file's record to rank 0, which records them
+            totals = comm.allreduce(np.array([len(todo), len(self.mine) - len(todo), written],
+                                             dtype=np.int64))
+        totals_bytes = {name: self.layouts[name].total("size") for name in splits
+                        if name not in sized}
+        if sized:  # every file's record to rank 0, which records them
+            names, sums = self.record(todo, sizes_written, collective, tag, recorded_names)
+            totals_bytes.update(sums)
+            recorded_names.update(names)
+        on_root(comm, lambda: write_manifest(
+            root, self.params, complete=True, tag=tag,
+            files={name: s.num_files for name, s in splits.items()},
+            bytes=totals_bytes, **({"sizes": dict(recorded_names)} if sized else {})))
+        return GenerationResult(int(totals[0]), int(totals[1]), int(totals[2]), seconds,
+                                striping, how)
+
+    def write(self, todo: list, tag: str, collective: bool) -> tuple:
+        """Write `todo` (collectively, or each rank its own files): (files written, how,
+        the records of the files written, the slowest rank's seconds)."""
+        comm, splits, root = self.comm, self.splits, self.root
+        start = time.perf_counter()
+        how, sizes_written = None, []
+        try:
+            if collective:
+                written, how = _write_collectively(comm, splits, todo, tag, root, self.hints)
+            else:
+                written, sizes_written = check_all(comm, lambda: _write_files(splits, todo, tag,
+                                                                              root))
+        except JobError as exc:
+            stop = agreed_stop(comm)
+            if stop:
+                raise Stopped(f"{exc}", stop) from None
+            raise
+        seconds = comm.allreduce(time.perf_counter() - start, op=_max_op())
+        return written, how, sizes_written, seconds
+
+    def record(self, todo: list, sizes_written: list, collective: bool, tag: str,
+               recorded_names: dict) -> tuple[dict, dict]:
+        """Every file's record to rank 0, which records them: (names, bytes) per split."""
+        sized = self.sized
         if not collective and todo:
-            position = {name: {i: k for k, i in enumerate(my_index[name].tolist())}
+            position = {name: {i: k for k, i in enumerate(self.my_index[name].tolist())}
                         for name in sized}
             for (name, index), record in zip(todo, sizes_written):
                 if name in sized:
-                    my_records[name][position[name][index]] = record
-        parts = comm.gather((my_index, my_records), root=0)
-        names, sums = on_root(comm, lambda: _record_sizes(root, splits, sized, parts, tag,
-                                                          set(recorded_names)))
-        totals_bytes.update(sums)
-        recorded_names.update(names)
-    on_root(comm, lambda: write_manifest(
-        root, params, complete=True, tag=tag,
-        files={name: s.num_files for name, s in splits.items()},
-        bytes=totals_bytes, **({"sizes": dict(recorded_names)} if sized else {})))
-    return GenerationResult(int(totals[0]), int(totals[1]), int(totals[2]), seconds, striping,
-                            how)
+                    self.my_records[name][position[name][index]] = record
+        parts = self.comm.gather((self.my_index, self.my_records), root=0)
+        return on_root(self.comm, lambda: _record_sizes(self.root, self.splits, sized, parts,
+                                                        tag, set(recorded_names)))
 
 
 def _stripe(lustre, root: str, folders: list[str], ours: bool) -> dict:
@@ -349,7 +386,7 @@ def _write_collectively(comm, splits, todo: list[tuple[str, int]], tag: str, roo
     shown = progress.task("generation (all ranks together)", len(todo), "files")
     try:
         for name, index in todo:
-            if comm.allreduce(_core.stop_signal(), op=_max_op()):
+            if agreed_stop(comm):
                 on_root(comm, lambda: staged.commit())  # the files written so far are whole
                 raise JobError(
                     f"generation stopped by {signal.Signals(_core.stop_signal() or 2).name}; "

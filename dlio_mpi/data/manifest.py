@@ -10,6 +10,7 @@ import json
 import os
 import time
 
+from ..formats import get_format, implemented_formats
 from ..ownership import create_exclusive, read_regular, temporary_name
 
 MANIFEST_NAME = "dlio_mpi_manifest.json"
@@ -32,17 +33,9 @@ def generation_params(cfg) -> dict:
         "record_element_type": ds.record_element_type,
         "sample_layout": ds.sample_layout,
     }
-    if ds.format == "hdf5":  # only there, so that other datasets' manifests stay valid
-        params["hdf5"] = {"num_dset_per_record": ds.hdf5.num_dset_per_record,
-                          "chunk_dims": list(ds.hdf5.chunk_dims),
-                          "max_shape": list(ds.hdf5.max_shape),
-                          "compression": ds.compression,
-                          "compression_level": ds.compression_level}
-    if ds.format == "parquet":  # pyarrow's version is in the footer, whose length it sets
-        from importlib.metadata import version
-
-        params["parquet"] = {"row_group_size": ds.parquet.row_group_size,
-                             "compression": ds.compression, "pyarrow": version("pyarrow")}
+    # the format's own, only for it, so that other datasets' manifests stay valid
+    if ds.format in implemented_formats():
+        params.update(get_format(ds.format).manifest_params(ds))
     return params
 
 

@@ -176,6 +176,12 @@ class Format:
     # load_whole returns the whole file's array in memory (hdf5's returns the open file, its
     # rows read when indexed)
     loads_whole_array: bool = False
+    codecs: tuple[str, ...] = ("none",)  # the dataset.compression values it writes
+    # the module DLIO's reader loads its files with, where numpy's own calls do not
+    library: str = ""
+    # DLIO's readers read each sample's extent (index files, h5py rows), not whole files:
+    # reader.read_mode auto is sample
+    dlio_reads_samples: bool = False
 
     # ---- optional hooks (None: not supported)
     # (sample_bytes int64 array, samples) -> (n, 5) layout columns of many files at once,
@@ -190,6 +196,21 @@ class Format:
         """This format for the `dataset` section (its own keys); ConfigError for values it
         cannot take."""
         return self
+
+    def check_dataset(self, ds) -> None:
+        """The format's own limits on the `dataset` section, checked when the configuration
+        loads (ConfigError naming the key); configure() checks what needs its options."""
+        return None
+
+    def manifest_params(self, ds) -> dict:
+        """What, beyond the common generation parameters, makes this format's files differ
+        (recorded in the dataset's manifest: a change means regenerating them)."""
+        return {}
+
+    def native_read_note(self, cfg, read_mode: str) -> str:
+        """How the native engine reads these files where that is the format's own (the plan
+        notes it), or '' (the access pattern of DLIO's reader, noted by the plan)."""
+        return ""
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         """Byte layout of a file this format writes for `spec` (no I/O)."""

@@ -54,6 +54,7 @@ class CsvFormat(SizedFormat):
     """dataset.format: csv"""
 
     name = extension = "csv"
+    library = "pandas"
     whole_file_sample = False  # sample i is row i
 
     def estimated_sizes(self, sample_bytes: np.ndarray, samples: int) -> np.ndarray:

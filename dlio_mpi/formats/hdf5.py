@@ -49,7 +49,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _core
-from ..config.schema import ConfigError
+from ..errors import ConfigError
 from ..ownership import temporary_name
 from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 
@@ -261,11 +261,21 @@ class Hdf5Format(Format):
     """dataset.format: hdf5"""
 
     name = "hdf5"
+    codecs = COMPRESSIONS
+    library = "h5py"
+    dlio_reads_samples = True
     written_whole = "h5py writes each file, the labels and chunks after the payload"
     extension = "hdf5"
 
     def __init__(self, options: Hdf5Options = Hdf5Options()) -> None:
         self.options = options
+
+    def manifest_params(self, ds) -> dict:
+        return {"hdf5": {"num_dset_per_record": ds.hdf5.num_dset_per_record,
+                         "chunk_dims": list(ds.hdf5.chunk_dims),
+                         "max_shape": list(ds.hdf5.max_shape),
+                         "compression": ds.compression,
+                         "compression_level": ds.compression_level}}
 
     def configure(self, dataset) -> Hdf5Format:
         """This format for the `dataset` section (dataset.hdf5.*, dataset.compression);

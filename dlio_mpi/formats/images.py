@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import ConfigError
 from .base import SampleSpec, StagedWrites
 from .libload import LibraryLoads, jpeg_reads
 from .sized import SizedFormat, StoredWhole, payload_values
@@ -35,8 +36,22 @@ def image_shape(spec: SampleSpec) -> tuple[int, int]:
 class ImageFormat(SizedFormat):
     """dataset.format: jpeg or png"""
 
+    library = "PIL"
+
     def __init__(self, name: str) -> None:
         self.name = self.extension = name
+
+    def check_dataset(self, ds) -> None:
+        super().check_dataset(ds)
+        if ds.num_samples_per_file != 1:
+            raise ConfigError(f"dataset.num_samples_per_file: {ds.num_samples_per_file} with "
+                              f"dataset.format {ds.format} is not implemented yet (DLIO writes "
+                              "one image per file and returns it for every sample of the file, "
+                              "so the samples of a file would all be the same image); "
+                              "expected 1")
+        if len(ds.record_dims) > 2:
+            raise ConfigError(f"dataset.record_dims: {ds.format} takes at most 2 dimensions, "
+                              f"got {list(ds.record_dims)}")
 
     def estimated_sizes(self, sample_bytes: np.ndarray, samples: int) -> np.ndarray:
         n = sample_bytes.astype(np.float64)

@@ -22,6 +22,7 @@ class IndexedBinaryFormat(Format):
     name = "indexed_binary"
     extension = "indexed_binary"
     indexed = True
+    dlio_reads_samples = True
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         size = spec.samples * spec.sample_bytes

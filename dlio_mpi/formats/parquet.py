@@ -46,7 +46,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _core
-from ..config.schema import ConfigError
+from ..errors import ConfigError
 from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray, UnitExtents
 from .loader import WholeFileReads
 
@@ -241,6 +241,7 @@ class ParquetFormat(Format):
     """dataset.format: parquet"""
 
     name = "parquet"
+    codecs = COMPRESSIONS
     written_whole = "pyarrow writes page headers between the samples and a footer after them"
     extension = "parquet"
     loads_whole_array = True
@@ -250,6 +251,24 @@ class ParquetFormat(Format):
         # recorded files: generation records each file's row (see the module)
         self.sizes_recorded = options.recorded
         self.record_width = HEAD + 2 * options.groups if options.recorded else None
+
+    def native_read_note(self, cfg, read_mode: str) -> str:
+        rows, per_file = cfg.dataset.parquet.row_group_size, cfg.dataset.num_samples_per_file
+        return (f"the native C engine reads parquet by row group "
+                f"(dataset.parquet.row_group_size={rows}: {-(-per_file // rows)} in each file of "
+                f"{per_file} samples), as pq.ParquetFile(path).read_row_group does (the file's "
+                "footer when it is "
+                "first opened in the epoch, then each row group holding planned samples once, "
+                "its other samples from memory; MLPerf Storage's parquet readers), where "
+                "DLIO's parquet reader loads whole files with pq.read_table (reader.read_mode "
+                f"file or file_once)")
+
+    def manifest_params(self, ds) -> dict:
+        """pyarrow's version is in the footer, whose length it sets."""
+        from importlib.metadata import version
+
+        return {"parquet": {"row_group_size": ds.parquet.row_group_size,
+                            "compression": ds.compression, "pyarrow": version("pyarrow")}}
 
     def configure(self, dataset) -> ParquetFormat:
         """This format for the `dataset` section (dataset.parquet.row_group_size,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import _core
+from ..errors import ConfigError
 from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 
 HEAD_BYTES = 64  # first bytes read to tell a file's kind
@@ -64,6 +65,17 @@ class SizedFormat(Format):
     whole_file_only = True
     whole_file_sample = True  # every sample of a file is all of it (images)
     loads_whole_array = True
+
+    def check_dataset(self, ds) -> None:
+        if ds.record_element_type != "uint8":
+            raise ConfigError(f"dataset.record_element_type: {ds.format} stores uint8 only "
+                              f"(DLIO's generator draws uint8 values), got "
+                              f"{ds.record_element_type!r}")
+        if ds.compression != "none":
+            raise ConfigError(f"dataset.compression: {ds.compression} with dataset.format "
+                              f"{ds.format} is not implemented yet (DLIO's {ds.format} "
+                              "generator writes uncompressed files: its csv compression never "
+                              "acts from YAML); expected none")
 
     def estimated_sizes(self, sample_bytes: np.ndarray, samples: int) -> np.ndarray:
         """Rough sizes of files of samples of `sample_bytes` (int64 array) bytes."""

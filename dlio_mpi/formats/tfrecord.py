@@ -54,7 +54,7 @@ import numpy as np
 
 from .. import _core
 from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
-from .loader import TFRecordStreams
+from .loader import TF_BUFFER, TFRecordStreams
 
 HEADER = 12  # uint64 length + uint32 masked CRC of it
 FOOTER = 4   # uint32 masked CRC of the data
@@ -287,6 +287,17 @@ class TFRecordFormat(Format):
     written_whole = "each record is framed with checksums of its length and data"
     streams_files = True  # loader_model takes reader.transfer_size
     extension = "tfrecord"
+
+    def native_read_note(self, cfg, read_mode: str) -> str:
+        if read_mode == "sample":
+            return ""
+        buffer = cfg.reader.transfer_size or TF_BUFFER
+        return ("the native C engine reads tfrecord as DLIO's "
+                "tensorflow reader's tf.data.TFRecordDataset streams it: each file of the plan "
+                f"once, whole, in preads of buffer_size={buffer:,} bytes ("
+                + ("reader.transfer_size" if cfg.reader.transfer_size
+                   else "reader.transfer_size unset: TensorFlow's") + "), "
+                "files read by reader.read_threads threads at once")
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         offset, record = record_geometry(spec.sample_bytes)

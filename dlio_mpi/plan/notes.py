@@ -5,8 +5,7 @@ means for the run. Notes inform; they never refuse."""
 from __future__ import annotations
 
 from ..config import keys_set, support_notes
-from ..formats import implemented_formats
-from ..formats.loader import TF_BUFFER
+from ..formats import Format, get_format, implemented_formats
 from ..readers import (
     FRAMEWORK_LOADERS,
     torch_prefetch_factor,
@@ -27,10 +26,12 @@ def resolve_read_mode(cfg, data_loader: str | None = None) -> str:
     mode = cfg.reader.read_mode
     if mode != "auto":
         return mode
-    if cfg.dataset.format in ("indexed_binary", "mmap_indexed_binary", "hdf5"):
+    fmt = get_format(cfg.dataset.format) if cfg.dataset.format in implemented_formats() \
+        else Format()
+    if fmt.dlio_reads_samples:
         return "sample"
-    if cfg.dataset.format == "parquet" and cfg.reader.engine == "native":
-        return "sample"  # row groups, as MLPerf Storage's parquet readers read them
+    if fmt.unit_extents is not None and cfg.reader.engine == "native":
+        return "sample"  # parquet's row groups, as MLPerf Storage's parquet readers read them
     if cfg.reader.read_type == "memory":
         return "file_once"
     loader = data_loader or cfg.reader.data_loader
@@ -60,24 +61,10 @@ def loader_note(cfg, library_read: str = "") -> str:
     if cfg.reader.read_mode != "auto":
         return (f"reader.data_loader={loader}: reader.read_mode={cfg.reader.read_mode} decides "
                 f"the reads, not DLIO's {loader} reader; {tail}")
-    if fmt == "parquet":
-        rows, per_file = cfg.dataset.parquet.row_group_size, cfg.dataset.num_samples_per_file
-        return (f"reader.data_loader={loader}: the native C engine reads parquet by row group "
-                f"(dataset.parquet.row_group_size={rows}: {-(-per_file // rows)} in each file of "
-                f"{per_file} samples), as pq.ParquetFile(path).read_row_group does (the file's "
-                "footer when it is "
-                "first opened in the epoch, then each row group holding planned samples once, "
-                "its other samples from memory; MLPerf Storage's parquet readers), where "
-                "DLIO's parquet reader loads whole files with pq.read_table (reader.read_mode "
-                f"file or file_once); {tail}")
-    if fmt == "tfrecord" and resolve_read_mode(cfg) != "sample":
-        buffer = cfg.reader.transfer_size or TF_BUFFER
-        return (f"reader.data_loader={loader}: the native C engine reads tfrecord as DLIO's "
-                "tensorflow reader's tf.data.TFRecordDataset streams it: each file of the plan "
-                f"once, whole, in preads of buffer_size={buffer:,} bytes ("
-                + ("reader.transfer_size" if cfg.reader.transfer_size
-                   else "reader.transfer_size unset: TensorFlow's") + "), "
-                f"files read by reader.read_threads threads at once; {tail}")
+    own = get_format(fmt).native_read_note(cfg, resolve_read_mode(cfg)) \
+        if fmt in implemented_formats() else ""
+    if own:  # a format read as no DLIO reader of it reads (parquet's row groups, tfrecord)
+        return f"reader.data_loader={loader}: {own}; {tail}"
     other = "tensorflow" if loader == "pytorch" else "pytorch"
     mine, theirs = resolve_read_mode(cfg), resolve_read_mode(cfg, other)
     alike = (f"as its {other} reader does" if mine == theirs
@@ -99,7 +86,8 @@ def _framework_note(cfg) -> str:
            f"prefetch_factor {torch_prefetch_factor(rd.prefetch_size, workers)}"
            if workers else "no worker process (reader.read_threads=0: read in the rank)")
     memory = (", each file once per worker and epoch (reader.read_type memory)"
-              if rd.read_type == "memory" and cfg.dataset.format != "indexed_binary" else "")
+              if rd.read_type == "memory" and not get_format(cfg.dataset.format).indexed
+              else "")
     return (f"reader.engine=framework: each rank runs a real {loader['loader']} ({how}, "
             f"pin_memory {'true' if rd.pin_memory else 'false'} (torch pins only where it "
             f"finds an accelerator), batches of "
@@ -112,7 +100,7 @@ def _tf_data_note(cfg) -> str:
     """The tf.data pipeline reader.engine framework runs with reader.data_loader tensorflow
     (readers/tf_loader.py)."""
     rd = cfg.reader
-    if cfg.dataset.format != "tfrecord":
+    if not get_format(cfg.dataset.format).streams_files:
         threads = max(rd.read_threads, 1)
         return (f"reader.engine=framework: each rank runs a real tf.data pipeline ({threads} "
                 f"generator(s) interleaved, as DLIO's reader threads, prefetch "

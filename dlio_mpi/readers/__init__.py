@@ -12,6 +12,7 @@ from importlib import import_module
 from importlib.util import find_spec
 
 from ..data.catalog import SplitFiles
+from ..formats import get_format
 from .base import (
     BatchStats,
     IoWatchdog,
@@ -36,8 +37,6 @@ READ_ONCE = ("dlio_mpi.tiers.read_once", "ReadOnceReader")
 LIBRARY_BACKENDS = {"hdf5": ("dlio_mpi.readers.h5py_reader", "H5pyReader")}
 
 
-# Libraries a format's whole-file load needs beyond the loader's own (Format.load_whole)
-FORMAT_MODULES = {"csv": "pandas", "jpeg": "PIL", "png": "PIL"}
 
 # reader.engine framework: data_loader -> the backend and what it reads. A combination not
 # listed here is refused before any I/O (engine_refusal).
@@ -116,7 +115,7 @@ def engine_refusal(cfg, library_reason: str = "") -> str | None:
             ("reader.cache", rd.cache is not None),
             ("a format its library reads", bool(library_reason)),
             (f"dataset.format {cfg.dataset.format}'s ragged read units",
-             cfg.dataset.format == "parquet")) if bad]
+             get_format(cfg.dataset.format).unit_extents is not None)) if bad]
         if why:
             return ("reader.staging: read_once is not implemented yet with "
                     f"{', '.join(why)}; it stages files whose samples sit at extents "
@@ -157,8 +156,8 @@ def engine_refusal(cfg, library_reason: str = "") -> str | None:
         return (f"reader.engine: framework with reader.data_loader {rd.data_loader} runs "
                 f"{loader['loader']}, but {loader['module']} is not installed; install it with "
                 f"pip install 'dlio-mpi[{loader['module']}]', or use reader.engine native")
-    module = FORMAT_MODULES.get(fmt)
-    if module is not None and find_spec(module) is None:
+    module = get_format(fmt).library  # what its whole-file load needs (Format.load_whole)
+    if module and find_spec(module) is None:
         return (f"reader.engine: framework reads dataset.format {fmt} through {module}, as "
                 f"DLIO's {fmt} reader does, but {module} is not installed; install it with "
                 f"pip install 'dlio-mpi[{loader['module']}]' (or pip install {module}), or use "
@@ -189,7 +188,7 @@ def library_refusal(cfg, reason: str) -> str | None:
     (`reason`: which property of the file), or None when the library backend can."""
     rd, fmt = cfg.reader, cfg.dataset.format
     access = ALIASES.get(rd.file_access, rd.file_access)
-    library = {"hdf5": "h5py"}.get(fmt, fmt)
+    library = get_format(fmt).library or fmt
     if fmt not in LIBRARY_BACKENDS:
         return f"dataset.format: {fmt}: {reason}; reading such files is not implemented yet"
     if access != "multi":

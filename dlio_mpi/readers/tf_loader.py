@@ -456,6 +456,6 @@ class TfGeneratorReader(TfDataReader):
 def open_tf_data(files: SplitFiles, options: ReaderOptions, comm=None) -> TfDataReader:
     """The tf.data backend for the split's format: TFRecordDataset for tfrecord, DLIO's
     generators for npy and npz."""
-    if files.split.format.name == "tfrecord":
+    if files.split.format.streams_files:  # tfrecord
         return TfDataReader(files, options, comm)
     return TfGeneratorReader(files, options, comm)
