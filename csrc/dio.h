@@ -190,6 +190,8 @@ int dio_probe_odirect(const char *path, dio_error *err);
 
 typedef struct dio_engine dio_engine;
 
+#define DIO_MAX_THREADS 4096 /* reader threads an engine takes at most (reader.read_threads) */
+
 typedef struct dio_engine_config {
     int      nthreads;    /* worker threads (read_threads); 0 = the caller reads inside dio_engine_next */
     int      prefetch;    /* batches read ahead of the one being consumed (prefetch_size, >= 0) */

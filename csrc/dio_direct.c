@@ -1,5 +1,6 @@
 /*
- * dio_direct.c - what O_DIRECT needs on a path (statx STATX_DIOALIGN) and whether it works.
+ * dio_direct.c - what O_DIRECT needs on a path (statx STATX_DIOALIGN) and whether it works
+ * (a probe read through dio_open.c, which refuses file systems that only emulate it).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -7,17 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "dio_internal.h"
-
-#ifndef TMPFS_MAGIC
-#define TMPFS_MAGIC 0x01021994
-#endif
-#ifndef RAMFS_MAGIC
-#define RAMFS_MAGIC 0x858458f6
-#endif
 
 #define FALLBACK_ALIGN 4096u
 
@@ -64,17 +57,6 @@ int dio_odirect_alignment(const char *path, uint32_t *mem_align, uint32_t *offse
         *mem_align = mem;
     if (offset_align)
         *offset_align = off;
-    return 0;
-}
-
-int dio_odirect_fs_check(int fd)
-{
-    struct statfs fs;
-    if (fstatfs(fd, &fs) != 0)
-        return 0; /* cannot tell: let the reads decide */
-    if ((unsigned long)fs.f_type == (unsigned long)TMPFS_MAGIC ||
-        (unsigned long)fs.f_type == (unsigned long)RAMFS_MAGIC)
-        return -EINVAL;
     return 0;
 }
 

@@ -6,9 +6,28 @@
 #include <fcntl.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #include "dio_internal.h"
+
+#ifndef TMPFS_MAGIC
+#define TMPFS_MAGIC 0x01021994
+#endif
+#ifndef RAMFS_MAGIC
+#define RAMFS_MAGIC 0x858458f6
+#endif
+
+int dio_odirect_fs_check(int fd)
+{
+    struct statfs fs;
+    if (fstatfs(fd, &fs) != 0)
+        return 0; /* cannot tell: let the reads decide */
+    if ((unsigned long)fs.f_type == (unsigned long)TMPFS_MAGIC ||
+        (unsigned long)fs.f_type == (unsigned long)RAMFS_MAGIC)
+        return -EINVAL;
+    return 0;
+}
 
 /* What a file that is not a regular one is, for messages. */
 static const char *kind_of(mode_t mode)

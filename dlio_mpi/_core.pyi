@@ -78,6 +78,7 @@ class Batch:
     @property
     def data(self) -> memoryview: ...
 
+MAX_THREADS: int
 REQ_OPEN: int
 REQ_CLOSE: int
 REQ_FSTAT: int

@@ -152,6 +152,7 @@ cdef extern from "dio.h" nogil:
     int dio_engine_start_epoch(dio_engine *e, const dio_epoch_plan *plan,
                                const dio_epoch_outputs *out, dio_error *err)
     uint32_t DIO_REQ_OPEN
+    int DIO_MAX_THREADS
     uint32_t DIO_REQ_CLOSE
     uint32_t DIO_REQ_FSTAT
     uint32_t DIO_REQ_MMAP
@@ -777,6 +778,7 @@ cdef class Batch:
                 f"read_ops={self.read_ops}, data_len={self.data_len})")
 
 
+MAX_THREADS = DIO_MAX_THREADS  # reader.read_threads at most
 REQ_OPEN = DIO_REQ_OPEN
 REQ_CLOSE = DIO_REQ_CLOSE
 REQ_FSTAT = DIO_REQ_FSTAT

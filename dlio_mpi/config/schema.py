@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import _core
 from ..errors import ConfigError
 from .timespec import TimeSpec, parse_timespec
 
@@ -474,7 +475,7 @@ class Reader:
     reader_classname: str | None = key(None, "str", optional=True, unimplemented=NON_DEFAULT)
     batch_size: int = key(1, "int", minimum=1)
     batch_size_eval: int = key(1, "int", minimum=1)
-    read_threads: int = key(1, "int", minimum=0, maximum=4096)  # csrc/dio_engine.c MAX_THREADS
+    read_threads: int = key(1, "int", minimum=0, maximum=_core.MAX_THREADS)
     computation_threads: int = key(
         1, "int", minimum=1,
         inert="it sets the threads of the batch map in DLIO's tf.data TFRecord pipeline, a "
