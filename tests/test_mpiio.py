@@ -162,7 +162,7 @@ def test_whole_runs_match_the_native_engine(shared_tmp, monkeypatch, mode, layou
         return run(MPI.COMM_WORLD, cfg)
 
     native = run_into("native", "true")
-    monkeypatch.setitem(dlio_mpi.readers.BACKENDS, "multi", dlio_mpi.readers.BACKENDS[mode])
+    monkeypatch.setitem(dlio_mpi.readers.REGISTRY, "multi", dlio_mpi.readers.REGISTRY[mode])
     ours = run_into(mode, "false")
     for epoch in (1, 2):
         name = f"access_log/epoch{epoch}_rank{rank}.npy"
@@ -263,7 +263,7 @@ FAILING_RUN = """
                 raise OSError(5, "injected read failure on rank 1")
             return super()._read_batch(plan, first, last, buffer)
 
-    dlio_mpi.readers.BACKENDS["multi"] = ("__main__", "FailingOnRank1")
+    dlio_mpi.readers.REGISTRY["multi"] = dlio_mpi.readers.Backend("__main__", "FailingOnRank1")
     sys.exit(main(sys.argv[1:]))
 """
 

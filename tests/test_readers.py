@@ -92,7 +92,8 @@ def test_a_second_backend_runs_the_same_epochs_through_the_same_loop(shared_tmp,
                   train__epochs=2, train__computation_time=0.01, output__access_log="true")
     _, native = _run(shared_tmp, output__folder=shared_tmp / "native",
                      workflow__generate_data="true", **common)
-    monkeypatch.setitem(dlio_mpi.readers.BACKENDS, "multi", ("test_readers", "PreadReader"))
+    monkeypatch.setitem(dlio_mpi.readers.REGISTRY, "multi",
+                        dlio_mpi.readers.Backend("test_readers", "PreadReader"))
     _, ours = _run(shared_tmp, output__folder=shared_tmp / "pread",
                    workflow__generate_data="false", **common)
     for epoch in (1, 2):  # the same samples on every rank: sharding knows no backend

@@ -264,7 +264,7 @@ class Format:
     def library_read_reason(self, spec: SampleSpec) -> str:
         """Why the C engine cannot read files like `spec` at their samples' file offsets, so
         that reader.engine native reads them through the format's library
-        (readers.LIBRARY_BACKENDS); '' when the C engine reads them."""
+        (its library's backend in readers.REGISTRY); '' when the C engine reads them."""
         return ""
 
     def load_whole(self, path: str):

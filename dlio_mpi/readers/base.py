@@ -50,7 +50,7 @@ class ReaderOptions:
     drop_page_cache: bool
     keep_data: bool
     watchdog: IoWatchdog
-    file_access: str = "multi"  # the backend (readers.BACKENDS)
+    file_access: str = "multi"  # the backend (readers.REGISTRY)
     mpiio_hints: tuple[tuple[str, str], ...] = ()  # MPI-IO info hints, given at every open
     engine: str = "native"  # reader.engine: native backends, or the real loader (framework)
     data_loader: str = "pytorch"  # the framework loader (readers.FRAMEWORK_LOADERS)
