@@ -18,6 +18,7 @@ import pytest
 from helpers import run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
+pytest.importorskip("torch")  # dlio-mpi calibrate runs the real torch DataLoader
 
 FILES = 32
 USER_MODULE = textwrap.dedent("""

@@ -11,12 +11,13 @@ import uuid
 from pathlib import Path
 
 import pytest
-import torch
 
-import dlio_mpi.checkpoint.torch_save as module
-from dlio_mpi.checkpoint.sizing import RankShard
-from dlio_mpi.checkpoint.torch_save import TorchSave, memory_needed
-from dlio_mpi.errors import UserError
+torch = pytest.importorskip("torch")
+
+import dlio_mpi.checkpoint.torch_save as module  # noqa: E402 (it imports torch)
+from dlio_mpi.checkpoint.sizing import RankShard  # noqa: E402
+from dlio_mpi.checkpoint.torch_save import TorchSave, memory_needed  # noqa: E402
+from dlio_mpi.errors import UserError  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 ROOT = Path(__file__).resolve().parents[1] / ".pytest_tmp"

@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from dlio_mpi.config import load_config
@@ -25,6 +24,8 @@ from dlio_mpi.formats.csv_table import row_text
 from dlio_mpi.formats.sized import payload_values
 from dlio_mpi.plan.derive import derive_plan
 from helpers import access_logs, error_of, run_cli, workload_overrides
+
+pd = pytest.importorskip("pandas")
 
 FMT = get_format("csv")
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from conftest import mpiexec
 from dlio_mpi import _core
@@ -26,6 +25,8 @@ from dlio_mpi.formats import SampleSpec, get_format
 from dlio_mpi.formats.base import StagedWrites
 from dlio_mpi.formats.tfrecord import example_parts, record_geometry, record_parts
 from helpers import run_cli, signal_one_rank_when, workload_overrides
+
+tf = pytest.importorskip("tensorflow")
 
 FMT = get_format("tfrecord")
 # DLIO's TFReader parses every record with these features

@@ -10,7 +10,6 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 from PIL import Image
 from test_npload_model import _strace
@@ -19,6 +18,8 @@ from dlio_mpi.formats import SampleSpec, get_format
 from dlio_mpi.formats.base import StagedWrites
 from dlio_mpi.formats.libload import csv_reads, jpeg_reads
 from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
+
+pd = pytest.importorskip("pandas")
 
 pytestmark = pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 
