@@ -449,13 +449,13 @@ ACTING = {
     "reader.engine", "reader.pin_memory", "reader.multiprocessing_context",
     # issue 9: slept per sample by the native engine's reader threads
     "reader.preprocess_time",
-    # issue 10: per-rank trace files (trace.py)
+    # issue 10: per-rank trace files (metrics/trace.py)
     "output.trace",
     # issue 10: rank 0's progress lines (progress.py)
     "output.progress_interval",
-    # issue 10: interval statistics (intervals.py)
+    # issue 10: interval statistics (metrics/intervals.py)
     "output.stats_interval",
-    # issue 11: the caching tier (cache_tier.py), read-once staging (readers/read_once.py),
+    # issue 11: the caching tier (tiers/cache.py), read-once staging (tiers/read_once.py),
     # sampling with replacement (sharding.rank_draws)
     "reader.cache", "reader.staging", "reader.sampling",
     # issue 19: the loader's modelled costs (the native engine spends the first and last,

@@ -1,6 +1,6 @@
 """checkpoint.layout: shared: one file per checkpoint, each rank's bytes at its offset (the
 ranks' shares back to back in rank order), written and read back collectively through MPI-IO
-(mpiio_rounds.py: one Write_at_all / Read_at_all per round of blocks), with the checkpoint's
+(mpi/write_rounds.py: one Write_at_all / Read_at_all per round of blocks), with the checkpoint's
 MPI-IO hints given at the collective open.
 
 The file is created collectively under a temporary name of this job's with MODE_EXCL (so that

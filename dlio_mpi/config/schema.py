@@ -330,7 +330,7 @@ class Lustre:
 @dataclass(frozen=True)
 class StageIn:
     """Ours: before training, copy the dataset to a faster tier and read it there
-    (stage_in.py)."""
+    (tiers/stage_in.py)."""
 
     to: str = key("", "str")  # the stage folder (a burst buffer; node-local with scope node)
     scope: str = key("job", "str", choices=("job", "node"))  # one copy, or one per node
@@ -440,7 +440,7 @@ class Dataset:
 # --------------------------------------------------------------------------- reader
 @dataclass(frozen=True)
 class ReaderCache:
-    """Ours: a node-local caching tier shared by the node's ranks (cache_tier.py)."""
+    """Ours: a node-local caching tier shared by the node's ranks (tiers/cache.py)."""
 
     folder: str = key("", "str")  # node-local storage (folder/node<k> on emulated nodes)
     capacity_bytes: int | None = key(None, "int", optional=True, minimum=1)  # None: free space
@@ -554,7 +554,7 @@ class Reader:
     # 'lean': descriptors cached across epochs and one read per request
     access: str = key("loader", "str", choices=("loader", "lean"))
     # ours: the order of each batch's reads. 'shuffled': the epoch order's (today's); 'sorted':
-    # each batch's samples read by (file, offset), the same samples per batch (sharding.py)
+    # each batch's samples read by (file, offset), the same samples per batch (sampling/sharding.py)
     access_order: str = key("shuffled", "str", choices=("shuffled", "sorted"))
     # ours: descriptors kept open per rank for reads outside whole-file loads, split evenly
     # over the reader threads, each a least-recently-used cache
@@ -571,10 +571,10 @@ class Reader:
     io_watchdog_seconds: float = key(60.0, "float", minimum=0, maximum=2**33 - 1)
     # ours: end the job (every rank, non-zero exit) once the watchdog has reported
     io_watchdog_abort: bool = key(False, "bool")
-    # ours: a node-local caching tier (cache_tier.py); the native C engine's
+    # ours: a node-local caching tier (tiers/cache.py); the native C engine's
     cache: ReaderCache | None = section(ReaderCache, optional=True)
     # ours: read_once: every file read once for the job into the ranks' memory, batches
-    # served from there through an MPI exchange per step (readers/read_once.py)
+    # served from there through an MPI exchange per step (tiers/read_once.py)
     staging: str = key("none", "str", choices=("none", "read_once"))
     # ours: how training draws its samples: epoch (each sample once per epoch, DLIO's) or
     # replacement (each rank draws uniformly from all samples: sharding.rank_draws)
@@ -669,7 +669,7 @@ class Output:
     log_file: str = key("dlio.log", "str")
     metric: OutputMetric = section(OutputMetric)
     access_log: bool = key(False, "bool")  # ours: write which samples each rank read
-    trace: bool = key(False, "bool")  # ours: per-rank Chrome trace-event files (trace.py)
+    trace: bool = key(False, "bool")  # ours: per-rank Chrome trace-event files (metrics/trace.py)
     # ours: seconds between rank 0's progress lines when stdout is not a terminal; 0: no
     # progress shown (neither lines nor the bar a terminal gets)
     progress_interval: float = key(10.0, "float", minimum=0)

@@ -9,7 +9,7 @@ the payload goes in rounds of one collective `Write_at_all` each, where rank r w
 round * ranks + r of the payload stream (blocks of _core.PAYLOAD_BLOCK bytes, each made
 alone: the bytes do not depend on how many ranks wrote them). Then File.Sync, Close, and
 rank 0 completes the file with the others it staged (side files first, then renames).
-The rounds and their error agreement are mpiio_rounds.py's."""
+The rounds and their error agreement are mpi/write_rounds.py's."""
 
 from __future__ import annotations
 

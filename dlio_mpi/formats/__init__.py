@@ -4,7 +4,7 @@ A format knows two things: how to write one file of samples (header bytes from P
 streamed by the C core) and where each sample's bytes sit in such a file (a `FileLayout`), either
 computed from the generation parameters or probed from an existing file's header. Formats whose
 sizes depend on the content (jpeg, png, csv: formats/sized.py) have their sizes recorded at
-generation (recorded_sizes.py) or probed, and their layouts follow from the sizes; parquet
+generation (data/recorded_sizes.py) or probed, and their layouts follow from the sizes; parquet
 files whose row groups depend on the content (compressed) or differ by file (varying sample
 sizes) have a row per file recorded the same way (record_width, write_recorded, probe_record).
 """

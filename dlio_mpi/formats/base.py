@@ -159,7 +159,7 @@ class Format:
     # why a file cannot be written as a header plus a payload stream in parts (collective
     # generation; payload_extent None); "" when it can
     written_whole: str = ""
-    # file sizes depend on the content: generation records them (recorded_sizes.py) and
+    # file sizes depend on the content: generation records them (data/recorded_sizes.py) and
     # reading takes its layouts from them (formats/sized.py)
     sizes_recorded: bool = False
     # the columns of each file's row in that record when it is more than the size (parquet's

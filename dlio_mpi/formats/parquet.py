@@ -32,7 +32,7 @@ Compressed files (dataset.compression: pyarrow's snappy, gzip, lz4 or zstd codec
 default levels) have extents that depend on their content, and files of different sample sizes
 (dataset.record_length_bytes_stdev) would need a layout computed per file, which costs what
 writing it does. Such files are recorded instead (`recorded`): write_recorded() writes the file
-and returns its row of the split's record (recorded_sizes.py): [size, sample bytes, footer
+and returns its row of the split's record (data/recorded_sizes.py): [size, sample bytes, footer
 metadata length, the row groups' offsets, their lengths], read from what the writer reports
 and the file's last 8 bytes; recorded_units() turns the record into per-file read units, and
 probe_record() reads the same row from a file another tool wrote."""

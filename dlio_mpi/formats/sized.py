@@ -3,7 +3,7 @@ from file sizes alone, probing a file's size and first bytes, writing through a 
 object.
 
 Such a format sets `sizes_recorded = True`: generation records each file's size (see
-recorded_sizes.py), reading takes the layouts from those sizes, and its `layout(spec)` is only
+data/recorded_sizes.py), reading takes the layouts from those sizes, and its `layout(spec)` is only
 an estimate for the plan (dataset and epoch bytes before any file exists). Each load reads the
 whole file, as DLIO's readers of these formats do (`whole_file_only`): reader.read_mode sample
 is refused for them."""

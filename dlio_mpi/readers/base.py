@@ -71,7 +71,7 @@ class ReaderOptions:
     shuffle_size: int = 0
     shuffle_seed: int | None = None
     trace: bool = False  # output.trace: record each request's start and reader thread
-    staging: str = "none"  # reader.staging (read_once: readers/read_once.py)
+    staging: str = "none"  # reader.staging (read_once: tiers/read_once.py)
     # the native C engine standing for the loader reader.data_loader names: a torch
     # DataLoader's worker processes each make whole batches, workers x prefetch_factor in
     # flight (batches_in_flight); tf.data's threads share each batch, prefetch_size in flight

@@ -80,7 +80,7 @@ class ReadPlan:
     # samples it completes, as delay_ns; the native engine's dio_burn_cpu_ns), or None
     cpu_ns: np.ndarray | None = None
     # reader.cache: before request i the cache's copies of evict_file[evict_at[i]:
-    # evict_at[i+1]] are removed (cache_tier.py); None: no evictions
+    # evict_at[i+1]] are removed (tiers/cache.py); None: no evictions
     evict_at: np.ndarray | None = None
     evict_file: np.ndarray | None = None
 
