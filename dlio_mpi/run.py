@@ -417,18 +417,31 @@ def _spread_of(values: list[float]) -> dict:
     return {"min": float(arr.min()), "median": float(np.median(arr)), "max": float(arr.max())}
 
 
-def write_results(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing,
-                  train_epochs: list[EpochSummary], eval_epochs: list[EpochSummary],
-                  start: float, out: OutputFolder, stopped_by: int = 0,
-                  striping: dict | None = None, readers: dict | None = None,
-                  generation: dict | None = None,
-                  checkpoints: Checkpoints | None = None, trace: dict | None = None,
-                  stage_in: dict | None = None) -> dict:
+@dataclass
+class RunRecord:
+    """What a run gathers for its results as it goes (write_results)."""
+
+    start: float        # time.time() when the run began
+    out: OutputFolder
+    pacing: Pacing
+    striping: dict | None = None    # what storage.lustre did
+    generation: dict | None = None  # what this run's data generation did
+    checkpoints: Checkpoints | None = None  # the checkpoints saved and loaded
+    stage_in: dict | None = None    # what storage.stage_in did
+    trace: dict | None = None       # what output.trace wrote (write_trace)
+    readers: dict | None = None     # rank 0's reader backends, described
+    train_epochs: list[EpochSummary] = field(default_factory=list)
+    eval_epochs: list[EpochSummary] = field(default_factory=list)
+    stopped_by: int = 0             # the signal that ended the run early
+
+
+def write_results(comm, cfg, plan: RunPlan, topo: Topology, record: RunRecord) -> dict:
     """Rank 0 writes summary.json, per_epoch_stats.json and config.yaml, each whole or not at
-    all; returns the summary. `stopped_by`: the signal that ended the run early; `striping`:
-    what storage.lustre did; `readers`: rank 0's reader backends, described; `generation`:
-    what this run's data generation did; `checkpoints`: the checkpoints saved and loaded;
-    `trace`: what output.trace wrote (write_trace); `stage_in`: what storage.stage_in did."""
+    all; returns the summary."""
+    pacing, start, out, stopped_by = record.pacing, record.start, record.out, record.stopped_by
+    striping, readers, generation = record.striping, record.readers, record.generation
+    checkpoints, trace, stage_in = record.checkpoints, record.trace, record.stage_in
+    train_epochs, eval_epochs = record.train_epochs, record.eval_epochs
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
@@ -634,12 +647,11 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         generation, striping = _generate_in_run(comm, cfg, plan, out, tracer, striping)
     summary, stop, done = None, 0, "training epoch(s)"
     pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
-    results = dict(start=start, out=out, striping=striping, generation=generation,
-                   checkpoints=checkpoints)
+    record = RunRecord(start, out, pacing, striping, generation, checkpoints)
     staged = None
     if cfg.workflow.train and cfg.storage.stage_in is not None and plan.splits:
         staged, stage = run_stage_in(comm, cfg, plan, topo, out, tracer)
-        results["stage_in"] = staged.to_json(root)
+        record.stage_in = staged.to_json(root)
     if cfg.workflow.train:
         read_plan = plan if staged is None else dataclasses.replace(plan, splits={
             name: rerooted(split, staged.root) for name, split in plan.splits.items()})
@@ -649,18 +661,19 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
             on_root(comm, lambda: intervals.write(out))
             intervals.close()
         if tracer is not None:
-            results["trace"] = write_trace(comm, tracer, out, checkpoints)
-        summary = write_results(comm, cfg, plan, topo, pacing, train_epochs, eval_epochs,
-                                stopped_by=stop, readers=readers, **results)
+            record.trace = write_trace(comm, tracer, out, checkpoints)
+        record.train_epochs, record.eval_epochs = train_epochs, eval_epochs
+        record.stopped_by, record.readers = stop, readers
+        summary = write_results(comm, cfg, plan, topo, record)
         done = f"{len(train_epochs)} complete or partial training epoch(s)"
     elif checkpoints is not None:
         records, stop = run_checkpoint_only(comm, cfg, checkpoints.checkpointer,
                                             lambda line: say(comm, line, out=out))
         checkpoints.records.extend((None, r) for r in records)
         if tracer is not None:
-            results["trace"] = write_trace(comm, tracer, out, checkpoints)
-        summary = write_results(comm, cfg, plan, topo, pacing, [], [], stopped_by=stop,
-                                **results)
+            record.trace = write_trace(comm, tracer, out, checkpoints)
+        record.stopped_by = stop
+        summary = write_results(comm, cfg, plan, topo, record)
         done = f"{len(records)} checkpoint save(s) and load(s)"
     elif tracer is not None:  # generation alone
         write_trace(comm, tracer, out, checkpoints)

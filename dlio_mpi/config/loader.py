@@ -313,20 +313,30 @@ def _is_given(tree: dict[str, Any], dotted: str) -> bool:
     return parent is not None and parts[-1] in parent
 
 
-def _put(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
-    """Set `dotted` in `tree`, creating its sections (`source`: the key it was given as)."""
-    parts = dotted.split(".")
+def _parent(tree: dict[str, Any], parts: list[str], in_the_way) -> dict[str, Any]:
+    """The mapping of `tree` that holds key parts[-1], its sections created on the way; a
+    value where a section should be goes to in_the_way(where, value, its key's parts), which
+    returns a mapping to put in its place or raises ConfigError."""
     node = tree
     for depth, part in enumerate(parts[:-1]):
         child = node.get(part)
         if child is None:
             child = node[part] = {}
         elif not isinstance(child, dict):
-            where = ".".join(parts[:depth + 1])
-            raise ConfigError(f"{source}: is read as {dotted}, but {where} is "
-                              f"{short_repr(child)}, not a mapping of keys")
+            child = node[part] = in_the_way(".".join(parts[:depth + 1]), child,
+                                            parts[:depth + 1])
         node = child
-    node[parts[-1]] = value
+    return node
+
+
+def _put(tree: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    """Set `dotted` in `tree`, creating its sections (`source`: the key it was given as)."""
+    def refuse(where: str, child: Any, _parts: list[str]) -> dict:
+        raise ConfigError(f"{source}: is read as {dotted}, but {where} is "
+                          f"{short_repr(child)}, not a mapping of keys")
+
+    parts = dotted.split(".")
+    _parent(tree, parts, refuse)[parts[-1]] = value
 
 
 def _mapping_at(tree: dict[str, Any], parts: list[str]) -> dict[str, Any] | None:
@@ -371,20 +381,15 @@ def apply_override(tree: dict[str, Any], text: str) -> None:
     `workload.` are accepted and mean the same: set the key whether or not the YAML has it.
     VALUE is read as YAML (numbers, booleans, [lists], {mappings}). A legacy name sets its
     canonical key (ALIASES)."""
+    def timespec_or_refuse(where: str, child: Any, prefix: list[str]) -> dict:
+        if _is_number(child) and _is_timespec(prefix):  # a time given as a number
+            return {"mean": child}
+        raise ConfigError(f"override '{text}': {where} is {child!r}, not a mapping; "
+                          f"set it whole instead ({where}={{...}})")
+
     dotted, delete, raw_value = parse_override(text)
     parts = dotted.split(".")
-    node = tree
-    for depth, part in enumerate(parts[:-1]):
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        elif _is_number(child) and _is_timespec(parts[:depth + 1]):
-            child = node[part] = {"mean": child}
-        elif not isinstance(child, dict):
-            where = ".".join(parts[:depth + 1])
-            raise ConfigError(f"override '{text}': {where} is {child!r}, not a mapping; "
-                              f"set it whole instead ({where}={{...}})")
-        node = child
+    node = _parent(tree, parts, timespec_or_refuse)
     if delete:
         node.pop(parts[-1], None)
     else:

@@ -146,6 +146,25 @@ class StoredArray:
         return FileLayout.for_array(spec, self.data_offset, self.size)
 
 
+@dataclass(frozen=True)
+class StoredRows(StoredArray):
+    """A file of equal rows, one sample each, as (rows, sample bytes) of uint8, `row_step`
+    bytes apart (0: back to back): parquet's rows, TFRecord's records (`unit` names them)."""
+
+    row_step: int = 0
+    unit: str = "rows"
+
+    def as_samples(self, samples: int, preferred: str) -> SampleSpec:
+        if self.shape[0] != samples:
+            raise ValueError(f"holds {self.shape[0]} {self.unit} where "
+                             f"dataset.num_samples_per_file={samples}")
+        return SampleSpec(tuple(self.shape[1:]), self.dtype, samples, "first_axis")
+
+    def layout(self, spec: SampleSpec) -> FileLayout:
+        return FileLayout(self.size, self.data_offset, self.row_step or spec.sample_bytes,
+                          spec.sample_bytes, spec.sample_bytes)
+
+
 class Format:
     """One dataset format: the whole contract a format module implements, every hook and
     capability declared here with its default, as fio's ioengine ops table is (a hook left

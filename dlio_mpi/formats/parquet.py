@@ -47,7 +47,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import ConfigError
-from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray, UnitExtents
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredRows, UnitExtents
 from .loader import WholeFileReads
 
 MAGIC = b"PAR1"
@@ -220,21 +220,6 @@ class ParquetOptions:
     @property
     def groups(self) -> int:
         return -(-self.samples // max(1, min(self.row_group_size, self.samples)))
-
-
-@dataclass(frozen=True)
-class StoredParquet(StoredArray):
-    """A parquet file laid out as dlio-mpi writes them: (rows, sample bytes) of uint8."""
-
-    def as_samples(self, samples: int, preferred: str) -> SampleSpec:
-        if self.shape[0] != samples:
-            raise ValueError(f"holds {self.shape[0]} rows where "
-                             f"dataset.num_samples_per_file={samples}")
-        return SampleSpec(tuple(self.shape[1:]), self.dtype, samples, "first_axis")
-
-    def layout(self, spec: SampleSpec) -> FileLayout:
-        return FileLayout(self.size, self.data_offset, spec.sample_bytes, spec.sample_bytes,
-                          spec.sample_bytes)
 
 
 class ParquetFormat(Format):
@@ -423,14 +408,14 @@ class ParquetFormat(Format):
         return (row[HEAD:HEAD + units.count].tolist() == units.offset.tolist()
                 and row[HEAD + units.count:].tolist() == units.length.tolist())
 
-    def probe(self, path: str) -> StoredParquet:
+    def probe(self, path: str) -> StoredRows:
         """A parquet file another tool wrote: one fixed_size_binary column `data` in row groups
         of dataset.parquet.row_group_size rows, its column chunks back to back (uncompressed
         unless dataset.compression says otherwise), else ValueError saying why. Laid out
         otherwise than computed, the catalog reads every file's record (probe_record)."""
         if self.options.recorded:
             row = self.probe_record(path)
-            return StoredParquet(int(row[0]), int(row[HEAD]),
+            return StoredRows(int(row[0]), int(row[HEAD]),
                                  (self.options.samples, int(row[1])), "|u1")
         size, meta, _ = self._metadata(path)
         column = meta.schema.column(0)
@@ -443,7 +428,7 @@ class ParquetFormat(Format):
         offsets, sizes, _ = _chunks(meta)
         if (size, offsets, sizes) != (want.size, want.offset, want.length):
             self.probe_record(path)  # ValueError unless its own layout can be read
-        return StoredParquet(size, offsets[0], (rows, width), "|u1")
+        return StoredRows(size, offsets[0], (rows, width), "|u1")
 
     def loader_model(self, facts, itemsize: int, samples: int) -> ReadTables:
         return ReadTables(self.options.row_group_size, samples)

@@ -48,12 +48,11 @@ from __future__ import annotations
 import math
 import os
 import struct
-from dataclasses import dataclass
 
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredRows
 from .loader import TF_BUFFER, TFRecordStreams
 
 HEADER = 12  # uint64 length + uint32 masked CRC of it
@@ -262,24 +261,6 @@ def _write_all(fd: int, data: bytes) -> None:
 
 # ------------------------------------------------------------------ the format
 
-@dataclass(frozen=True)
-class StoredRecords(StoredArray):
-    """Records of equal size, each holding one sample's bytes at the same place: an array of
-    shape (records, sample bytes) of uint8 whose rows are record_bytes apart."""
-
-    record_bytes: int = 0
-
-    def as_samples(self, samples: int, preferred: str) -> SampleSpec:
-        if self.shape[0] != samples:
-            raise ValueError(f"holds {self.shape[0]} records where "
-                             f"dataset.num_samples_per_file={samples}")
-        return SampleSpec(tuple(self.shape[1:]), self.dtype, samples, "first_axis")
-
-    def layout(self, spec: SampleSpec) -> FileLayout:
-        return FileLayout(self.size, self.data_offset, self.record_bytes, spec.sample_bytes,
-                          spec.sample_bytes)
-
-
 class TFRecordFormat(Format):
     """dataset.format: tfrecord"""
 
@@ -328,7 +309,7 @@ class TFRecordFormat(Format):
             os.makedirs(os.path.dirname(idx), exist_ok=True)
             staged.write(idx, lambda fd: _write_all(fd, text))
 
-    def probe(self, path: str) -> StoredRecords:
+    def probe(self, path: str) -> StoredRows:
         with _core.open_regular(path) as fp:
             size = os.fstat(fp.fileno()).st_size
             rows = _read_index(index_path(path))
@@ -349,7 +330,7 @@ class TFRecordFormat(Format):
             raise ValueError("holds records whose image bytes sit at different places (ragged "
                              "records are not supported yet)")
         offset, length = extents.pop()
-        return StoredRecords(size, offset, (len(rows), length), "|u1", record)
+        return StoredRows(size, offset, (len(rows), length), "|u1", record, "records")
 
     @staticmethod
     def _image_extent(fp, at: int, record: int) -> tuple[int, int]:
