@@ -171,3 +171,18 @@ def write_one(path: Path, fmt, spec, seed: int) -> Path:
     staged.commit()
     assert size == os.path.getsize(path)
     return path
+
+
+def nest(dotted: str, value) -> dict:
+    """{"a": {"b": value}} for "a.b"."""
+    for part in reversed(dotted.split(".")):
+        value = {part: value}
+    return value
+
+
+def merged(a: dict, b: dict) -> dict:
+    """`a` with `b` merged into it, mappings key by key."""
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -18,7 +18,7 @@ from dlio_mpi.config import (
     load_config,
 )
 from dlio_mpi.config.timespec import parse_timespec
-from helpers import error_of, write_yaml
+from helpers import error_of, merged, nest, write_yaml
 
 SHIPPED = {
     "bert_v100", "cosmoflow_a100", "cosmoflow_h100", "cosmoflow_v100", "default", "demo", "dlrm",
@@ -112,19 +112,6 @@ def test_unknown_sources():
 
 
 # --------------------------------------------------------------------------- aliases
-def nest(dotted: str, value):
-    for part in reversed(dotted.split(".")):
-        value = {part: value}
-    return value
-
-
-def merged(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 @pytest.mark.parametrize("alias", sorted(ALIASES))
 def test_alias_is_read_as_canonical_and_conflicts(alias, tmp_path):
     canonical = ALIASES[alias]

@@ -17,7 +17,7 @@ import yaml
 
 from dlio_mpi.config import ALIASES, load_config, support_notes
 from dlio_mpi.formats import implemented_formats
-from helpers import error_of, run_cli, write_yaml
+from helpers import error_of, merged, nest, run_cli, write_yaml
 
 RELEASED = Path(__file__).parent / "data" / "dlio_2_0_0"
 NAMES = [
@@ -39,19 +39,6 @@ def raw(name: str) -> dict:
 
 def value_at(cfg, dotted: str):
     return functools.reduce(getattr, dotted.split("."), cfg)
-
-
-def nest(dotted: str, value) -> dict:
-    for part in reversed(dotted.split(".")):
-        value = {part: value}
-    return value
-
-
-def merged(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 # --------------------------------------------------------------------------- the files
