@@ -898,40 +898,38 @@ cdef class Engine:
         finally:
             free(cpaths)
 
-    def start_epoch(self, const int64_t[::1] batch_start not None,
-                    const int64_t[::1] file_idx not None, const int64_t[::1] offset not None,
-                    const int64_t[::1] length not None, int64_t[::1] req_buf_off=None,
+    def start_epoch(self, requests not None, int64_t[::1] req_buf_off=None,
                     int64_t[::1] lat_ns=None, int64_t[::1] nread=None,
-                    const uint32_t[::1] flags=None, const int64_t[::1] expect=None,
-                    const int64_t[::1] delay_ns=None, int64_t[::1] start_ns=None,
-                    int64_t[::1] thread=None, const int64_t[::1] evict_at=None,
-                    const int64_t[::1] evict_file=None, const int64_t[::1] cpu_ns=None,
+                    int64_t[::1] start_ns=None, int64_t[::1] thread=None,
                     int64_t not_before_ns=0):
-        """Start an epoch: batch b is requests [batch_start[b], batch_start[b+1]) of
-        (file_idx, offset, length) (contiguous int64 arrays; copied), with optional uint32
-        `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT, REQ_MMAP), int64 `expect` (bytes that must
-        arrive, less than length only where a read reaches the end of the file, which must end
-        there), int64 `delay_ns` (slept by the reader thread after the request's read: a
-        loader's per-sample preprocessing; the batch is ready after it) and int64 `cpu_ns`
-        (then spent as CPU time, burn_cpu_ns: the preprocessing as CPU work).  No request
-        starts before the CLOCK_MONOTONIC time `not_before_ns` (0: at once; a loader's
-        start-up).
+        """Start an epoch of `requests`, the read plan whole (sampling.requests.ReadPlan, or
+        EpochRequests: the fields the engine takes): batch b is requests [batch_start[b],
+        batch_start[b+1]) of (file_idx, offset, length) (contiguous int64 arrays; copied),
+        with optional uint32 `flags` (REQ_OPEN, REQ_CLOSE, REQ_FSTAT, REQ_MMAP), int64
+        `expect` (bytes that must arrive, less than length only where a read reaches the end
+        of the file, which must end there), int64 `delay_ns` (slept by the reader thread
+        after the request's read: a loader's per-sample preprocessing; the batch is ready
+        after it) and int64 `cpu_ns` (then spent as CPU time, burn_cpu_ns: the preprocessing
+        as CPU work); the cache tier (set_cache): flags REQ_CACHED and REQ_FILL, and
+        `evict_at` (nreq + 1 offsets) into `evict_file`: the copies removed before each
+        request.  No request starts before the CLOCK_MONOTONIC time `not_before_ns` (0: at
+        once; a loader's start-up).
         Optional int64 outputs of one entry per request, kept referenced by the engine for the
         epoch: req_buf_off (filled now: where request i's bytes start in its batch's data),
         lat_ns and nread (filled as requests complete: pread latency, bytes transferred, with
         O_DIRECT the aligned extent clipped at end of file); for tracing, start_ns and thread
         (both or neither: when each request's read began, CLOCK_MONOTONIC ns, and the reader
-        thread that served it, -1 for the caller's).  The cache tier (set_cache): flags
-        REQ_CACHED and REQ_FILL, and `evict_at` (nreq + 1 offsets) into `evict_file`: the
-        copies removed before each request.  Any epoch in flight is abandoned first."""
+        thread that served it, -1 for the caller's).  Any epoch in flight is abandoned
+        first."""
         self._ready()
         cdef dio_epoch_plan plan
         cdef dio_epoch_outputs outs
         cdef dio_error err
         cdef int rc
-        cdef int64_t nreq = _fill_plan(&plan, batch_start, file_idx, offset, length, flags,
-                                       expect, delay_ns, evict_at, evict_file, cpu_ns,
-                                       not_before_ns)
+        cdef int64_t nreq = _fill_plan(&plan, requests.batch_start, requests.file_idx,
+                                       requests.offset, requests.length, requests.flags,
+                                       requests.expect, requests.delay_ns, requests.evict_at,
+                                       requests.evict_file, requests.cpu_ns, not_before_ns)
         for name, arr in (("req_buf_off", req_buf_off), ("lat_ns", lat_ns), ("nread", nread),
                           ("start_ns", start_ns), ("thread", thread)):
             if arr is not None and arr.shape[0] != nreq:
@@ -998,17 +996,16 @@ cdef class Engine:
             self._outs = None
         _check(rc, &err)
 
-    def reserve(self, const int64_t[::1] batch_start not None,
-                const int64_t[::1] file_idx not None, const int64_t[::1] offset not None,
-                const int64_t[::1] length not None, const uint32_t[::1] flags=None,
-                const int64_t[::1] expect=None):
-        """Allocate and fault in the batch buffers an epoch of these requests needs (before
-        its clock starts). Abandons an epoch in flight."""
+    def reserve(self, requests not None):
+        """Allocate and fault in the batch buffers an epoch of `requests` needs (before its
+        clock starts; the read plan whole, as start_epoch takes it). Abandons an epoch in
+        flight."""
         self._ready()
         cdef dio_epoch_plan plan
         cdef dio_error err
         cdef int rc
-        _fill_plan(&plan, batch_start, file_idx, offset, length, flags, expect)
+        _fill_plan(&plan, requests.batch_start, requests.file_idx, requests.offset,
+                   requests.length, requests.flags, requests.expect)
         _clear(&err)
         with nogil:
             rc = dio_engine_reserve(self.e, &plan, &err)

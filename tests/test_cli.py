@@ -169,6 +169,7 @@ def test_npz_samples_read_by_extent_match_numpy(tmp_path, odirect):
     assert run_cli(["generate", "demo", *over]).returncode == 0
     from dlio_mpi.config import load_config
     from dlio_mpi.data.dataset import describe_dataset
+    from dlio_mpi.sampling.requests import EpochRequests
 
     split = describe_dataset(load_config("demo", over))["train"]
     align = max(_core.odirect_alignment(split.path(0))) if odirect else 0
@@ -179,8 +180,8 @@ def test_npz_samples_read_by_extent_match_numpy(tmp_path, odirect):
     layouts = split.expected_layouts().take(files)
     offset = layouts.data_offset + index * layouts.sample_step
     buf_off = np.zeros(3, dtype=np.int64)
-    engine.start_epoch(np.array([0, 3], dtype=np.int64), files, offset,
-                       layouts.sample_span, buf_off)
+    engine.start_epoch(EpochRequests(np.array([0, 3], dtype=np.int64), files, offset,
+                                     layouts.sample_span), req_buf_off=buf_off)
     batch = engine.next()
     data = bytes(batch.data)
     for k in range(3):

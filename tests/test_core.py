@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from dlio_mpi import _core
+from dlio_mpi.sampling.requests import EpochRequests
 from helpers import resident_pages
 
 MiB = 1 << 20
@@ -66,7 +67,8 @@ def run_epoch(engine, paths, batches):
     start, files, offset, length = arrays(batches)
     n = len(files)
     buf_off, lat, nread = (np.full(n, -1, dtype=np.int64) for _ in range(3))
-    engine.start_epoch(start, files, offset, length, buf_off, lat, nread)
+    engine.start_epoch(EpochRequests(start, files, offset, length), req_buf_off=buf_off,
+                       lat_ns=lat, nread=nread)
     got = []
     for b, batch in enumerate(batches):
         out = engine.next()
@@ -380,7 +382,7 @@ def test_readers_stay_within_the_prefetch_window(tmp_path, prefetch):
 
     with _core.Engine(2, prefetch) as engine:
         engine.set_files(paths)
-        engine.start_epoch(start, files, offset, length)
+        engine.start_epoch(EpochRequests(start, files, offset, length))
         assert engine.next().index == 0
         assert settled_bytes(engine, 1000 * (1 + prefetch)) == 1000 * (1 + prefetch)
         assert engine.next().index == 1  # releases batch 0: one more batch may be read
@@ -415,7 +417,7 @@ def test_odirect_on_tmpfs_is_a_clear_error(shm_dir, threads):
     start, files, offset, length = arrays([[(0, 0, 4096)]])
     with _core.Engine(threads, 1, odirect=True) as engine:
         engine.set_files(paths)
-        engine.start_epoch(start, files, offset, length)
+        engine.start_epoch(EpochRequests(start, files, offset, length))
         with pytest.raises(OSError) as exc:
             engine.next()
     assert exc.value.errno == errno.EINVAL
@@ -431,7 +433,7 @@ def test_short_read_names_file_and_offset(tmp_path, threads):
     start, files, offset, length = arrays(batches)
     with _core.Engine(threads, 2) as engine:
         engine.set_files(paths)
-        engine.start_epoch(start, files, offset, length)
+        engine.start_epoch(EpochRequests(start, files, offset, length))
         assert engine.next().index == 0
         assert engine.next().index == 1
         with pytest.raises(OSError) as exc:
@@ -453,7 +455,7 @@ def test_missing_file_raises_file_not_found(tmp_path):
     for threads in (0, 2):
         with _core.Engine(threads, 1) as engine:
             engine.set_files([*paths, missing])
-            engine.start_epoch(start, files, offset, length)
+            engine.start_epoch(EpochRequests(start, files, offset, length))
             assert engine.next().index == 0
             with pytest.raises(FileNotFoundError) as exc:
                 engine.next()
@@ -489,17 +491,18 @@ def test_new_epoch_abandons_the_one_in_flight(tmp_path):
             engine.set_files(paths)
             start, files, offset, length = arrays(big)
             lat = np.zeros(len(files), dtype=np.int64)
-            engine.start_epoch(start, files, offset, length, None, lat)
+            engine.start_epoch(EpochRequests(start, files, offset, length), lat_ns=lat)
             assert engine.next().index == 0
             run_epoch(engine, paths, small)  # replaces the big epoch mid-way
             # the abandoned epoch wrote nothing more once replaced, and never got far
             done = np.count_nonzero(lat)
             assert 2 <= done < len(files), (threads, done)
             frozen = lat.copy()
-            engine.start_epoch(start, files, offset, length)  # and abandon with nothing taken
+            # and abandon with nothing taken
+            engine.start_epoch(EpochRequests(start, files, offset, length))
             run_epoch(engine, paths, small)
             assert np.array_equal(lat, frozen)
-            engine.start_epoch(start, files, offset, length)  # close while in flight
+            engine.start_epoch(EpochRequests(start, files, offset, length))  # close while in flight
             t0 = time.monotonic()
             engine.close()
             assert time.monotonic() - t0 < 5 and engine.closed
@@ -520,15 +523,16 @@ def test_engine_api_edges(tmp_path):
     engine.set_files(paths)
     start, files, offset, length = arrays([[(0, 0, 10)]])
     with pytest.raises(ValueError):
-        engine.start_epoch(start, files, offset[:0], length)
+        engine.start_epoch(EpochRequests(start, files, offset[:0], length))
     with pytest.raises(OSError) as exc:  # a file index outside the table
-        engine.start_epoch(start, files + 1, offset, length)
+        engine.start_epoch(EpochRequests(start, files + 1, offset, length))
     assert exc.value.errno == errno.EINVAL
     with pytest.raises(OSError):  # negative offset
-        engine.start_epoch(start, files, offset - 1, length)
-    engine.start_epoch(np.zeros(1, dtype=np.int64), files[:0], offset[:0], length[:0])
+        engine.start_epoch(EpochRequests(start, files, offset - 1, length))
+    engine.start_epoch(EpochRequests(np.zeros(1, dtype=np.int64), files[:0], offset[:0],
+                                     length[:0]))
     assert engine.next() is None  # an epoch of no batches
-    engine.start_epoch(start, files, offset, length)
+    engine.start_epoch(EpochRequests(start, files, offset, length))
     batch = engine.next()
     with pytest.raises(TypeError):
         batch.data[0] = 1  # read-only
@@ -541,7 +545,7 @@ def test_engine_api_edges(tmp_path):
     del engine  # dealloc after close is fine
     unclosed = _core.Engine(2, 2)
     unclosed.set_files(paths)
-    unclosed.start_epoch(start, files, offset, length)
+    unclosed.start_epoch(EpochRequests(start, files, offset, length))
     del unclosed  # dealloc closes
 
 
@@ -586,7 +590,7 @@ def test_the_engine_refuses_what_is_no_regular_file_without_blocking(disk_tmp, t
     for path, what in not_regular(disk_tmp).values():
         with _core.Engine(threads, 1, odirect=odirect) as engine:
             engine.set_files([*paths, path])
-            engine.start_epoch(start, files, offset, length)
+            engine.start_epoch(EpochRequests(start, files, offset, length))
             assert engine.next().index == 0
             with pytest.raises(OSError) as exc:
                 engine.next()
@@ -606,7 +610,7 @@ def _start(engine, requests, expect=None):
     flags = np.array([r[3] for r in requests], dtype=np.uint32)
     exp = None if expect is None else np.array(expect, dtype=np.int64)
     buf_off = np.zeros(len(requests), dtype=np.int64)
-    engine.start_epoch(start, *cols, buf_off, None, None, flags, exp)
+    engine.start_epoch(EpochRequests(start, *cols, flags=flags, expect=exp), req_buf_off=buf_off)
     return buf_off
 
 
@@ -745,8 +749,9 @@ def test_discarding_engine_reads_the_same_bytes_into_no_batch_memory(tmp_path):
     for keep in (True, False):
         with _core.Engine(2, 1, discard=not keep) as engine:
             engine.set_files(paths)
-            engine.reserve(start, files, offset, length)  # buffers made before the clock
-            engine.start_epoch(start, files, offset, length)
+            # buffers made before the clock
+            engine.reserve(EpochRequests(start, files, offset, length))
+            engine.start_epoch(EpochRequests(start, files, offset, length))
             got = [engine.next() for _ in batches]
             assert [b.bytes_read for b in got] == [3 * MiB + 1000, MiB]
             assert len(got[-1].data) == (MiB if keep else 0)
@@ -762,7 +767,7 @@ def stalled_engine(monkeypatch, tmp_path, stall: str, **watchdog):
     paths = make_files(tmp_path, [1000] * 3)
     engine = _core.Engine(2, 1, who="rank 7", **watchdog)
     engine.set_files(paths)
-    engine.start_epoch(*arrays([[(f, 0, 100)] for f in range(3)]))
+    engine.start_epoch(EpochRequests(*arrays([[(f, 0, 100)] for f in range(3)])))
     return engine, paths[1]
 
 
@@ -822,12 +827,14 @@ def test_engine_records_request_start_and_thread_for_traces(tmp_path, threads):
     with _core.Engine(threads, 2, fd_cache=4) as engine:
         engine.set_files(paths)
         with pytest.raises(ValueError, match="go together"):
-            engine.start_epoch(start, files, offset, length, lat_ns=lat, start_ns=began)
+            engine.start_epoch(EpochRequests(start, files, offset, length), lat_ns=lat,
+                               start_ns=began)
         with pytest.raises(ValueError, match="thread has"):
-            engine.start_epoch(start, files, offset, length, start_ns=began, thread=thread[:1])
+            engine.start_epoch(EpochRequests(start, files, offset, length), start_ns=began,
+                               thread=thread[:1])
         before = _core.now_ns()
-        engine.start_epoch(start, files, offset, length, lat_ns=lat, start_ns=began,
-                           thread=thread)
+        engine.start_epoch(EpochRequests(start, files, offset, length), lat_ns=lat,
+                           start_ns=began, thread=thread)
         ends = [engine.next().ready_ns for _ in batches]
         assert engine.next() is None
     after = _core.now_ns()

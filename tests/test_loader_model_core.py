@@ -14,6 +14,7 @@ from test_core import arrays, make_files
 
 from dlio_mpi import _core
 from dlio_mpi.readers.base import batches_in_flight
+from dlio_mpi.sampling.requests import EpochRequests
 
 MS = 1_000_000
 
@@ -67,7 +68,7 @@ def test_reader_cpu_time_is_spent_after_each_read_and_counted(tmp_path, threads)
         engine.set_files(paths)
         before = process_cpu_s()
         t0 = _core.now_ns()
-        engine.start_epoch(start, files, offset, length, cpu_ns=cpu)
+        engine.start_epoch(EpochRequests(start, files, offset, length, cpu_ns=cpu))
         ready = [engine.next().ready_ns for _ in range(4)]
         assert engine.next() is None
         spent = process_cpu_s() - before
@@ -88,14 +89,14 @@ def test_no_read_starts_before_the_loader_has_started(tmp_path):
     with _core.Engine(2, 2) as engine:
         engine.set_files(paths)
         not_before = _core.now_ns() + 80 * MS
-        engine.start_epoch(start, files, offset, length, start_ns=began, thread=thread,
-                           not_before_ns=not_before)
+        engine.start_epoch(EpochRequests(start, files, offset, length), start_ns=began,
+                           thread=thread, not_before_ns=not_before)
         first = engine.next().ready_ns
         engine.next()
         assert first >= not_before and (began >= not_before).all()
         # the next epoch (not_before 0) starts at once
         t0 = _core.now_ns()
-        engine.start_epoch(start, files, offset, length)
+        engine.start_epoch(EpochRequests(start, files, offset, length))
         assert engine.next().ready_ns - t0 < 50 * MS
 
 
@@ -112,8 +113,8 @@ def test_whole_batches_are_each_read_by_one_thread(tmp_path, whole):
     cpu = np.full(len(files), 2 * MS, dtype=np.int64)
     with _core.Engine(4, 2, whole_batches=whole) as engine:
         engine.set_files(paths)
-        engine.start_epoch(start, files, offset, length, start_ns=began, thread=thread,
-                           cpu_ns=cpu)
+        engine.start_epoch(EpochRequests(start, files, offset, length, cpu_ns=cpu),
+                           start_ns=began, thread=thread)
         engine.next()
         engine.next()
     per_batch = [set(thread[int(start[b]):int(start[b + 1])].tolist()) for b in range(2)]
@@ -133,7 +134,7 @@ def test_the_step_loop_spends_the_host_work_before_the_compute(tmp_path, cpu_ms,
     out = np.zeros((4, 8), dtype=np.int64)
     with _core.Engine(1, 2) as engine:
         engine.set_files(paths)
-        engine.start_epoch(start, files, offset, length)
+        engine.start_epoch(EpochRequests(start, files, offset, length))
         cpu = time.thread_time_ns()
         done = engine.run_steps(_core.Pacer(), None, compute, _core.now_ns(), out,
                                 host_cpu, host_wait)

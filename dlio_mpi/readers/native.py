@@ -50,8 +50,7 @@ class NativeReader(ReaderBackend):
     def prepare_epoch(self, plan: ReadPlan) -> None:
         """Work before the epoch's clock starts: the batch buffers, and dropping the plan's
         files from the page cache."""
-        self._engine.reserve(plan.batch_start, plan.file_idx, plan.offset, plan.length,
-                             plan.flags, plan.expect)
+        self._engine.reserve(plan)
         if self.trace:  # its pages faulted in here, not by the readers inside the clock
             self._request_trace = RequestTrace.empty(len(plan.offset))
         if self.drop_page_cache:
@@ -67,10 +66,9 @@ class NativeReader(ReaderBackend):
         not_before = _core.now_ns() + self._startup_ns if self._startup_ns else 0
         self._started_ns += self._startup_ns
         self._startup_ns = 0
-        self._engine.start_epoch(plan.batch_start, plan.file_idx, plan.offset, plan.length,
-                                 None, self.lat_ns, rt and rt.nread, plan.flags, plan.expect,
-                                 plan.delay_ns, rt and rt.start_ns, rt and rt.thread,
-                                 plan.evict_at, plan.evict_file, plan.cpu_ns, not_before)
+        self._engine.start_epoch(plan, lat_ns=self.lat_ns, nread=rt and rt.nread,
+                                 start_ns=rt and rt.start_ns, thread=rt and rt.thread,
+                                 not_before_ns=not_before)
 
     def attach_cache(self, tier, name: str, files: SplitFiles) -> None:
         """reader.cache: the engine reads and fills the tier's copies of these files."""

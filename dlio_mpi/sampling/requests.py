@@ -60,6 +60,25 @@ class AccessPolicy:
 
 
 @dataclass(frozen=True)
+class EpochRequests:
+    """What the C engine takes of an epoch's plan (_core.Engine.start_epoch and reserve):
+    batch b is requests [batch_start[b], batch_start[b+1]) of (file_idx, offset, length),
+    with their flags, expected bytes, preprocessing and the cache tier's evictions where
+    given. A ReadPlan has these fields and more."""
+
+    batch_start: np.ndarray
+    file_idx: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    flags: np.ndarray | None = None
+    expect: np.ndarray | None = None
+    delay_ns: np.ndarray | None = None
+    cpu_ns: np.ndarray | None = None
+    evict_at: np.ndarray | None = None
+    evict_file: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
 class ReadPlan:
     """One epoch of one rank: batch b issues requests [batch_start[b], batch_start[b+1])."""
 

@@ -410,6 +410,7 @@ def _trace_engine_only(paths: list[str], n: int = 131072, repeats: int = 15) -> 
 
     from dlio_mpi import _core
     from dlio_mpi.metrics.epoch_trace import RequestTrace
+    from dlio_mpi.sampling.requests import EpochRequests
 
     rng = np.random.default_rng(1)
     files = rng.integers(0, len(paths), n).astype(np.int64)
@@ -423,11 +424,11 @@ def _trace_engine_only(paths: list[str], n: int = 131072, repeats: int = 15) -> 
             for mode in ("off", "on"):
                 rt = RequestTrace.empty(n) if mode == "on" else None
                 lat = np.zeros(n, dtype=np.int64)
-                engine.reserve(starts, files, offset, length)
+                requests = EpochRequests(starts, files, offset, length)
+                engine.reserve(requests)
                 t0 = time.perf_counter()
-                engine.start_epoch(starts, files, offset, length, None, lat,
-                                   rt and rt.nread, start_ns=rt and rt.start_ns,
-                                   thread=rt and rt.thread)
+                engine.start_epoch(requests, lat_ns=lat, nread=rt and rt.nread,
+                                   start_ns=rt and rt.start_ns, thread=rt and rt.thread)
                 while engine.next() is not None:
                     pass
                 seconds[mode].append(time.perf_counter() - t0)
