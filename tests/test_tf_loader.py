@@ -20,7 +20,6 @@ import numpy as np
 import pytest
 
 from dlio_mpi.config import load_config
-from dlio_mpi.errors import UserError
 from helpers import access_logs, run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
@@ -324,15 +323,6 @@ def test_a_lost_npz_file_fails_the_epoch_in_one_line_naming_it(tmp_path):
     reader.close()
 
 
-def test_the_loader_module_imports_no_mpi():
-    code = ("import sys, dlio_mpi.readers.tf_loader; "
-            "print(sorted(m for m in sys.modules if m.startswith('mpi4py') or m == 'torch'))")
-    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip().splitlines()[-1] == "[]"
-
-
 def test_tensorflow_is_imported_only_by_the_tf_loader():
     code = ("import sys, dlio_mpi.run, dlio_mpi.plan, dlio_mpi.readers; "
             "print('tensorflow' in sys.modules)")
@@ -340,43 +330,6 @@ def test_tensorflow_is_imported_only_by_the_tf_loader():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
-
-
-TF = ["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=tfrecord"]
-
-
-@pytest.mark.parametrize("overrides,message", [
-    ([*TF, "reader.file_access=collective"],
-     "reader.file_access must be multi (or posix), got collective"),
-    ([*TF[:2], "dataset.format=indexed_binary"],
-     "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
-     "hdf5, jpeg, png, csv, parquet, got dataset.format indexed_binary"),
-    ([*TF, "reader.read_mode=sample"],
-     "reader.read_mode: sample does not apply with reader.engine framework"),
-])
-def test_unsupported_combinations_are_refused_by_the_plan(overrides, message):
-    from dlio_mpi.plan.derive import derive_plan
-
-    cfg = load_config("demo", ["reader.engine=framework", *overrides])
-    with pytest.raises(UserError) as info:
-        derive_plan(cfg, 2)
-    assert message in str(info.value)
-    assert "\n" not in str(info.value)
-
-
-@pytest.mark.parametrize("overrides,message", [
-    (["reader.file_access=collective"], "reader.file_access must be multi (or posix), "
-                                        "got collective"),
-    (["dataset.format=indexed_binary"], "reader.data_loader tensorflow reads tfrecord, npy, "
-                                        "npz, hdf5, jpeg, png, csv, parquet, got dataset.format "
-                                        "indexed_binary"),
-])
-def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, overrides, message):
-    args = _overrides(tmp_path, workflow__generate_data="true")
-    res = run_cli(["run", "resnet50_h100", *args, *overrides], ranks=2)
-    assert res.returncode == 2, res.stderr
-    assert res.stderr.count("dlio-mpi: error: ") == 1 and message in res.stderr
-    assert not (tmp_path / "data").exists() and not (tmp_path / "out").exists()
 
 
 def test_the_plan_says_the_tf_data_pipeline_runs(tmp_path):

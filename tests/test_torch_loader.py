@@ -11,15 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dlio_mpi.config import load_config
-from dlio_mpi.errors import UserError
 from helpers import access_logs, run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
@@ -283,60 +280,6 @@ def test_a_file_lost_after_the_checks_fails_the_epoch_in_one_line_naming_it(tmp_
         assert "No such file or directory" in message and files.path(5) in message
     finally:
         reader.close()
-
-
-def test_the_loader_module_imports_no_mpi():
-    """What a spawned or forkserver worker imports to unpickle the Dataset."""
-    code = ("import sys, dlio_mpi.readers.torch_loader, torch.utils.data; "
-            "print(sorted(m for m in sys.modules if m.startswith('mpi4py')))")
-    out = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
-
-
-@pytest.mark.parametrize("overrides,message", [
-    (["reader.file_access=collective"],
-     "reader.engine: framework reads through the loader's own file calls in each rank's "
-     "worker processes, so reader.file_access must be multi (or posix), got collective"),
-    (["reader.file_access=mpio"], "reader.file_access must be multi (or posix), got mpio"),
-    (["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=indexed_binary"],
-     "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
-     "hdf5, jpeg, png, csv, parquet, got dataset.format indexed_binary"),
-    (["framework=tensorflow", "reader.data_loader=tensorflow", "reader.file_access=shared"],
-     "reader.file_access must be multi (or posix), got shared"),
-    (["dataset.format=tfrecord"], "reader.engine: framework with reader.data_loader pytorch "
-                                  "reads npy, npz, indexed_binary, hdf5, jpeg, png, csv, "
-                                  "parquet, got dataset.format tfrecord"),
-    (["reader.odirect=true"], "reader.odirect: true does not combine with reader.engine "
-                              "framework"),
-    (["reader.read_mode=sample"], "reader.read_mode: sample does not apply with reader.engine "
-                                  "framework"),
-])
-def test_unsupported_combinations_are_refused_by_the_plan(overrides, message):
-    from dlio_mpi.plan.derive import derive_plan
-
-    cfg = load_config("demo", ["reader.engine=framework", *overrides])
-    with pytest.raises(UserError) as info:
-        derive_plan(cfg, 2)
-    assert message in str(info.value)
-    assert "\n" not in str(info.value)
-
-
-@pytest.mark.parametrize("overrides,message", [
-    (["reader.file_access=collective"], "reader.file_access must be multi (or posix), "
-                                        "got collective"),
-    (["framework=tensorflow", "reader.data_loader=tensorflow", "dataset.format=indexed_binary"],
-     "reader.engine: framework with reader.data_loader tensorflow reads tfrecord, npy, npz, "
-     "hdf5, jpeg, png, csv, parquet, got dataset.format indexed_binary"),
-])
-def test_a_refused_run_exits_2_with_one_message_before_any_io(tmp_path, overrides, message):
-    args = workload_overrides(tmp_path, workflow__generate_data="true",
-                              reader__engine="framework")
-    res = run_cli(["run", "demo", *args, *overrides], ranks=2)
-    assert res.returncode == 2, res.stderr
-    assert res.stderr.count("dlio-mpi: error: ") == 1 and message in res.stderr
-    assert not (tmp_path / "data").exists() and not (tmp_path / "out").exists()
 
 
 def test_the_plan_says_which_engine_reads_and_notes_the_other_engines_keys():
