@@ -186,3 +186,44 @@ def merged(a: dict, b: dict) -> dict:
     for k, v in b.items():
         out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
+
+
+def reads_as_native(run, folder: Path, epochs: tuple[str, ...], common: dict,
+                    native: dict, framework: dict, length: int | None = None):
+    """The native engine's run (generating the data), then the framework loader's on the same
+    files (`run(folder, **overrides)` -> (cfg, summary)): every epoch's access log of this
+    rank is the native one (`length` ids long, or at least one), the samples' payload bytes
+    are the same and the bytes the loader's reads returned at most a 64 KiB .pyc per read
+    thread and rank more. The two summaries (native, framework)."""
+    import numpy as np
+    from mpi4py import MPI
+
+    rank, size = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+    _, by_native = run(folder, output__folder=folder / "native",
+                       workflow__generate_data="true", **native, **common)
+    _, by_framework = run(folder, output__folder=folder / "framework",
+                          workflow__generate_data="false", **framework, **common)
+    for name in epochs:
+        logs = [np.load(folder / side / "access_log" / f"{name}_rank{rank}.npy")
+                for side in ("native", "framework")]
+        assert (len(logs[0]) == length if length else len(logs[0]) > 0), name
+        assert np.array_equal(*logs), name
+    m, n = by_framework["metric"], by_native["metric"]
+    assert m["train_bytes_read"] == n["train_bytes_read"] > 0  # the samples' payload
+    extra = m["train_bytes_transferred"] - n["train_bytes_transferred"]
+    assert 0 <= extra <= size * 2 * 64 * 1024, (m["train_bytes_transferred"],
+                                                 n["train_bytes_transferred"])
+    assert by_native["dlio_mpi"]["readers"]["train"] == {"backend": "native",
+                                                          "file_access": "multi"}
+    return by_native, by_framework
+
+
+def run_in_process(cfg):
+    """A whole run of `cfg` on MPI.COMM_WORLD, in this process (under mpiexec): (cfg, its
+    summary)."""
+    from mpi4py import MPI
+
+    from dlio_mpi.run import run
+
+    return cfg, run(MPI.COMM_WORLD, cfg)
+

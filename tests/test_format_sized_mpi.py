@@ -14,18 +14,13 @@ import pytest
 from dlio_mpi.config import load_config
 from dlio_mpi.data.dataset import describe_dataset
 from dlio_mpi.data.recorded_sizes import sizes_path
-from helpers import workload_overrides
+from helpers import run_in_process, workload_overrides
 
 pytestmark = pytest.mark.timeout(600)
 
 
 def _run(tmp: Path, **values):
-    from mpi4py import MPI
-
-    from dlio_mpi.run import run
-
-    cfg = load_config("demo", workload_overrides(tmp, **values))
-    return cfg, run(MPI.COMM_WORLD, cfg)
+    return run_in_process(load_config("demo", workload_overrides(tmp, **values)))
 
 
 def _logs(out: Path, name: str, ranks: int) -> list[np.ndarray]:

@@ -25,7 +25,7 @@ import pytest
 
 from dlio_mpi.config import load_config
 from dlio_mpi.errors import UserError
-from helpers import access_logs, resident_pages, workload_overrides
+from helpers import access_logs, resident_pages, run_in_process, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -363,12 +363,7 @@ def test_framework_tensorflow_reads_the_rows_h5py_reads(tmp_path):
 # -- under mpiexec ---------------------------------------------------------------------------
 
 def _run(tmp: Path, **values):
-    from mpi4py import MPI
-
-    from dlio_mpi.run import run
-
-    cfg = _config(tmp, **values)
-    return cfg, run(MPI.COMM_WORLD, cfg)
+    return run_in_process(_config(tmp, **values))
 
 
 @pytest.mark.mpi(min_size=2)

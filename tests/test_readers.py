@@ -13,7 +13,7 @@ import pytest
 
 from dlio_mpi import _core
 from dlio_mpi.readers import BatchStats, ReaderBackend
-from helpers import workload_overrides
+from helpers import run_in_process, workload_overrides
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(120)]
 
@@ -70,13 +70,9 @@ class PreadReader(ReaderBackend):
 
 
 def _run(tmp, **values):
-    from mpi4py import MPI
-
     from dlio_mpi.config import load_config
-    from dlio_mpi.run import run
 
-    cfg = load_config("demo", workload_overrides(tmp, **values))
-    return cfg, run(MPI.COMM_WORLD, cfg)
+    return run_in_process(load_config("demo", workload_overrides(tmp, **values)))
 
 
 def test_a_second_backend_runs_the_same_epochs_through_the_same_loop(shared_tmp, monkeypatch):

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dlio_mpi.config import load_config
-from helpers import access_logs, run_cli, workload_overrides
+from helpers import access_logs, reads_as_native, run_cli, run_in_process, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -396,40 +396,24 @@ def test_a_two_rank_run_reads_the_planned_steps_and_bytes(tmp_path):
 
 # --------------------------------------------------------------------------- in-process MPI
 def _run(tmp: Path, **values):
-    from mpi4py import MPI
-
-    from dlio_mpi.run import run
-
-    cfg = load_config("resnet50_h100", _overrides(tmp, **values))
-    return cfg, run(MPI.COMM_WORLD, cfg)
+    return run_in_process(load_config("resnet50_h100", _overrides(tmp, **values)))
 
 
 @pytest.mark.mpi(min_size=2)
 def test_framework_reads_the_files_and_samples_the_native_engine_reads(shared_tmp):
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    size = MPI.COMM_WORLD.Get_size()
     common = dict(dataset__num_files_train=4 * size, reader__read_threads=2,
                   reader__sample_shuffle="seed", reader__file_shuffle="seed",
                   output__access_log="true", train__computation_time=0.0)
-    _, native = _run(shared_tmp, output__folder=shared_tmp / "native",
-                     workflow__generate_data="true", reader__engine="native", **common)
-    _, framework = _run(shared_tmp, output__folder=shared_tmp / "framework",
-                        workflow__generate_data="false", **common)
-    for name in ("epoch1", "epoch2"):
-        logs = [np.load(shared_tmp / run / "access_log" / f"{name}_rank{rank}.npy")
-                for run in ("native", "framework")]
-        assert len(logs[0]) == 32 and np.array_equal(*logs), name
+    native, framework = reads_as_native(_run, shared_tmp, ("epoch1", "epoch2"), common,
+                                        native={"reader__engine": "native"}, framework={},
+                                        length=32)
     m, n = framework["metric"], native["metric"]
-    assert m["train_bytes_read"] == n["train_bytes_read"] > 0
     assert m["train_file_opens"] == n["train_file_opens"]
-    extra = m["train_bytes_transferred"] - n["train_bytes_transferred"]
-    assert 0 <= extra <= size * 2 * 64 * 1024, (m["train_bytes_transferred"],
-                                                 n["train_bytes_transferred"])
     readers = framework["dlio_mpi"]["readers"]
     assert readers["train"]["backend"] == "framework" and readers["train"]["loader"] == "tf.data"
-    assert native["dlio_mpi"]["readers"]["train"] == {"backend": "native", "file_access": "multi"}
 
 
 @pytest.mark.mpi(min_size=2)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dlio_mpi.config import load_config
-from helpers import access_logs, run_cli, workload_overrides
+from helpers import access_logs, reads_as_native, run_cli, run_in_process, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -336,44 +336,28 @@ def test_each_multiprocessing_context_completes_a_two_rank_run(tmp_path, context
 
 # --------------------------------------------------------------------------- in-process MPI
 def _run(tmp: Path, **values):
-    from mpi4py import MPI
-
-    from dlio_mpi.run import run
-
-    cfg = load_config("demo", workload_overrides(tmp, **values))
-    return cfg, run(MPI.COMM_WORLD, cfg)
+    return run_in_process(load_config("demo", workload_overrides(tmp, **values)))
 
 
 @pytest.mark.mpi(min_size=2)
 def test_framework_reads_the_ids_the_native_engine_reads(shared_tmp):
     from mpi4py import MPI
 
-    comm = MPI.COMM_WORLD
-    rank, size = comm.Get_rank(), comm.Get_size()
+    size = MPI.COMM_WORLD.Get_size()
     common = dict(dataset__format="npz", dataset__num_files_train=10 * size,
                   dataset__num_samples_per_file=1, reader__batch_size=2,
                   reader__read_threads=2, reader__sample_shuffle="seed",
                   reader__file_shuffle="seed", train__epochs=2, output__access_log="true",
                   workflow__evaluation="true", dataset__num_files_eval=4 * size)
-    _, native = _run(shared_tmp, output__folder=shared_tmp / "native",
-                     workflow__generate_data="true", **common)
-    _, framework = _run(shared_tmp, output__folder=shared_tmp / "framework",
-                        workflow__generate_data="false", reader__engine="framework", **common)
-    for name in ("epoch1", "epoch2", "eval_epoch1", "eval_epoch2"):
-        logs = [np.load(shared_tmp / run / "access_log" / f"{name}_rank{rank}.npy")
-                for run in ("native", "framework")]
-        assert len(logs[0]) > 0 and np.array_equal(*logs), name
-    m, n = framework["metric"], native["metric"]
-    assert m["train_bytes_read"] == n["train_bytes_read"] > 0  # the samples' payload
     # np.load of each whole file: what the workers' reads returned is the np.load model's,
     # plus the module zipfile imports at a worker's first load (a 14 KB .pyc)
-    extra = m["train_bytes_transferred"] - n["train_bytes_transferred"]
-    assert 0 <= extra <= size * 2 * 64 * 1024, (m["train_bytes_transferred"],
-                                                 n["train_bytes_transferred"])
+    native, framework = reads_as_native(
+        _run, shared_tmp, ("epoch1", "epoch2", "eval_epoch1", "eval_epoch2"), common,
+        native={}, framework={"reader__engine": "framework"})
+    m, n = framework["metric"], native["metric"]
     assert m["train_file_opens"] == n["train_file_opens"] == 2 * 10 * size
     assert m["eval_file_opens"] == n["eval_file_opens"] == 2 * 4 * size
     readers = framework["dlio_mpi"]["readers"]
     assert readers["train"]["backend"] == readers["eval"]["backend"] == "framework"
     assert readers["train"]["loader"] == "torch.utils.data.DataLoader"
     assert readers["train"]["torch"].startswith("2.")
-    assert native["dlio_mpi"]["readers"]["train"] == {"backend": "native", "file_access": "multi"}
