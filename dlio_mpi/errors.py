@@ -17,6 +17,20 @@ class UserError(Exception):
     """Bad input (configuration, dataset, environment) that the user must fix."""
 
 
+# How to install an optional package, for the messages that need one. dlio-mpi itself is
+# installed from its checkout (it is not on PyPI, so no "dlio-mpi[extra]"), and torch's PyPI
+# wheel for Linux is the CUDA build (2.7 GB of NVIDIA packages): point at the CPU build.
+_INSTALL = {
+    "torch": "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu",
+    "tensorflow": "pip install tensorflow-cpu==2.21.0",
+}
+
+
+def install_hint(module: str) -> str:
+    """The pip command that installs `module` (an importable name) as dlio-mpi expects it."""
+    return _INSTALL.get(module, f"pip install {module}")
+
+
 class ConfigError(UserError, ValueError):
     """An invalid configuration: one line naming the key, the value and what is accepted."""
 

@@ -1,8 +1,10 @@
 """One emulated training job, end to end, on every rank of the communicator: its plan, data,
 epochs, evaluations and checkpoints, and its results.
 
-validate -> (generate) -> per epoch: shuffle on rank 0, scatter shards, plan, read + sleep +
-barrier -> gather metrics -> summary.json, per_epoch_stats.json, the resolved config."""
+validate -> (generate, stage-in) -> per epoch: each rank computes its shard of the seeded
+permutation (nothing sent but a seed), plans its reads, reads + waits + synchronises (with the
+checkpoints due between blocks of steps) -> metrics reduced -> summary.json,
+per_epoch_stats.json, the resolved config."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The small-file mitigation study: one workload read four ways, side by side.
 
-    source scripts/_env.sh && pip install '.[report]'
+    source scripts/_env.sh && pip install matplotlib
     python scripts/small_files_study.py --work DIR [--files 4096] [--sample-bytes 16384] ...
 
 It generates a dataset of one sample per file (npz, `--files` files; dlio-mpi generate), packs

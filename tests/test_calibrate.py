@@ -237,4 +237,5 @@ def test_without_torch_the_message_names_the_extra_to_install(tmp_path):
     res = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert res.returncode == 2
-    assert "pip install 'dlio-mpi[torch]'" in res.stderr
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" \
+        in res.stderr

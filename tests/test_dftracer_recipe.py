@@ -1,6 +1,6 @@
-"""The README's DFTracer recipe: under DFTracer's preload library (pydftracer, the tracer the
-DLIO benchmark uses) a dlio-mpi run leaves one .pfw trace per rank in which every read request
-of the C core is a `pread` event of a dataset file, as DLIO users' tools expect."""
+"""The DFTracer recipe of docs/clusters.md: under DFTracer's preload library (pydftracer, the
+tracer the DLIO benchmark uses) a dlio-mpi run leaves one .pfw trace per rank in which every
+read request of the C core is a `pread` event of a dataset file, as DLIO users' tools expect."""
 
 from __future__ import annotations
 

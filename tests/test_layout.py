@@ -156,3 +156,56 @@ def test_no_capability_is_probed_with_getattr():
     assert PROBE.search('x = getattr(fmt, "sizes_recorded", False)')
     assert PROBE.search('getattr(get_format(cfg.dataset.format), "whole_file_only", False)')
     assert PROBE.search('hasattr(self.writer, "allocate")')
+
+
+LONGEST = 80  # lines: a function fits on a screen
+
+
+def long_python_functions() -> list[str]:
+    found = []
+    for path in sorted((ROOT / "dlio_mpi").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} {lines}")
+    return found
+
+
+def c_function_lengths(text: str) -> dict[str, int]:
+    """Top-level C function bodies (a line opening a definition at column 0, to the brace
+    that closes it) and their lengths in lines, signature included."""
+    lengths, lines = {}, text.splitlines()
+    i = 0
+    while i < len(lines):
+        m = re.match(r"^(?:[A-Za-z_][\w \*]*?[ \*])?(\w+)\(", lines[i])
+        if m and not lines[i].rstrip().endswith(";") and not lines[i].startswith(
+                ("typedef", "static const", "#")):
+            depth, j, opened = 0, i, False
+            while j < len(lines):
+                depth += lines[j].count("{") - lines[j].count("}")
+                opened = opened or "{" in lines[j]
+                if lines[j].rstrip().endswith(";") and not opened:
+                    break  # a declaration over several lines
+                if opened and depth == 0:
+                    lengths[m.group(1)] = j - i + 1
+                    break
+                j += 1
+            i = j + 1
+        else:
+            i += 1
+    return lengths
+
+
+def test_no_function_is_longer_than_a_screen():
+    assert long_python_functions() == []
+    long_c = [f"{path.name} {name} {n}" for path in sorted((ROOT / "csrc").glob("*.c"))
+              for name, n in c_function_lengths(path.read_text()).items() if n > LONGEST]
+    assert long_c == []
+
+
+def test_the_c_function_measure_counts_a_body():
+    text = "static int\nshort_one(int a)\n{\n    return a;\n}\nint f(void);\n" \
+           "int g(int a,\n      int b)\n{\n" + "    a++;\n" * 90 + "}\n"
+    assert c_function_lengths(text) == {"short_one": 4, "g": 94}
+    assert len(c_function_lengths((ROOT / "csrc" / "dio_engine.c").read_text())) >= 5

@@ -219,6 +219,27 @@ def test_foreign_files_in_the_output_folder_are_refused(tmp_path, name):
     assert not (tmp_path / "data").exists()  # refused before any I/O
 
 
+@pytest.mark.parametrize("results", [True, False])
+def test_a_folder_in_the_output_folder_is_named_for_what_it_is(tmp_path, results):
+    """The demo writes to output/demo; a run into `output` then finds another run's results
+    inside, which it must not remove, and says so (not "not made by dlio-mpi")."""
+    over = workload_overrides(tmp_path, workflow__generate_data="true")
+    inner = tmp_path / "out" / "demo"
+    if results:
+        first = [o for o in over if not o.startswith("output.folder=")]
+        assert run_cli(["run", "demo", *first, f"output.folder={inner}"]).returncode == 0
+    else:
+        inner.mkdir(parents=True)
+        (inner / "notes.txt").write_text("the user's")
+    before = snapshot(inner)
+    res = run_cli(["run", "demo", *over])
+    what = ("the results of another dlio-mpi run, which a run never removes" if results
+            else "which is not part of an earlier run's results")
+    refused(res, "output.folder", f"holds the folder demo, {what}")
+    assert f"output.folder={tmp_path / 'out' / 'run1'}" in res.stderr
+    assert snapshot(inner) == before
+
+
 def test_the_workload_file_is_never_replaced(tmp_path):
     workload = tmp_path / "config.yaml"
     workload.write_text("workload:\n  dataset:\n    format: npz\n    num_files_train: 16\n"

@@ -191,7 +191,7 @@ def test_without_matplotlib_report_says_how_to_install_it(runs, monkeypatch, cap
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
     assert main(["report", str(runs[0])]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "pip install 'dlio-mpi[report]'" in err
+    assert err.count("\n") == 1 and "pip install matplotlib" in err
 
 
 @pytest.mark.parametrize("make", ["empty", "missing", "file"])
@@ -219,6 +219,6 @@ def test_a_new_run_replaces_the_report_with_the_results_it_drew(tmp_path):
     (out / "report" / "notes.txt").write_text("mine")
     res = run_cli(args)
     assert res.returncode == 2
-    assert "holds the folder report with files not of an unchanged dlio-mpi report" in res.stderr
+    assert "holds the folder report, with files not of an unchanged dlio-mpi report" in res.stderr
     assert (out / "report" / "notes.txt").read_text() == "mine"
     assert (out / "summary.json").exists()  # refused before touching the results

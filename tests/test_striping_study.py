@@ -141,3 +141,56 @@ def test_a_failed_point_is_a_row_and_the_exit_status_and_nothing_is_deleted(tmp_
                          "STUDIES": "access", "FILE_ACCESS_MODES": "multi"})
     assert refused.returncode != 0 and "is not a CSV of this script" in refused.stderr
     assert (results / "study.csv").read_text() == "the user's table\n"
+
+
+def read_csv(path: Path) -> dict[str, dict[str, str]]:
+    with open(path, newline="") as fp:
+        return {row["point"]: row for row in csv.DictReader(fp)}
+
+
+def test_a_study_into_an_earlier_studys_out_root_collects_only_its_own_points(tmp_path):
+    results = tmp_path / "results"
+
+    def study(counts: str, *overrides: str) -> subprocess.CompletedProcess:
+        return run_study({"DATA_ROOT": str(tmp_path / "data"), "OUT_ROOT": str(results),
+                          "STUDIES": "stripe", "STRIPE_COUNTS": counts}, *overrides)
+
+    first = study("1 2")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert read_csv(results / "study.csv").keys() == {"count1-size1M", "count2-size1M"}
+
+    second = study("4 8")  # other points, into the same OUT_ROOT
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "2 point(s), 2 complete" in second.stdout
+    rows = read_csv(results / "study.csv")
+    assert rows.keys() == {"count4-size1M", "count8-size1M"}
+    assert [row["stripe_count"] for row in rows.values()] == ["4", "8"]
+    assert ("left out 2 point(s)" in second.stderr
+            and "stripe/count1-size1M, stripe/count2-size1M" in second.stderr)
+    # the first study's points are kept, and collected by hand with --all
+    assert (results / "stripe" / "count1-size1M" / "summary.json").is_file()
+    collect = [sys.executable, str(STUDY.with_name("collect.py")), str(results)]
+    everything = subprocess.run([*collect, "--all", "-o", str(tmp_path / "all.csv")],
+                                capture_output=True, text=True, timeout=60)
+    assert everything.returncode == 0 and "4 point(s), 4 complete" in everything.stdout
+    assert len(read_csv(tmp_path / "all.csv")) == 4
+
+    # a point that fails before writing results: its folder still holds the second study's
+    # results, which are kept but are not this study's
+    third = study("4", "reader.file_access=bogus")
+    assert third.returncode == 1, third.stdout + third.stderr
+    assert "holds an earlier run's results" in third.stdout
+    (row,) = read_csv(results / "study.csv").values()
+    assert row["point"] == "count4-size1M"
+    assert row["status"].startswith("failed before writing results (its folder holds an")
+    assert row["AU_percent"] == row["stripe_count"] == row["data_folder"] == ""
+    assert (results / "stripe" / "count4-size1M" / "summary.json").is_file()
+    listed = (results / "study-points.txt").read_text().splitlines()
+    assert listed[2:] == ["point stripe/count4-size1M", "earlier stripe/count4-size1M"]
+
+    # a file of that name that is not the script's list: refused before any point, kept
+    (results / "study-points.txt").write_text("the user's\n")
+    refused = study("2")
+    assert refused.returncode == 2 and "not this script's list" in refused.stderr
+    assert "==" not in refused.stdout
+    assert (results / "study-points.txt").read_text() == "the user's\n"

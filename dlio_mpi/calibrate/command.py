@@ -21,7 +21,7 @@ from importlib.util import find_spec
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import UserError, install_hint
 
 PASSES = 3           # warm passes measured (each cost: the median over them)
 HANDOVER_SECONDS = 3.0  # the paced pass measuring the batches' hand-over ...
@@ -72,8 +72,7 @@ def check_arguments(args) -> None:
                         "--model MODULE:CALLABLE too")
     if find_spec("torch") is None:
         raise UserError("dlio-mpi calibrate runs a real torch DataLoader, but torch is not "
-                        "installed; install it with pip install 'dlio-mpi[torch]' (from the "
-                        "checkout: pip install '.[torch]')")
+                        f"installed; install it with {install_hint('torch')} (the CPU build)")
     from .output import check_out_path
 
     check_out_path(args.out)

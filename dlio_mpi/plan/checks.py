@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..data.dataset import DatasetSplit
-from ..errors import UserError
+from ..errors import UserError, install_hint
 from ..readers import (
     batches_in_flight,
 )
@@ -190,7 +190,7 @@ def check_tensor_memory(checkpoint: Mapping, local_ranks: int, node_memory: int)
     except ImportError as exc:
         raise UserError(f"checkpoint.checkpoint_mechanism: pt_save writes with torch.save, but "
                         f"torch cannot be imported ({exc}); install it with "
-                        "pip install 'dlio-mpi[torch]' (torch==2.13.0, the CPU wheel), or use "
+                        f"{install_hint('torch')} (torch 2.13.0, the CPU build), or use "
                         "checkpoint_mechanism native") from None
     need = memory_needed(checkpoint["bytes_per_rank"][1], local_ranks)
     if need > node_memory:

@@ -17,6 +17,7 @@ from importlib import import_module
 from importlib.util import find_spec
 
 from ..data.catalog import SplitFiles
+from ..errors import install_hint
 from ..formats import get_format
 from .base import (
     BatchStats,
@@ -235,13 +236,12 @@ def _framework_reads(cfg, loader: dict) -> str | None:
     if find_spec(loader["module"]) is None:
         return (f"reader.engine: framework with reader.data_loader {rd.data_loader} runs "
                 f"{loader['loader']}, but {loader['module']} is not installed; install it with "
-                f"pip install 'dlio-mpi[{loader['module']}]', or use reader.engine native")
+                f"{install_hint(loader['module'])}, or use reader.engine native")
     module = get_format(fmt).library  # what its whole-file load needs (Format.load_whole)
     if module and find_spec(module) is None:
         return (f"reader.engine: framework reads dataset.format {fmt} through {module}, as "
                 f"DLIO's {fmt} reader does, but {module} is not installed; install it with "
-                f"pip install 'dlio-mpi[{loader['module']}]' (or pip install {module}), or use "
-                "reader.engine native")
+                f"{install_hint(module)}, or use reader.engine native")
     return None
 
 

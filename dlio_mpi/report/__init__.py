@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UserError
+from ..errors import UserError, install_hint
 
 INSTALL_HINT = ("dlio-mpi report draws with matplotlib, which is not installed: "
-                "pip install 'dlio-mpi[report]'")
+                + install_hint("matplotlib"))
 REPORT_FOLDER = "report"
 
 

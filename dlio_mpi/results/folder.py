@@ -121,12 +121,21 @@ class OutputFolder:
             for name in dirnames:
                 rel = os.path.normpath(os.path.join(rel_dir, name))
                 if rel != ACCESS_LOG:
-                    what = (" with files not of an unchanged dlio-mpi report"
-                            if rel == REPORT else ", which dlio-mpi did not make")
-                    raise UserError(
-                        f"output.folder: {self.folder} holds the folder {rel}{what}: "
-                        "choose a new or empty output.folder")
+                    raise UserError(self._folder_in_the_way(rel))
         return entries
+
+    def _folder_in_the_way(self, rel: str) -> str:
+        """Why a folder inside output.folder keeps the run from taking it."""
+        if rel == REPORT:
+            what = "with files not of an unchanged dlio-mpi report"
+        elif os.path.lexists(os.path.join(self.path(rel), RESULTS_MANIFEST)):
+            # e.g. output/demo, the demo's results, under the default output.folder `output`
+            what = ("the results of another dlio-mpi run, which a run never removes (it "
+                    "replaces only its own folder's results)")
+        else:
+            what = "which is not part of an earlier run's results"
+        return (f"output.folder: {self.folder} holds the folder {rel}, {what}: choose a new "
+                f"or empty output.folder (e.g. output.folder={os.path.join(self.folder, 'run1')})")
 
     def _read_manifest(self) -> dict | None:
         return read_own_json(self.path(RESULTS_MANIFEST),

@@ -77,7 +77,10 @@ Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
 DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large` and
 `checkpoint`. The figures are printed and saved to DIR/results.json (each benchmark's under its
 name, the others' kept). Each benchmark's files are under DIR, named after it (mpiio:
-DIR/mpiio-*; checkpoint: DIR/checkpoint-*, removed afterwards). Not a test.
+DIR/mpiio-*). A benchmark removes the datasets it generated once it has done with them (only
+the files dlio-mpi's generation wrote, as dataset.keep_files: false does) and its other large
+files (checkpoints, copies); the runs' output folders stay. Kept for reruns: startup's 10^6
+files (about 4 GB on disk, minutes to generate). Not a test.
 """
 
 from __future__ import annotations
@@ -138,6 +141,49 @@ def overrides(**kw) -> list[str]:
     return [f"{k.replace('__', '.')}={v}" for k, v in kw.items()]
 
 
+class _OneRank:
+    """A communicator of this one process, for dlio-mpi's helpers run here without MPI."""
+
+    def Get_rank(self) -> int:  # noqa: N802 (mpi4py's names)
+        return 0
+
+    def Get_size(self) -> int:  # noqa: N802
+        return 1
+
+    def bcast(self, value, root: int = 0):
+        return value
+
+    def allreduce(self, value, op=None):
+        return value
+
+
+def remove_dataset(args: list[str]) -> None:
+    """Remove the dataset that `dlio-mpi generate ARGS` generated (ARGS: a workload and its
+    overrides), as `dataset.keep_files: false` does: only the files dlio-mpi's generation wrote
+    that are still as generated, their side files and manifest, and the folders left empty;
+    anything else there stays. A folder not generated with this configuration is left alone."""
+    from types import SimpleNamespace
+
+    from dlio_mpi.config import load_config
+    from dlio_mpi.data.dataset import describe_dataset
+    from dlio_mpi.data.manifest import differing_params, generation_params, read_manifest
+    from dlio_mpi.run import remove_dataset as remove
+
+    cfg = load_config(args[0], args[1:])
+    splits = describe_dataset(cfg)
+    root = splits["train"].root
+    manifest = read_manifest(root) if os.path.isdir(root) else None
+    if manifest is None or differing_params(manifest, generation_params(cfg)):
+        print(f"{root}: not removed (not a dataset dlio-mpi generated with these settings)",
+              flush=True)
+        return
+    plan = SimpleNamespace(splits=splits, layouts={name: split.expected_layouts()
+                                                   for name, split in splits.items()})
+    kept = remove(_OneRank(), plan)
+    print(f"removed the generated dataset {root}"
+          + (f" (kept {kept} file(s) changed since)" if kept else ""), flush=True)
+
+
 # ------------------------------------------------------------------------------- overhead
 
 
@@ -182,6 +228,7 @@ def bench_overhead(work: Path) -> dict:
               f"{probes['sleep_only']['au_median']:.2f} %, same spin "
               f"{probes['same_spin']['au_median']:.2f} %, busy "
               f"{probes['busy_wait']['au_median']:.2f} %", flush=True)
+    remove_dataset(common)
     return results
 
 
@@ -272,10 +319,10 @@ def bench_hosts(work: Path, with_dlio: bool = True) -> dict:
     for name, (record, stdev, batch, _, _, _, max_ranks, steps) in HOST_WORKLOADS.items():
         files = max_ranks * batch * steps
         data = work / f"hosts-{name}-data"
-        dlio(["generate", "demo", *overrides(
+        generated = ["demo", *overrides(
             dataset__data_folder=data, dataset__format="npz", dataset__num_files_train=files,
-            dataset__record_length_bytes=record, dataset__record_length_bytes_stdev=stdev)],
-            timeout=3600)
+            dataset__record_length_bytes=record, dataset__record_length_bytes_stdev=stdev)]
+        dlio(["generate", *generated], timeout=3600)
         warm(data)
         results[name] = {access: _host_runs(name, work, access, data, files)
                          for access in ("loader", "lean")}
@@ -284,10 +331,24 @@ def bench_hosts(work: Path, with_dlio: bool = True) -> dict:
             results[name]["dlio_2.0.0"] = _dlio_runs(name, work, data, max_ranks)
         print(f"{name}: emulated accelerators at AU >= 90 %: " + ", ".join(
             f"{k} {v['accelerators_at_90']}" for k, v in results[name].items()), flush=True)
+        remove_dataset(generated)  # 5.9 GB, 12.8 GB: one workload's data at a time
     return results
 
 
 # ------------------------------------------------------------------------------- small
+
+
+def _small_args(work: Path, batch: int, threads: int) -> tuple[list[str], Path]:
+    """The small case's workload and overrides (1.3 GB of data), and its output folder."""
+    out = work / f"small-out-{batch}-{threads}"
+    return ["demo", *overrides(
+        dataset__data_folder=work / "small-data", output__folder=out,
+        dataset__format="indexed_binary", dataset__num_files_train=128,
+        dataset__num_samples_per_file=4096, dataset__record_length_bytes=2500,
+        dataset__record_length_bytes_stdev=0, dataset__record_dims="[2500]",
+        reader__batch_size=batch, reader__read_threads=threads, reader__prefetch_size=4,
+        reader__read_mode="sample", reader__sample_shuffle="seed", reader__file_shuffle="off",
+        train__computation_time=0, train__epochs=6, output__access_log="true")], out
 
 
 def _small_once(work: Path, batch: int, threads: int) -> dict:
@@ -297,15 +358,7 @@ def _small_once(work: Path, batch: int, threads: int) -> dict:
     from dlio_mpi.config import load_config
     from dlio_mpi.data.dataset import describe_dataset
 
-    data, out = work / "small-data", work / f"small-out-{batch}-{threads}"
-    common = ["demo", *overrides(
-        dataset__data_folder=data, output__folder=out, dataset__format="indexed_binary",
-        dataset__num_files_train=128, dataset__num_samples_per_file=4096,
-        dataset__record_length_bytes=2500, dataset__record_length_bytes_stdev=0,
-        dataset__record_dims="[2500]", reader__batch_size=batch, reader__read_threads=threads,
-        reader__prefetch_size=4, reader__read_mode="sample", reader__sample_shuffle="seed",
-        reader__file_shuffle="off", train__computation_time=0, train__epochs=6,
-        output__access_log="true")]
+    common, out = _small_args(work, batch, threads)
     dlio(["generate", *common, "workflow.generate_data=true"])
     dlio(["run", *common, "workflow.generate_data=false"])  # warms the page cache too
     per_epoch = summary(out)["metric"]["train_throughput_samples_per_second"]
@@ -328,6 +381,7 @@ def _small_once(work: Path, batch: int, threads: int) -> dict:
         text = sh([exe, "-t", str(2 * threads), "-r", "1", str(listing)]).stdout
         raw.append(float(re.search(r"req_per_s=([\d.e+]+)", text).group(1)))
     ref = statistics.median(raw)
+    listing.unlink()  # 40 MB
     print(f"small 2.5 KB, batch {batch}, {threads} read thread(s) per rank: dlio-mpi "
           f"{ours:,.0f} samples/s, raw pread loop ({2 * threads} threads) {ref:,.0f}/s, "
           f"ratio {ours / ref:.2f}", flush=True)
@@ -336,8 +390,10 @@ def _small_once(work: Path, batch: int, threads: int) -> dict:
 
 
 def bench_small(work: Path) -> dict:
-    return {"batch256_1thread": _small_once(work, 256, 1),
-            "batch64_2threads": _small_once(work, 64, 2)}
+    result = {"batch256_1thread": _small_once(work, 256, 1),
+              "batch64_2threads": _small_once(work, 64, 2)}
+    remove_dataset(_small_args(work, 256, 1)[0])  # 1.3 GB (trace generates it again)
+    return result
 
 
 def _trace_run(work: Path, common: list[str], trace: bool, run: int) -> dict:
@@ -384,6 +440,7 @@ def bench_trace(work: Path, repeats: int = 7) -> dict:
             / max(r["samples_per_s"] for r in runs["off"]))
 
     engine = _trace_engine_only(sorted(str(p) for p in (data / "train").glob("*.indexed_binary")))
+    remove_dataset(common)  # 1.3 GB by default (small's data)
     rate = med("on", "samples_per_s") / med("off", "samples_per_s")
     wall = med("on", "seconds") / med("off", "seconds")
     per_request = med("on", "trace_bytes") / max(med("on", "requests"), 1)
@@ -472,6 +529,7 @@ def bench_stagein(work: Path, rounds: int = 3) -> dict:
         line = sh([exe, "-j", "2", "-d", "-b", str(64 << 20), str(listing), str(ref)]).stdout
         theirs.append(float(re.search(r"MiB_per_s=([\d.]+)", line)[1]))
         shutil.rmtree(ref, ignore_errors=True)
+    remove_dataset(common)  # 2 GiB
     result = {"dlio_mpi_MiB_per_s": statistics.median(ours),
               "raw_copy_MiB_per_s": statistics.median(theirs),
               "ratio": statistics.median(ours) / statistics.median(theirs),
@@ -529,6 +587,7 @@ def _tiers(work: Path, mount: Path, throttled: tuple[str, ...]) -> dict:
             results[name].update(staging=reader["staging"], exchange=reader["exchange"],
                                  pfs_bytes_over_dataset=reader["staging"]["bytes_read"]
                                  / dataset)
+    remove_dataset(common(fast))  # 512 MiB; the slow tier's goes with its image
     fast_au, cached_au = results["fast"]["au"], results["cached"]["au"]
     later = statistics.mean(cached_au[1:]) / statistics.mean(fast_au[1:])
     results.update(cached_over_fast_later_epochs=later,
@@ -591,6 +650,7 @@ def bench_large(work: Path) -> dict:
         for _ in range(3)]
     result.update(raw_pread_hugepages_MiB_per_s=statistics.median(huge),
                   ratio_raw_hugepages=ours / statistics.median(huge), raw_hugepage_runs=huge)
+    remove_dataset(common)  # 768 MiB
     print(f"large 16 MiB O_DIRECT: dlio-mpi {ours:,.0f} MiB/s; C pread loop with huge-page "
           f"buffers {statistics.median(huge):,.0f} MiB/s (ratio "
           f"{result['ratio_raw_hugepages']:.2f})"
@@ -748,8 +808,7 @@ def _mpiio_compare(work: Path, shape: str, repeats: int = 3) -> dict:
     """The three reader.file_access modes on the one file of `shape`, in the page cache:
     `repeats` runs of each, the modes alternating so that drift hits all alike."""
     record, samples, batch, _, epochs, figure = MPIIO_SHAPES[shape]
-    args, _ = _mpiio_args(work, shape, "multi", workflow__generate_data="true")
-    dlio(["generate", *args[1:]], ranks=MPIIO_RANKS, timeout=1800)
+    dlio(["generate", *_mpiio_generate_args(work, shape)], ranks=MPIIO_RANKS, timeout=1800)
     warm(work / f"mpiio-{shape}-data")
     runs: dict[str, list[dict]] = {mode: [] for mode in MPIIO_MODES}
     bases: dict[str, list[dict]] = {mode: [] for mode in MPIIO_MODES}
@@ -822,7 +881,16 @@ def bench_mpiio(work: Path) -> dict:
     large["multi_odirect_reference"] = direct
     print(f"  POSIX engine, O_DIRECT {direct['MiB_per_s']:7,.0f} MiB/s (reference: storage, "
           "not the page cache)", flush=True)
-    return {"large": large, "small": _mpiio_compare(work, "small")}
+    remove_dataset(_mpiio_generate_args(work, "large"))  # 2 GiB
+    small = _mpiio_compare(work, "small")
+    remove_dataset(_mpiio_generate_args(work, "small"))  # 312.5 MiB
+    return {"large": large, "small": small}
+
+
+def _mpiio_generate_args(work: Path, shape: str) -> list[str]:
+    """`dlio-mpi generate` arguments of the one file of `shape`."""
+    args, _ = _mpiio_args(work, shape, "multi", workflow__generate_data="true")
+    return args[1:]
 
 
 # ------------------------------------------------------------------------------- checkpoint
@@ -1146,7 +1214,8 @@ def _first_step_seconds(args: list[str], ranks: int, out: Path, runs: int = 3) -
 
 
 def bench_startup(work: Path, million: int = 10**6) -> dict:
-    """Seconds from launching mpiexec to the first training step (data already there)."""
+    """Seconds from launching mpiexec to the first training step (data already there). The
+    10^6 files stay in DIR/startup-1000000-data for the next run."""
     results = {}
     data, out = work / "startup-data", work / "startup-out"
     common = ["demo", *overrides(dataset__data_folder=data, output__folder=out,
@@ -1155,6 +1224,7 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
     times = _first_step_seconds(["run", *common], 2, out)
     results["2_ranks"] = {"seconds": min(times), "runs": times}
     print(f"start-up to first step, 2 ranks: {min(times):.2f} s", flush=True)
+    remove_dataset(common)  # 35 MB
 
     ranks = 64
     common = ["demo", *overrides(dataset__data_folder=work / "startup64-data",
@@ -1168,6 +1238,10 @@ def bench_startup(work: Path, million: int = 10**6) -> dict:
                                           "seconds_total": time.time() - t0}
     print(f"start-up to first step, {ranks} ranks on {os.cpu_count()} cores: {times[0]:.2f} s "
           f"(whole run {time.time() - t0:.1f} s)", flush=True)
+    remove_dataset(common)  # 305 MB
+
+    # kept afterwards (10^6 files: about 4 GB on disk, a 4 KiB block each), since generating
+    # them takes minutes: a rerun finds them and skips generation
 
     data, out = work / f"startup-{million}-data", work / f"startup-{million}-out"
     common = ["demo", *overrides(
@@ -1244,6 +1318,9 @@ def bench_fidelity(work: Path) -> dict:
     results["calibration_seconds_1000_jpeg"] = time.time() - t0
     print(f"calibrating 1,000 jpeg files at 2 workers: "
           f"{results['calibration_seconds_1000_jpeg']:.1f} s", flush=True)
+    for fmt in ("jpeg", "npz"):  # the data compare.py generated (a rerun generates it again)
+        remove_dataset([str(FIDELITY / "workloads" / f"{fmt}_vm.yaml"),
+                        f"dataset.data_folder={work / f'fidelity-data-{fmt}'}"])
     return results
 
 

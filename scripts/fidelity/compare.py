@@ -281,7 +281,12 @@ def main(argv: list[str]) -> int:
     os.makedirs(args.work, exist_ok=True)
     started = time.time()
     workers, ranks = ints(args.workers), ints(args.ranks)
-    run([args.mpiexec, "-n", str(max(ranks)), *DLIO, "generate", *args.args], args.prefix)
+    # generation's results (and the folder it claims) go under --work, never into the
+    # workload's own output.folder, which may be --work itself or hold a user's runs
+    own = [] if any(a.startswith("output.folder=") for a in args.args[1:]) else [
+        f"output.folder={os.path.join(args.work, 'generate')}"]
+    run([args.mpiexec, "-n", str(max(ranks)), *DLIO, "generate", *args.args, *own],
+        args.prefix)
     paths = dataset_paths(args)
     calibrated: dict = {}
     runs: dict = {}

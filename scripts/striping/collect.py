@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Collect the points of a striping study (study.sbatch) into one CSV, a row per point.
 
-    python scripts/striping/collect.py OUT_ROOT [FOLDER ...] --output study.csv
+    python scripts/striping/collect.py OUT_ROOT [FOLDER ...] --output study.csv [--all]
 
 A point is a dlio-mpi output folder (one holding dlio_mpi_results.json or summary.json) given
-or found under the folders given; its study is the name of the folder above it. The figures
+or found under the folders given; its study is the name of the folder above it. A study's
+OUT_ROOT holds the list of the points it ran (study-points.txt, written by study.sbatch): then
+only those are collected, one row each, and the other points found there (an earlier study's)
+are named on stderr and left out; --all collects every point found. A listed point whose run
+failed before writing results, so that its folder still holds an earlier run's, gets a row
+with its status and none of those results. The figures
 (training phase only) and what was found on the storage come from summary.json as dlio-mpi
 wrote it, nothing is recomputed; the striping requested comes from the resolved configuration
 the run wrote beside it (config.yaml), since summary.json only has it inside the lfs command
@@ -27,6 +32,8 @@ SUMMARY = "summary.json"
 RESULTS = "dlio_mpi_results.json"  # written by every run, from its start
 CONFIG = "config.yaml"
 LOG = ".log"  # study.sbatch writes the launcher's output of point P beside it, in P.log
+POINTS = "study-points.txt"  # study.sbatch's list of the points it ran, in OUT_ROOT
+POINTS_HEADER = "# dlio-mpi striping study"  # how that list starts
 # effective MPI-IO hints worth a column beside those requested
 CB_HINTS = ("romio_cb_read", "cb_nodes", "cb_buffer_size", "striping_factor", "striping_unit")
 
@@ -37,6 +44,7 @@ class Point:
     summary: dict[str, Any]  # {} without summary.json
     config: dict[str, Any]   # config.yaml's workload section; {} without it
     state: str | None        # the results manifest's state (running, complete, failed, ...)
+    earlier: bool = False    # its run failed before writing results: the folder's are older
 
 
 def read_json(path: Path) -> dict[str, Any]:
@@ -48,7 +56,9 @@ def read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def read_point(folder: Path) -> Point:
+def read_point(folder: Path, earlier: bool = False) -> Point:
+    if earlier:  # nothing of an earlier run's results
+        return Point(folder, {}, {}, None, earlier=True)
     try:
         config = yaml.safe_load((folder / CONFIG).read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
@@ -63,19 +73,60 @@ def is_point(folder: Path) -> bool:
     return (folder / RESULTS).is_file() or (folder / SUMMARY).is_file()
 
 
-def find_points(paths: list[Path]) -> list[Path]:
+def points_under(path: Path) -> set[Path]:
+    """The output folders under `path`; under a study's OUT_ROOT also the folder of every
+    STUDY/POINT.log (the launcher's output), so that a point that failed before writing
+    results has a row too."""
+    found = {p.parent for name in (RESULTS, SUMMARY) for p in path.rglob(name)}
+    found.update(log.with_suffix("") for log in path.glob(f"*/*{LOG}")
+                 if not is_point(log.parent))  # not a run's own log (dlio.log)
+    return found
+
+
+def read_points_list(path: Path) -> tuple[list[Path], set[Path]]:
+    """A study's list of points (study-points.txt in its OUT_ROOT): the folders of the points
+    it ran, and of those that failed before writing results (their folders hold an earlier
+    run's)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"collect.py: cannot read {path}: {exc}") from exc
+    if not lines or not lines[0].startswith(POINTS_HEADER):
+        raise SystemExit(f"collect.py: {path} is not a list of points of study.sbatch; "
+                         "give --all to collect every point found")
+    ran: list[Path] = []
+    earlier: set[Path] = set()
+    for line in lines[1:]:
+        word, _, name = line.partition(" ")
+        if word == "point" and name:
+            ran.append(path.parent / name)
+        elif word == "earlier" and name:
+            earlier.add(path.parent / name)
+    return ran, earlier
+
+
+def find_points(paths: list[Path], everything: bool = False) -> tuple[list[Path], set[Path]]:
     """The output folders given or under the folders given, sorted, each once; under a
-    study's OUT_ROOT also the folder of every STUDY/POINT.log (the launcher's output), so that
-    a point that failed before writing results has a row too."""
+    folder holding a study's list of points (unless `everything`), only the points listed,
+    the others named on stderr. Also the points whose folders hold an earlier run's results."""
     found: set[Path] = set()
+    earlier: set[Path] = set()
     for path in paths:
         if is_point(path):
             found.add(path)
-            continue
-        found.update(p.parent for name in (RESULTS, SUMMARY) for p in path.rglob(name))
-        found.update(log.with_suffix("") for log in path.glob(f"*/*{LOG}")
-                     if not is_point(log.parent))  # not a run's own log (dlio.log)
-    return sorted(found)
+        elif not everything and (path / POINTS).is_file():
+            listed, older = read_points_list(path / POINTS)
+            found.update(listed)
+            earlier.update(older)
+            others = sorted(points_under(path) - set(listed))
+            if others:
+                print(f"collect.py: left out {len(others)} point(s) in {path} that its study "
+                      f"did not run ({path / POINTS} lists those it ran; --all collects every "
+                      "point): " + ", ".join(str(p.relative_to(path)) for p in others),
+                      file=sys.stderr)
+        else:
+            found.update(points_under(path))
+    return sorted(found), earlier
 
 
 # --------------------------------------------------------------------------- cells
@@ -94,6 +145,8 @@ def pairs(mapping: Any) -> str | None:
 
 
 def status(point: Point) -> str:
+    if point.earlier:
+        return "failed before writing results (its folder holds an earlier run's, left out)"
     if not point.summary:
         if point.state is None:
             return "failed before writing results"
@@ -222,8 +275,8 @@ def cell(value: Any) -> Any:
     return value
 
 
-def rows(folders: list[Path]) -> list[dict[str, Any]]:
-    points = [read_point(folder) for folder in folders]
+def rows(folders: list[Path], earlier: set[Path] | None = None) -> list[dict[str, Any]]:
+    points = [read_point(folder, folder in (earlier or ())) for folder in folders]
     return [{name: cell(get(point)) for name, get in COLUMNS.items()} for point in points]
 
 
@@ -246,13 +299,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("folders", nargs="+", type=Path,
                         help="output folders, or folders holding them (OUT_ROOT)")
     parser.add_argument("--output", "-o", type=Path, required=True, help="the CSV to write")
+    parser.add_argument("--all", action="store_true", dest="everything",
+                        help=f"collect every point found, also those not in a study's {POINTS}")
     args = parser.parse_args(argv)
-    folders = find_points(args.folders)
+    folders, earlier = find_points(args.folders, args.everything)
     if not folders:
         print(f"collect.py: no dlio-mpi output folder in {', '.join(map(str, args.folders))}",
               file=sys.stderr)
         return 1
-    table = rows(folders)
+    table = rows(folders, earlier)
     write_csv(table, args.output)
     done = sum(row["status"] == "complete" for row in table)
     print(f"{len(table)} point(s), {done} complete: {args.output}")
