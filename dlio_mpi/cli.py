@@ -81,8 +81,8 @@ def _parser() -> argparse.ArgumentParser:
                    add_help=False)
     sub.add_parser("list-workloads", help="list the shipped workload names",
                    prog="dlio-mpi list-workloads")
-    text = ("plots and an HTML page of finished runs' results in OUT/report (needs the "
-            "report extra; no MPI)")
+    text = ("plots and an HTML page of finished runs' results in OUT/report (needs "
+            "matplotlib; no MPI)")
     report = sub.add_parser("report", help=text, description=text, prog="dlio-mpi report")
     report.add_argument("folders", nargs="+", metavar="OUT",
                         help="a run's output.folder; several are also compared")
