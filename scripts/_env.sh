@@ -20,8 +20,11 @@ _dlio_mpi_env() (
   fi
   local pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
   if [ "$extra" = "test" ] && ! "$venv/bin/python" -c 'import torch' 2>/dev/null; then
-    # torch's PyPI wheel for Linux is the CUDA build (2.7 GB of NVIDIA packages): the CPU one
-    "${pip[@]}" "torch==2.13.0" --extra-index-url https://download.pytorch.org/whl/cpu
+    # torch's PyPI wheel for Linux is the CUDA build (2.7 GB of NVIDIA packages): take the CPU
+    # build from PyTorch's index, torch alone (its dependencies come from PyPI below)
+    "${pip[@]}" --no-deps "torch==2.13.0" --index-url https://download.pytorch.org/whl/cpu ||
+      echo "_env.sh: torch's CPU build could not be had from download.pytorch.org; the" \
+           "torch extra takes PyPI's torch (on Linux x86_64 the CUDA build, 2.7 GB)" >&2
   fi
   # reinstall only when a source file of the package is newer than the last install (an
   # install with the test extras serves a plain one too)

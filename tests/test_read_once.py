@@ -109,3 +109,24 @@ def test_a_rank_failing_in_the_staging_ends_the_job(tmp_path, ranks):
     assert res.returncode != 0
     assert time.monotonic() - began < 60
     assert str(path) in res.stderr and "changed since its size was taken" in res.stderr
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_a_fifo_in_place_of_a_data_file_is_named_without_blocking(tmp_path, ranks):
+    """A FIFO where the manifest's spot checks do not look: the staging's open neither blocks
+    nor reads it ("Illegal seek"), and the job ends naming it."""
+    files = 40
+    res = run_cli(["generate", "demo", *_args(tmp_path, dataset__num_files_train=files)],
+                  ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    victim = next(i for i in range(files) if i not in spot_indices(files))
+    path = tmp_path / "data" / "train" / f"img_{victim:02d}_of_{files}.indexed_binary"
+    path.unlink()
+    os.mkfifo(path)
+    began = time.monotonic()
+    res = run_cli(["run", "demo", *_args(tmp_path, dataset__num_files_train=files,
+                                         reader__staging="read_once")], ranks=ranks)
+    assert res.returncode != 0
+    assert time.monotonic() - began < 60
+    assert f"{path} is a FIFO, not a regular file" in res.stderr
+    assert "Illegal seek" not in res.stderr

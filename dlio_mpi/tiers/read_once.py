@@ -22,8 +22,10 @@ interconnect carries the shuffle (as the large climate training runs at NERSC di
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import threading
 
 import numpy as np
@@ -130,8 +132,9 @@ class ReadOnceReader(ReaderBackend):
         read = 0
         for f in mine:
             path, size, at = self.files.path(f), int(self.sizes[f]), int(self.base[f])
-            fd = os.open(path, flags)
+            fd = os.open(path, flags)  # O_NONBLOCK: a FIFO in its place cannot block
             try:
+                _refuse_irregular(fd, path)
                 done = 0
                 while done < size:
                     want = min(CHUNK, size - done)
@@ -314,6 +317,16 @@ class ReadOnceReader(ReaderBackend):
         self.xcomm.Free()
         self.memory = None
         self._map.close()
+
+
+def _refuse_irregular(fd: int, path: str) -> None:
+    """A FIFO, device or folder in place of a data file, named (pread would say "Illegal
+    seek", naming nothing)."""
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        what = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
+        raise OSError(errno.EINVAL, f"{path} is {what}, not a regular file", path)
 
 
 def _displacements(counts: np.ndarray) -> np.ndarray:
