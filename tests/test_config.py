@@ -313,6 +313,11 @@ def test_override_delete_and_errors():
     assert "expected section.key=value" in error_of("demo", ["train.epochs"])
     assert "not a mapping" in error_of("demo", ["train.epochs.x=1"])
     assert "not valid YAML" in error_of("demo", ["dataset.record_dims=[1,2"])
+    # a whole section deleted would leave its keys at their defaults (a dataset under ./data)
+    for given in ("~dataset", "~workload.dataset", "~~dataset"):
+        msg = error_of("demo", [given])
+        assert f"override '{given}': deletes the whole dataset section" in msg
+        assert "expected ~dataset.KEY (one key) or dataset.KEY=VALUE" in msg
 
 
 def test_to_dict_round_trip_with_every_kind_of_value(tmp_path):

@@ -369,6 +369,12 @@ def _split_override(text: str) -> tuple[str, bool, str]:
     if (not sep and not delete) or not all(dotted.split(".")) or dotted == "workload":
         raise ConfigError(f"override '{text}': expected section.key=value "
                           f"(or ++workload.section.key=value)")
+    if delete and "." not in dotted:
+        # Hydra would drop the section, leaving every key of it at dlio-mpi's default (a
+        # dataset generated under ./data): never what was meant
+        raise ConfigError(f"override '{text}': deletes the whole {dotted} section, which leaves "
+                          f"every {dotted} key at its default; expected ~{dotted}.KEY (one "
+                          f"key) or {dotted}.KEY=VALUE")
     return dotted, delete, raw_value
 
 
