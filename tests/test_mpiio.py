@@ -1,4 +1,4 @@
-"""The MPI-IO backends (readers/mpiio.py): shared (independent Iread_at) and collective
+"""The MPI-IO backends (readers/mpiio.py): shared (independent Read_at) and collective
 (Iread_at_all per file and step) deliver the bytes of every planned request, exactly as the
 files hold them, on one shared many-sample file and on many files; collective steps where
 ranks have unequal or no requests complete; the hints come back from Get_info; a rank failing
@@ -171,7 +171,15 @@ def test_whole_runs_match_the_native_engine(shared_tmp, monkeypatch, mode, layou
     if rank == 0:
         m, n = ours["metric"], native["metric"]
         assert m["train_bytes_read"] == n["train_bytes_read"] > 0
-        assert m["train_bytes_transferred"] == n["train_bytes_transferred"]
+        if mode == "collective" and layout == "npz-loader":
+            # np.load's model reads parts of each file twice; one collective call per file and
+            # step reads their union once (the whole file), and bytes counted are bytes moved
+            files = sorted((shared_tmp / "data" / "train").glob("*.npz"))
+            assert len(files) == 12
+            whole = sum(f.stat().st_size for f in files)
+            assert m["train_bytes_transferred"] == 2 * whole < n["train_bytes_transferred"]
+        else:
+            assert m["train_bytes_transferred"] == n["train_bytes_transferred"]
 
 
 def test_collective_steps_with_uneven_and_empty_requests_complete(shared_tmp):

@@ -96,8 +96,12 @@ def test_mpiio_traces_every_request_of_the_plan(shared_tmp, access):
         == native["metric"]["train_requests"]
     assert _requests(events) == _requests(_events(root / "native", rank))
     assert all(e["args"]["bytes"] <= e["args"]["length"] for e in reads)
-    assert comm.allreduce(sum(e["args"]["bytes"] for e in reads)) \
-        == summary["metric"]["train_bytes_transferred"]
+    traced = comm.allreduce(sum(e["args"]["bytes"] for e in reads))
+    assert traced == native["metric"]["train_bytes_transferred"]  # each request's own bytes
+    moved = summary["metric"]["train_bytes_transferred"]
+    # one collective call per file and step reads overlapping requests' bytes once (np.load's
+    # model reads parts of a file twice); independent reads read each request
+    assert moved == traced if access == "shared" else moved < traced
     if access == "collective":  # per call (a file of a batch): one start, one latency
         calls = Counter((e["args"]["epoch"], e["args"]["step"], e["args"]["file"])
                         for e in reads)
