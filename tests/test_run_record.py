@@ -149,3 +149,26 @@ def test_progress_is_a_bar_with_rate_and_eta_on_a_terminal(tmp_path):
                      r"steps/s\]", text), text
     assert "progress:" not in text  # no plain lines on a terminal
     assert (tmp_path / "out" / "summary.json").exists()
+
+
+def test_a_run_whose_measured_steps_read_nothing_reports_its_whole_epochs_bytes(tmp_path):
+    """One npz file of 16 samples, loaded by each rank once an epoch at its step 0
+    (read_mode file_once): AU's span holds no reads, so its MiB/s is 0, and the whole epoch's
+    figure (ours) gives the bytes storage returned over the epoch's duration."""
+    over = workload_overrides(tmp_path, workflow__generate_data="true",
+                              dataset__num_files_train=1, dataset__num_samples_per_file=16,
+                              reader__read_mode="file_once", reader__batch_size=2,
+                              train__computation_time=0.01, train__epochs=2)
+    res = run_cli(["run", "demo", *over])
+    assert res.returncode == 0, res.stderr
+    out = tmp_path / "out"
+    m = json.loads((out / "summary.json").read_text())["metric"]
+    epochs = json.loads((out / "per_epoch_stats.json").read_text())
+    assert m["train_transfer_MiB_per_second"] == [0.0, 0.0] and m["train_bytes_transferred"] > 0
+    for e, rate in zip(("1", "2"), m["train_epoch_transfer_MiB_per_second"]):
+        entry = epochs[e]
+        assert entry["epoch_transfer_MiB_per_second"] == rate
+        assert rate == pytest.approx(entry["bytes_transferred"] / 2**20 / entry["duration"],
+                                     rel=1e-4) and rate > 0  # (duration: to the us)
+    assert m["train_epoch_transfer_mean_MiB_per_second"] == pytest.approx(
+        sum(m["train_epoch_transfer_MiB_per_second"]) / 2)
