@@ -106,17 +106,25 @@ static int64_t adapted_spin(const dio_pacer *p)
            : spin > DIO_PACER_MAX_SPIN ? DIO_PACER_MAX_SPIN : spin;
 }
 
+#define DIO_STOP_POLL_NS 100000000LL /* a long compute wait looks for a stop every 0.1 s */
+
 int64_t dio_pacer_wait(dio_pacer *p, int64_t deadline_ns)
 {
     int64_t now = dio_now_ns(), wake = deadline_ns - p->spin_ns, polled_from;
     p->waits++;
     if (now < wake) {
         while (now < wake) {
-            struct timespec ts = {(time_t)(wake / 1000000000), (long)(wake % 1000000000)};
+            /* in naps of at most DIO_STOP_POLL_NS: a SIGINT/SIGTERM (handled on whichever
+             * thread) ends the compute there, so that the step's synchronisation carries the
+             * stop to every rank within a nap, not after a compute step of hours */
+            int64_t until = wake - now > DIO_STOP_POLL_NS ? now + DIO_STOP_POLL_NS : wake;
+            struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
             int rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
             now = dio_now_ns();
             if (rc != 0 && rc != EINTR)
                 break;
+            if (until < wake && dio_stop_signal())
+                return now;
         }
         if (p->fixed_spin_ns < 0) {
             p->late_ns[p->next] = now - wake;

@@ -136,3 +136,21 @@ def test_a_signal_during_evaluation_stops_it_at_the_next_step(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dlio_mpi"]["stopped_by"] == "SIGTERM"
     assert len(summary["metric"]["train_au_percentage"]) == 1
+
+
+def test_a_signal_during_a_long_compute_step_stops_every_rank_within_a_second(tmp_path):
+    """A compute step of a minute: SIGTERM cuts the compute wait short on every rank (it
+    looks for a stop every 0.1 s), so the job stops at that step in about a second."""
+    job, out = start_run(tmp_path, step_seconds=60)
+    # the first step's compute has begun once the plan is logged and the ranks have started
+    wait_until(lambda: logged(out, "per epoch"), job)
+    time.sleep(3)
+    signalled = time.monotonic()
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=30)
+    assert time.monotonic() - signalled < 5, stderr  # not the minute of the step
+    assert job.returncode == 128 + signal.SIGTERM, stderr
+    assert "stopped by SIGTERM" in stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dlio_mpi"]["complete"] is False
+    assert summary["dlio_mpi"]["stopped_by"] == "SIGTERM"
