@@ -106,7 +106,9 @@ def test_a_rank_dying_in_the_read_once_exchange_ends_the_job(tmp_path):
 
 
 def test_a_second_signal_ends_the_job_at_once(tmp_path):
-    job, out = start_run(tmp_path, step_seconds=20)  # the first stop would wait for the step
+    # the first stop would wait for the batch (20 s of preprocessing a sample; a compute wait
+    # would end at the first signal)
+    job, out = start_run(tmp_path, reader__preprocess_time=20)
     wait_until(lambda: logged(out, "generated"), job)
     time.sleep(1)
     start = time.monotonic()
