@@ -186,13 +186,16 @@ def _ranks_on_this_host(comm) -> int:
 
 def _report(folders: list[str], output: str | None) -> int:
     """dlio-mpi report: run by one process, without MPI (mpi4py.MPI is never imported)."""
-    from .errors import UserError
+    from .errors import UserError, describe
     from .report import make_report
 
     try:
         written = make_report(folders, output)
     except UserError as exc:
         print(f"dlio-mpi: error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    except OSError as exc:  # one the report does not name itself: describe names the file
+        print(f"dlio-mpi: error: report: {describe(exc)}", file=sys.stderr, flush=True)
         return 2
     for path in written:
         if path.endswith(".html") or path.endswith(".csv"):

@@ -8,11 +8,13 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
 
 import pytest
+from test_checkpoint_faults import small_fs  # noqa: F401 - the fixture: a 24 MiB tmpfs
 
 from helpers import run_cli, workload_overrides
 
@@ -41,12 +43,12 @@ def runs(tmp_path_factory):
     return base / "a" / "out", ck / "out"
 
 
-def report(*args: str) -> subprocess.CompletedProcess:
+def report(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     """`dlio-mpi report ARGS` in one plain process, checking it never imports mpi4py.MPI."""
     code = ("import sys; from dlio_mpi.cli import main; rc = main(sys.argv[1:]); "
             "assert 'mpi4py.MPI' not in sys.modules, 'report imported MPI'; sys.exit(rc)")
     return subprocess.run([sys.executable, "-P", "-c", code, "report", *args],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def copy_results(src, dst):
@@ -222,3 +224,91 @@ def test_a_new_run_replaces_the_report_with_the_results_it_drew(tmp_path):
     assert "holds the folder report, with files not of an unchanged dlio-mpi report" in res.stderr
     assert (out / "report" / "notes.txt").read_text() == "mine"
     assert (out / "summary.json").exists()  # refused before touching the results
+
+
+def test_a_fifo_named_like_a_trace_is_named_on_the_page_not_waited_on(runs, tmp_path):
+    out = copy_results(runs[0], tmp_path / "out")
+    os.mkfifo(out / "trace_rank0.json.gz")  # opened plainly, it blocks until a writer comes
+    (out / "trace_rank1.json").write_text(json.dumps([_request(1, i) for i in range(30)]))
+    res = report(str(out), timeout=60)
+    assert res.returncode == 0, res.stderr
+    page = (out / "report" / "report.html").read_text()
+    assert "trace skipped: trace_rank0.json.gz: " in page
+    assert "trace_rank0.json.gz is a FIFO, not a regular file" in page
+    assert "read latency CDF of 30 traced requests" in page  # rank 1's file is still drawn
+
+
+@pytest.mark.parametrize("name", ["summary.json", "per_epoch_stats.json", "config.yaml",
+                                  "interval_stats.json", "report/dlio_mpi_report.json"])
+def test_a_fifo_in_place_of_a_results_file_is_refused_by_name(runs, tmp_path, name):
+    out = copy_results(runs[1], tmp_path / "out")
+    if name.startswith("report/"):
+        assert report(str(out)).returncode == 0
+    target = out / name
+    target.unlink(missing_ok=True)
+    os.mkfifo(target)
+    res = report(str(out), timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("dlio-mpi: error: report: ")
+    assert str(target) in res.stderr
+    if name.startswith("report/"):
+        assert "is not dlio-mpi's" in res.stderr
+        assert (out / "report" / "report.html").exists()  # the earlier report is left as it is
+    else:
+        assert f"{target} is a FIFO, not a regular file" in res.stderr
+        assert not (out / "report").exists()
+
+
+def _key_figure(page: str, key: str) -> str:
+    return page.split(f"<th>{key}</th><td>")[1].split("</td>")[0]
+
+
+def test_a_run_stopped_by_a_signal_says_so_on_every_page(runs, tmp_path):
+    stopped = copy_results(runs[1], tmp_path / "stopped")
+    summary = json.loads((stopped / "summary.json").read_text())
+    summary["dlio_mpi"].update(complete=False, stopped_by="SIGTERM")  # as run.py writes it
+    (stopped / "summary.json").write_text(json.dumps(summary))
+    whole = copy_results(runs[0], tmp_path / "whole")
+    res = report(str(stopped), str(whole), "--output", str(tmp_path / "cmp"))
+    assert res.returncode == 0, res.stderr
+    page = (stopped / "report" / "report.html").read_text()
+    assert _key_figure(page, "state") == "incomplete"
+    assert _key_figure(page, "stopped_by") == "SIGTERM"
+    assert '<p class="warning">incomplete, stopped by SIGTERM' in page
+    assert "<h2>epochs (incomplete, stopped by SIGTERM)</h2>" in page
+    assert "(incomplete, stopped by SIGTERM)</title>" in page
+    with open(tmp_path / "cmp" / "compare.csv") as fp:
+        rows = list(csv.DictReader(fp))
+    assert [(r["state"], r["stopped_by"]) for r in rows] == [("incomplete", "SIGTERM"),
+                                                             ("complete", "")]
+    compare = (tmp_path / "cmp" / "compare.html").read_text()
+    assert "incomplete: #1 (stopped by SIGTERM)" in compare
+    assert "<td>incomplete</td><td>SIGTERM</td>" in compare
+    plain = (whole / "report" / "report.html").read_text()
+    assert "incomplete" not in plain and "SIGTERM" not in plain
+    assert _key_figure(plain, "state") == "complete"
+
+
+def test_a_full_disk_while_writing_the_report_is_one_message_and_leaves_no_report(
+        runs, small_fs):  # noqa: F811 - the fixture imported above
+    from dlio_mpi.results.report_folder import own_report_files
+
+    out = copy_results(runs[0], small_fs / "out")
+    folder = out / "report"
+    fs = os.statvfs(small_fs)
+    filler = small_fs / "filler"
+    with open(filler, "wb") as fp:  # leave 48 KiB: less than the plots and the page need
+        fp.write(bytes(fs.f_bavail * fs.f_frsize - 48 * 1024))
+    res = report(str(out))
+    assert res.returncode == 2
+    assert "Traceback" not in res.stderr and res.stderr.count("\n") == 1, res.stderr
+    assert res.stderr.startswith(f"dlio-mpi: error: report: cannot write {folder}{os.sep}")
+    assert "No space left on device" in res.stderr
+    # nothing that looks like a report, and nothing a next report or run would refuse
+    assert not (folder / "report.html").exists()
+    assert not folder.exists() or not list(folder.iterdir())
+    assert own_report_files(str(folder)) is not None
+    filler.unlink()
+    res = report(str(out))
+    assert res.returncode == 0, res.stderr
+    assert (folder / "report.html").exists()

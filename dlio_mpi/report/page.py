@@ -11,6 +11,7 @@ import io
 from .results import RunResults
 
 STYLE = ("body{font-family:sans-serif;max-width:1000px;margin:auto}"
+         ".warning{border:2px solid #c00;padding:4px 8px;font-weight:bold}"
          "table{border-collapse:collapse}td,th{border:1px solid #999;padding:2px 6px;"
          "text-align:right}th{background:#eee}img{max-width:100%;border:1px solid #ccc}")
 
@@ -47,8 +48,13 @@ def run_page(run: RunResults, figures: list[tuple[str, bytes, str]],
              f"<title>dlio-mpi report: {html.escape(run.title)}</title>"
              f"<style>{STYLE}</style></head><body>",
              f"<h1>dlio-mpi report: {html.escape(run.workload)}</h1>",
-             f"<p>results folder: <code>{html.escape(run.folder)}</code></p>",
-             f"<h2>key figures</h2><table>{keys}</table>"]
+             f"<p>results folder: <code>{html.escape(run.folder)}</code></p>"]
+    state = run.state()
+    if state != "complete":
+        parts.append(f'<p class="warning">{html.escape(state)}: the run ended before its '
+                     f"last epoch; these figures cover only the {len(run.epochs)} epoch(s) it "
+                     "finished</p>")
+    parts.append(f"<h2>key figures</h2><table>{keys}</table>")
     if compare_link:
         parts.append(f'<p>comparison with other runs: <a href="{html.escape(compare_link)}">'
                      f"{html.escape(compare_link)}</a></p>")
@@ -57,7 +63,9 @@ def run_page(run: RunResults, figures: list[tuple[str, bytes, str]],
             rows = [{"epoch": e.epoch, "AU %": e.au, "samples/s": e.samples_per_second,
                      "MiB/s": e.mib_per_second, "p50 ms": e.latency_p50_ms,
                      "p99 ms": e.latency_p99_ms, "seconds": e.duration} for e in epochs]
-            parts.append(f"<h2>{title}</h2>{_table(rows)}")
+            if state != "complete":
+                title += f" ({state})"
+            parts.append(f"<h2>{html.escape(title)}</h2>{_table(rows)}")
     parts.append("<h2>plots</h2>")
     parts += [_figure(name, png, caption) for name, png, caption in figures]
     if skipped:
@@ -69,10 +77,14 @@ def run_page(run: RunResults, figures: list[tuple[str, bytes, str]],
 
 def compare_page(rows: list[dict], png: bytes) -> bytes:
     numbered = [{"#": i + 1, **r} for i, r in enumerate(rows)]
+    stopped = [f"#{i + 1} (stopped by {r['stopped_by'] or 'an early stop'})"
+               for i, r in enumerate(rows) if r["state"] != "complete"]
+    warning = (f'<p class="warning">incomplete: {html.escape(", ".join(stopped))}; their '
+               "figures cover only the epochs they finished</p>") if stopped else ""
     return "\n".join([
         "<!DOCTYPE html><html><head><meta charset='utf-8'><title>dlio-mpi report: "
         f"comparison</title><style>{STYLE}</style></head><body>",
-        f"<h1>dlio-mpi report: {len(rows)} runs compared</h1>", _table(numbered),
+        f"<h1>dlio-mpi report: {len(rows)} runs compared</h1>", warning, _table(numbered),
         _figure("compare.png", png, "key metrics per run (bar number = # in the table)"),
         "</body></html>"]).encode()
 

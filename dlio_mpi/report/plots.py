@@ -252,7 +252,8 @@ def compare_plot(rows: list[dict]) -> bytes:
     """Bars of the key metrics, one bar per run, one panel per metric."""
     fig, axes = _figure("runs compared: " + ", ".join(str(r["workload"]) for r in rows),
                         2, 2, size=(10, 7))
-    labels = [f"{i + 1}" for i in range(len(rows))]
+    labels = [f"{i + 1}" + ("" if r.get("state", "complete") == "complete" else "\nincomplete")
+              for i, r in enumerate(rows)]
     for ax, (key, label) in zip(axes, COMPARED):
         values = [r[key] if r[key] is not None else 0.0 for r in rows]
         for i, v in enumerate(values):

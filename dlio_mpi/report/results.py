@@ -8,7 +8,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-from ..errors import UserError
+from ..errors import UserError, describe
 from ..results.names import CONFIG, INTERVAL_STATS, PER_EPOCH_STATS, SUMMARY
 
 REQUIRED = (SUMMARY, PER_EPOCH_STATS)
@@ -44,7 +44,22 @@ class RunResults:
 
     @property
     def title(self) -> str:
-        return f"{self.workload} - {self.folder}"
+        state = self.state()
+        return f"{self.workload} - {self.folder}" + (f" ({state})" if state != "complete" else "")
+
+    @property
+    def stopped_by(self) -> str | None:
+        """The signal that stopped the run early (summary.json's dlio_mpi.stopped_by)."""
+        name = self.summary.get("dlio_mpi", {}).get("stopped_by")
+        return name if isinstance(name, str) and name else None
+
+    def state(self) -> str:
+        """"complete", or "incomplete, stopped by SIGTERM" for a run that stopped early
+        (summary.json's dlio_mpi.complete false): its figures cover what it finished."""
+        if self.summary.get("dlio_mpi", {}).get("complete") is not False:
+            return "complete"
+        signal = self.stopped_by
+        return f"incomplete, stopped by {signal}" if signal else "incomplete, stopped early"
 
     def rank_times(self) -> dict[int, dict[str, float]]:
         """Each rank's wait, compute and barrier (sync) seconds, summed over the epochs."""
@@ -65,6 +80,8 @@ class RunResults:
         m = self.summary.get("metric", {})
         info = self.summary.get("dlio_mpi", {})
         return {"run": self.folder, "workload": self.workload,
+                "state": "complete" if self.state() == "complete" else "incomplete",
+                "stopped_by": self.stopped_by,
                 "ranks": self.summary.get("num_accelerators"),
                 "epochs": self.summary.get("epochs"),
                 "format": info.get("format"), "read_mode": info.get("read_mode"),
@@ -80,10 +97,11 @@ class RunResults:
 
 
 def read_results(folder: str) -> RunResults:
-    """The results in `folder`; UserError naming it when it is not a results folder."""
+    """The results in `folder`; UserError naming it when it is not a results folder, or naming
+    the file when one of its files is not a regular file (a FIFO there would block a read)."""
     if not os.path.isdir(folder):
         raise UserError(f"report: {folder} is not a folder")
-    missing = [n for n in REQUIRED if not os.path.isfile(os.path.join(folder, n))]
+    missing = [n for n in REQUIRED if not os.path.lexists(os.path.join(folder, n))]
     if missing:
         raise UserError(f"report: {folder} is not a dlio-mpi results folder (no "
                         f"{' or '.join(missing)}): give the output.folder of a finished run")
@@ -120,25 +138,35 @@ def _epoch(number: int, entry: dict) -> Epoch:
 def _intervals(folder: str) -> list[dict]:
     """interval_stats.json's rows that hold a time and a rate (none without the file)."""
     path = os.path.join(folder, INTERVAL_STATS)
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         return []
-    try:
-        with open(path) as fp:
-            rows = json.load(fp)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"report: cannot read {path}: {exc}") from exc
+    rows = _load(path, json.load)
     return [r for r in rows if isinstance(r, dict) and _number(r.get("start_s")) is not None
             and _number(r.get("seconds")) is not None
             and _number(r.get("MiB_per_second")) is not None] if isinstance(rows, list) else []
 
 
+def _load(path: str, parse):
+    """`parse` of the file at `path`, opened so that a FIFO or device in its place is refused
+    rather than blocking (_core.open_regular); UserError naming the file when it cannot be."""
+    from .. import _core
+
+    try:
+        with _core.open_regular(path) as fp:
+            return parse(fp)
+    except OSError as exc:
+        what = describe(exc)  # _core's names the file, and what it is when not a regular one
+        if path not in what:
+            what = f"cannot read {path}: {what}"
+        raise UserError(f"report: {what}; the report reads only the regular files a run "
+                        "wrote: give the output.folder of a finished run") from exc
+    except ValueError as exc:
+        raise UserError(f"report: cannot read {path}: {exc}") from exc
+
+
 def _json(folder: str, name: str) -> dict:
     path = os.path.join(folder, name)
-    try:
-        with open(path) as fp:
-            body = json.load(fp)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"report: cannot read {path}: {exc}") from exc
+    body = _load(path, json.load)
     if not isinstance(body, dict):
         raise UserError(f"report: {path} is not a dlio-mpi results file (not a JSON object)")
     return body
@@ -148,14 +176,14 @@ def _workload_name(folder: str) -> str:
     """The workload's model name from the run's config.yaml (the folder's name without it)."""
     import yaml
 
-    try:
-        with open(os.path.join(folder, CONFIG)) as fp:
-            cfg = yaml.safe_load(fp)
-        name = cfg["workload"]["model"]["name"]
-        if isinstance(name, str) and name:
-            return name
-    except (OSError, yaml.YAMLError, KeyError, TypeError):
-        pass
+    path = os.path.join(folder, CONFIG)
+    if os.path.lexists(path):
+        try:  # a FIFO or folder there is refused by name (_load); a YAML without it, skipped
+            name = _load(path, yaml.safe_load)["workload"]["model"]["name"]
+            if isinstance(name, str) and name:
+                return name
+        except (yaml.YAMLError, KeyError, TypeError):
+            pass
     return os.path.basename(os.path.normpath(folder))
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import describe
+
 TRACE_NAME = re.compile(r"trace_rank(\d+)\.json(\.gz)?")
 # latency arguments with their unit, read when an event has no usable dur
 LATENCY_ARGS = (("latency_us", 1.0), ("latency_ms", 1e3), ("latency_ns", 1e-3),
@@ -58,7 +60,10 @@ def read_requests(folder: str) -> Requests | None:
     for rank, path in files:
         try:
             events = _events(path)
-        except (OSError, ValueError, EOFError) as exc:
+        except OSError as exc:  # _core's message names the file and what it is
+            problems.append(f"{os.path.relpath(path, folder)}: {describe(exc)}")
+            continue
+        except (ValueError, EOFError) as exc:
             problems.append(f"{os.path.relpath(path, folder)}: {exc}")
             continue
         for event in events:
@@ -72,9 +77,16 @@ def read_requests(folder: str) -> Requests | None:
 
 
 def _events(path: str) -> list:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as fp:
-        body = json.load(fp)
+    """The events of a trace file; OSError when it is not a regular file (a FIFO or device
+    in its place is refused by _core.open_regular, never waited on) or cannot be read."""
+    from .. import _core
+
+    with _core.open_regular(path) as raw:
+        if path.endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as fp:
+                body = json.load(fp)
+        else:
+            body = json.load(raw)
     events = body.get("traceEvents") if isinstance(body, dict) else body
     if not isinstance(events, list):
         raise ValueError("no traceEvents list")

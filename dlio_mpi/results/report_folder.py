@@ -59,13 +59,16 @@ def write_report_folder(folder: str, files: dict[str, bytes]) -> list[str]:
             raise UserError(f"report: {folder} holds {entry}, not an unchanged file of an "
                             "earlier dlio-mpi report; dlio-mpi replaces only its own files: "
                             "move it away or give another --output")
-    remove_quietly(os.path.join(folder, entry) for entry in listed)
     tag = new_tag()
     recorded: dict[str, list[int]] = {}
-    written = []
+    written: list[str] = []
+    doing, final = "write", manifest_path
     try:
+        for entry in listed:
+            doing, final = "remove", os.path.join(folder, entry)
+            remove_quietly([final])
         for name, content in files.items():
-            final = os.path.join(folder, name)
+            doing, final = "write", os.path.join(folder, name)
             tmp = temporary_name(final, tag)
             try:
                 with os.fdopen(create_exclusive(tmp), "wb") as fp:
@@ -76,10 +79,38 @@ def write_report_folder(folder: str, files: dict[str, bytes]) -> list[str]:
             st = os.lstat(final)
             recorded[name] = [st.st_size, st.st_mtime_ns]
             written.append(final)
-    finally:
-        # the files written so far are listed even when a later one fails
-        tmp = temporary_name(manifest_path, tag)
+        doing, final = "write", manifest_path
+        _write_manifest(manifest_path, tag, recorded)
+    except OSError as exc:  # a full disk, a read-only one: no part of this report is kept
+        _undo(manifest_path, tag, written)
+        raise UserError(f"report: cannot {doing} {final}: {exc.strerror or exc}; the report in "
+                        f"{folder} was removed, not left half written: free some room (or "
+                        "give another --output) and run dlio-mpi report again") from exc
+    except BaseException:
+        # the files written so far are listed, so that a next report may replace them
+        try:
+            _write_manifest(manifest_path, tag, recorded)
+        except OSError:
+            _undo(manifest_path, tag, written)
+        raise
+    return written
+
+
+def _write_manifest(path: str, tag: str, recorded: dict[str, list[int]]) -> None:
+    tmp = temporary_name(path, tag)
+    try:
         with os.fdopen(create_exclusive(tmp), "w") as fp:
             json.dump({"tool": "dlio-mpi", "files": recorded}, fp, indent=1)
-        os.replace(tmp, manifest_path)
-    return written
+        os.replace(tmp, path)
+    finally:
+        remove_quietly([tmp])
+
+
+def _undo(manifest_path: str, tag: str, written: list[str]) -> None:
+    """Remove this report's files and the manifest (whose files are gone already), so that the
+    folder holds nothing of a report rather than files no manifest lists."""
+    for path in [*written, manifest_path, temporary_name(manifest_path, tag)]:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
