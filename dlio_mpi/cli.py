@@ -174,6 +174,16 @@ def _space_warnings(cfg, plan) -> tuple[str, ...]:
     return tuple(w for w in warnings if w)
 
 
+def _print_json_error(message: str, status: int) -> None:
+    """validate --json refusing the configuration: one JSON object on stdout, for scripts,
+    with the message (also on stderr), the configuration key it is about (null when unknown)
+    and the exit status."""
+    from .config.schema import message_key
+
+    print(json.dumps({"error": message, "key": message_key(message), "status": status}),
+          flush=True)
+
+
 def _ranks_on_this_host(comm) -> int:
     """Collectively: how many ranks of `comm` share this host."""
     from mpi4py import MPI
@@ -238,6 +248,8 @@ def main(argv: list[str] | None = None) -> int:
     except JobError as exc:
         if comm.Get_rank() == 0:
             print(f"dlio-mpi: error: {exc}", file=sys.stderr, flush=True)
+            if args.command == "validate" and args.json:
+                _print_json_error(str(exc), exc.exit_status)
         return exc.exit_status
     except BaseException as exc:  # noqa: B036 - any failure must abort the whole job
         if os.environ.get("DLIO_MPI_DEBUG"):

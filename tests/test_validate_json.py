@@ -1,6 +1,7 @@
 """`dlio-mpi validate --json`: the whole derived plan as one JSON object, equal field for field
-to the text plan; bad input exits 2 with nothing on stdout; storage too small for the dataset
-is a warning for validate and a refusal before any I/O for run."""
+to the text plan; bad input exits 2 with one JSON error object on stdout (the message, its key,
+the status); storage too small for the dataset is a warning for validate and a refusal before
+any I/O for run."""
 
 from __future__ import annotations
 
@@ -128,17 +129,23 @@ def test_json_is_printed_once_on_several_ranks():
     assert json.loads(res.stdout)["ranks"] == 2  # one object: json.loads refuses two
 
 
-@pytest.mark.parametrize("args,words", [
-    (["demo", "--ranks", "64"], "reader.batch_size=2 is larger than a rank's share"),
-    (["demo", "dataset.num_file_train=3"], "did you mean 'dataset.num_files_train'"),
-    (["demo", "--ranks", "0"], "--ranks 0: a plan needs at least 1 rank"),
-    (["no_such_workload"], "no_such_workload"),
+@pytest.mark.parametrize("args,words,key", [
+    (["demo", "--ranks", "64"], "reader.batch_size=2 is larger than a rank's share",
+     "reader.batch_size"),
+    (["demo", "reader.batch_size=0"], "reader.batch_size: expected an integer >= 1",
+     "reader.batch_size"),
+    (["demo", "dataset.num_file_train=3"], "did you mean 'dataset.num_files_train'",
+     "dataset.num_file_train"),
+    (["demo", "--ranks", "0"], "--ranks 0: a plan needs at least 1 rank", None),
+    (["no_such_workload"], "no_such_workload", None),
 ])
-def test_json_with_bad_input_exits_2_with_nothing_on_stdout(args, words):
+def test_json_with_bad_input_exits_2_with_one_json_error_object(args, words, key):
     res = run_cli(["validate", *args, "--json"], ranks=2)
-    assert res.returncode == 2 and res.stdout == "", res.stdout
+    assert res.returncode == 2, res.stderr
     errors = [line for line in res.stderr.splitlines() if line.startswith("dlio-mpi: error:")]
     assert len(errors) == 1 and words in errors[0], res.stderr
+    record = json.loads(res.stdout)  # one object, printed once (json.loads refuses two)
+    assert record == {"error": errors[0][len("dlio-mpi: error: "):], "key": key, "status": 2}
 
 
 def _too_big(tmp_path) -> list[str]:
@@ -198,7 +205,7 @@ def test_without_checkpointing_the_json_has_no_checkpoint():
 
 def test_impossible_parallelism_is_refused_by_validate_and_run_before_any_io(tmp_path):
     res = run_cli(["validate", "llama_70b", "--ranks", "6", "--json"], ranks=1)
-    assert res.returncode == 2 and res.stdout == ""
+    assert res.returncode == 2 and json.loads(res.stdout)["status"] == 2
     assert "tensor × pipeline = 8 × 4 = 32 must divide the rank count" in res.stderr
     run = run_cli(["run", "llama_70b", f"checkpoint.checkpoint_folder={tmp_path / 'ck'}",
                    f"output.folder={tmp_path / 'out'}"], ranks=3)

@@ -15,6 +15,7 @@ that as a note (`support_notes`). Every other key acts.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 import reprlib
@@ -858,6 +859,26 @@ def unknown_key_message(dotted: str) -> str:
     parent = dotted.rpartition(".")[0]
     siblings = [k.rpartition(".")[2] for k in schema_keys() if k.rpartition(".")[0] == parent]
     return f"unknown key '{dotted}'; accepted in {parent or 'the top level'}: {', '.join(siblings)}"
+
+
+def message_key(message: str) -> str | None:
+    """The configuration key an error message is about: the schema key it starts with
+    ("reader.batch_size: ...", "reader.batch_size=2 is ..."), the key of an "unknown key
+    '...'" message, the same key on every line of a message of several lines; else None."""
+    keys = set()
+    for line in message.splitlines() or [""]:
+        unknown = re.match(r"unknown key '([^']+)'", line)
+        if unknown:
+            keys.add(unknown.group(1))
+            continue
+        lead = re.match(r"([A-Za-z_][\w.]*?)(?:\[\d+\])*[:=]", line)
+        keys.add(lead.group(1) if lead and lead.group(1) in _all_keys() else None)
+    return keys.pop() if len(keys) == 1 else None
+
+
+@functools.lru_cache(maxsize=1)
+def _all_keys() -> frozenset[str]:
+    return frozenset(schema_keys())
 
 
 def _join(path: str, name: str) -> str:
