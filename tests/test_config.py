@@ -667,10 +667,10 @@ def test_the_plan_says_how_long_the_compute_takes():
     from dlio_mpi.plan.derive import derive_plan
     from dlio_mpi.plan.render import describe_plan
 
-    cfg = load_config("demo", ["train.computation_time=1e9"])
+    cfg = load_config("demo", ["train.computation_time=86400", "train.epochs=1000"])
     text = describe_plan(derive_plan(cfg, 2), cfg)
-    assert ("run time        the run's compute alone takes 507.0 years (epochs x steps x "
-            "computation_time: 2 x 8 x 1e+09 s)") in text
+    assert ("run time        the run's compute alone takes 21.9 years (epochs x steps x "
+            "computation_time: 1000 x 8 x 86400 s)") in text
     cfg = load_config("demo", ["train.epochs=1e9"])
     assert "takes 5.1 years" in describe_plan(derive_plan(cfg, 2), cfg)
     cfg = load_config("demo")
@@ -765,6 +765,30 @@ def test_nested_overrides_of_one_mapping_are_not_repeats():
 def test_values_past_what_dlio_mpi_can_hold_are_refused(override, expected):
     assert expected in error_of("demo", ["dataset.record_length_bytes_stdev=0", override]
                                 if "record_dims" in override else [override])
+
+
+@pytest.mark.parametrize("override,got", [
+    ("train.computation_time=1e9", "1e+09"),
+    ("train.computation_time=86400.5", "86400.5"),
+    ("train.computation_time={mean: 1, stdev: 1e5}", "train.computation_time.stdev 100000"),
+    ("evaluation.eval_time=1e6", "1e+06"),
+    ("evaluation.eval_time={type: uniform, min: 0, max: 1e6}", "evaluation.eval_time.max 1e+06"),
+    ("reader.preprocess_time=1e9", "1e+09"),
+    ("reader.preprocess_cpu_time=1e9", "1e+09"),
+    ("reader.step_cpu_time=1e9", "1e+09"),
+    ("reader.step_wait_time={type: exponential, scale: 1e9}", "reader.step_wait_time.scale 1e+09"),
+    ("reader.step_wait_time={type: gamma, shape: 1e6, scale: 1}", "a gamma time of mean 1e+06"),
+])
+def test_a_step_time_over_one_day_is_refused(override, got):
+    key = override.partition("=")[0]
+    assert error_of("demo", [override]) == (f"{key}: expected at most 86400 seconds (one day), "
+                                            f"got {got}")
+
+
+def test_a_step_time_of_one_day_is_accepted():
+    cfg = load_config("demo", ["train.computation_time=86400", "evaluation.eval_time=86400",
+                               "reader.preprocess_time={type: uniform, min: 0, max: 86400}"])
+    assert cfg.train.computation_time.mean == cfg.evaluation.eval_time.mean == 86400
 
 
 def test_long_draws_are_clipped_to_what_int64_nanoseconds_hold():

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import _core
 from ..errors import ConfigError
-from .timespec import TimeSpec, parse_timespec
+from .timespec import DISTRIBUTIONS, TimeSpec, parse_timespec
 
 DATATYPES = ("int8", "uint8", "fp16", "bf16", "fp32", "fp64")
 FORMATS = ("tfrecord", "hdf5", "csv", "npz", "npy", "hdf5_opt", "jpeg", "png",
@@ -34,6 +34,9 @@ FORMATS = ("tfrecord", "hdf5", "csv", "npz", "npy", "hdf5_opt", "jpeg", "png",
 # DLIO's enum also has 'none', which its loader factory refuses ("not supported")
 DATA_LOADERS = ("tensorflow", "pytorch", "dali", "native_dali", "custom", "synthetic")
 SHUFFLES = ("off", "seed", "random")
+# The most seconds a step's or a sample's emulated time may take (its mean, and each parameter
+# in seconds): one day. More is a typo (ms for s, a missing decimal point), not a workload.
+MAX_STEP_SECONDS = 86400.0
 INT64_MAX = 2**63 - 1
 MAX_BYTES = 2**62  # the C engine refuses file offsets past INT64_MAX / 2 (csrc/dio_engine.c)
 MAX_FILES = 10**9  # per split
@@ -108,9 +111,12 @@ class Rule:
             return build_section(self.section, value, path)
         if self.kind == "timespec":
             try:
-                return parse_timespec(value, path, stdev, stdev_path)
+                spec = parse_timespec(value, path, stdev, stdev_path)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+            if self.maximum is not None:
+                _check_time_maximum(spec, path, self.maximum)
+            return spec
         if self.kind == "hints":
             return _hints(value, path, self._expected())
         if self.kind in ("ints", "strs"):
@@ -179,6 +185,20 @@ class Rule:
         if self.optional:
             what += " or null" if self.unset is None else f" or {self.unset}"
         return what
+
+
+def _check_time_maximum(spec: TimeSpec, path: str, maximum: float) -> None:
+    """Refuse a time whose mean or any parameter in seconds (all but gamma's shape) exceeds
+    `maximum`: a step's or a sample's time is seconds, not days."""
+    names = DISTRIBUTIONS[spec.type]
+    over = [(name, v) for name, v in zip(names, spec.params) if name != "shape" and v > maximum]
+    if over:
+        name, v = over[0]
+        got = f"{v:g}" if spec.is_constant else f"{path}.{name} {v:g}"
+    elif spec.mean > maximum:
+        got = f"a {spec.type} time of mean {spec.mean:g}"
+    if over or spec.mean > maximum:
+        raise ConfigError(f"{path}: expected at most {maximum:g} seconds (one day), got {got}")
 
 
 def _bound(x: float) -> str:
@@ -519,23 +539,27 @@ class Reader:
     odirect: bool = key(False, "bool")
     # slept per sample by the reader thread after the sample's read, before its batch is
     # ready (a loader's preprocessing, overlapping compute; MPI-IO: after the batch's reads)
-    preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev")
+    preprocess_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="preprocess_time_stdev",
+                                    maximum=MAX_STEP_SECONDS)
     # ours: per sample, CPU time the reader thread spends after the sample's read (and
     # preprocess_time's sleep) before its batch is ready: a loader's decode and transform as
     # CPU work, which contends for the cores with the other readers, the kernel and the step
     # loop as the real work does (`dlio-mpi calibrate` measures it); the native C engine's
     preprocess_cpu_time: TimeSpec = key(TimeSpec(), "timespec",
-                                        stdev_key="preprocess_cpu_time_stdev")
+                                        stdev_key="preprocess_cpu_time_stdev",
+                                        maximum=MAX_STEP_SECONDS)
     # ours: per step, CPU time the training process spends taking its batch from the loader
     # (receiving it from the worker processes, collating, pinning), on the step loop's thread
     # once the batch is there, before the compute: not compute, so it lowers AU as it does in
     # the real job (`dlio-mpi calibrate` measures it)
-    step_cpu_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="step_cpu_time_stdev")
+    step_cpu_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="step_cpu_time_stdev",
+                                  maximum=MAX_STEP_SECONDS)
     # ours: per step, then, time the training process waits taking a batch that is ready
     # (its hand-over from a worker process: the batch's shared memory passed between
     # processes, which needs the worker's threads), slept on the step loop's thread: not
     # compute either (`dlio-mpi calibrate` measures it)
-    step_wait_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="step_wait_time_stdev")
+    step_wait_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="step_wait_time_stdev",
+                                   maximum=MAX_STEP_SECONDS)
     # ours: seconds the loader takes to start in each phase's first epoch (a DataLoader's
     # persistent worker processes starting): the reader threads begin reading that long after
     # the epoch's start; the native C engine's
@@ -587,7 +611,9 @@ class Reader:
 class Train:
     epochs: int = key(1, "int", minimum=1)
     total_training_steps: int = key(-1, "int")  # > 0 caps the steps of each epoch
-    computation_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="computation_time_stdev")
+    computation_time: TimeSpec = key(TimeSpec(), "timespec",
+                                     stdev_key="computation_time_stdev",
+                                     maximum=MAX_STEP_SECONDS)
     seed: int = key(123, "int", minimum=0, maximum=2**32 - 1)  # as np.random.seed (DLIO)
     seed_change_epoch: bool = key(True, "bool")
     # ours: the last microseconds of each compute wait are polled rather than slept, hiding the
@@ -603,7 +629,8 @@ class Train:
 
 @dataclass(frozen=True)
 class Evaluation:
-    eval_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="eval_time_stdev")
+    eval_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="eval_time_stdev",
+                              maximum=MAX_STEP_SECONDS)
     eval_after_epoch: int = key(1, "int", minimum=0)
     epochs_between_evals: int = key(1, "int", minimum=1)
     # evaluations come between epochs (epochs_between_evals), never between steps
