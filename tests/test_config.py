@@ -504,6 +504,36 @@ def test_values_not_implemented_yet_are_refused(override, accepted):
         assert value in message
 
 
+PATH_KEYS = ("storage.storage_root", "dataset.data_folder", "checkpoint.checkpoint_folder",
+             "output.folder", "output.log_file", "storage.stage_in.to", "reader.cache.folder")
+
+
+@pytest.mark.parametrize("storage_type", ["local_fs", "parallel_fs"])
+@pytest.mark.parametrize("key", PATH_KEYS)
+@pytest.mark.parametrize("url", ["s3://bucket/ckpt", "gs+grpc.v1-x://b", " file:///tmp/x"])
+def test_a_url_for_a_path_on_a_file_system_is_refused(key, url, storage_type):
+    message = error_of("demo", [f"storage.storage_type={storage_type}", f"{key}={url!r}"])
+    assert message == (f"{key}: {url!r} is a URL, and storage.storage_type {storage_type} "
+                       "takes a file-system path; expected a path (object storage, "
+                       "storage.storage_type s3, is not implemented yet)")
+
+
+def test_every_path_key_of_the_schema_refuses_a_url():
+    from dlio_mpi.config.loader import path_keys
+    from dlio_mpi.config.schema import schema_keys
+
+    named = {k for k in schema_keys() if k.rpartition(".")[2] in (
+        "to", "folder", "data_folder", "checkpoint_folder", "log_file", "storage_root")}
+    assert named == set(PATH_KEYS)
+    cfg = load_config("demo", ["storage.stage_in.to=/x", "reader.cache.folder=/y"])
+    assert {k for k, _ in path_keys(cfg)} == set(PATH_KEYS)
+
+
+@pytest.mark.parametrize("path", ["./s3:/x", "data:/x", "a/s3://x", "s3:bucket", "3s://x"])
+def test_paths_that_are_not_urls_are_accepted(path):
+    assert load_config("demo", [f"dataset.data_folder={path!r}"]).dataset.data_folder == path
+
+
 def test_storage_types_meaning_a_posix_path_both_act():
     from dlio_mpi.plan.derive import derive_plan
 

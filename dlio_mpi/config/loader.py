@@ -422,10 +422,39 @@ def _is_timespec(parts: list[str]) -> bool:
 
 
 # --------------------------------------------------------------------------- checks across keys
+def path_keys(cfg: Config) -> list[tuple[str, str]]:
+    """(key, value) of every folder or file key that is set: paths on a file system."""
+    st, rd = cfg.storage, cfg.reader
+    keys = [("storage.storage_root", st.storage_root), ("dataset.data_folder",
+            cfg.dataset.data_folder), ("checkpoint.checkpoint_folder",
+            cfg.checkpoint.checkpoint_folder), ("output.folder", cfg.output.folder),
+            ("output.log_file", cfg.output.log_file)]
+    if st.stage_in is not None:
+        keys.append(("storage.stage_in.to", st.stage_in.to))
+    if rd.cache is not None:
+        keys.append(("reader.cache.folder", rd.cache.folder))
+    return keys
+
+
+URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _refuse_urls(cfg: Config) -> None:
+    """storage.storage_type local_fs and parallel_fs take POSIX paths: a URL (s3://bucket/x)
+    would be a local folder named 's3:'."""
+    for key, value in path_keys(cfg):
+        if URL_SCHEME.match(value.strip()):
+            raise ConfigError(f"{key}: {value!r} is a URL, and storage.storage_type "
+                              f"{cfg.storage.storage_type} takes a file-system path; expected "
+                              f"a path (object storage, storage.storage_type s3, is not "
+                              f"implemented yet)")
+
+
 def check_consistency(cfg: Config) -> None:
     """DLIO's rules that relate several keys (those that do not need the MPI size)."""
     ds, rd, model, ck = cfg.dataset, cfg.reader, cfg.model, cfg.checkpoint
     par = model.parallelism
+    _refuse_urls(cfg)
     if ds.file_prefix in ("", ".", "..") or "/" in ds.file_prefix:
         raise ConfigError(f"dataset.file_prefix: {ds.file_prefix!r} is not a file name prefix; "
                           f"expected a name without '/' (files are named "
