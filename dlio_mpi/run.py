@@ -78,7 +78,7 @@ from .sampling.sharding import (
     rank_draws,
     rank_shard,
 )
-from .storage.filesystems import check_striping, describe_filesystems
+from .storage.filesystems import check_direct_io_folder, check_striping, describe_filesystems
 from .tiers.cache import CacheTier
 from .tiers.stage_in import StageSet, clean_stage, rerooted, stage_in
 from .training import run_epoch
@@ -612,6 +612,10 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
         if cfg.workflow.checkpoint:  # the checkpoint folder takes the layout too
             on_root(comm, lambda: check_striping(cfg.storage.lustre,
                                                  cfg.checkpoint.checkpoint_folder))
+    if cfg.workflow.checkpoint and cfg.checkpoint.odirect:  # real direct I/O: before any I/O
+        on_root(comm, lambda: check_direct_io_folder(cfg.checkpoint.checkpoint_folder,
+                                                     "checkpoint.checkpoint_folder",
+                                                     "checkpoint.odirect"))
     if cfg.workflow.generate_data and plan.splits:  # no room for the dataset: before any I/O
         on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
     out = open_output(comm, cfg, plan, workload)

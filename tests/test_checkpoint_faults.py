@@ -108,3 +108,22 @@ def test_checkpoints_that_cannot_fit_are_refused_before_any_io(tmp_path, small_f
     assert validate.returncode == 0, validate.stderr
     assert "warning         run would refuse: checkpoint.checkpoint_folder: the run's 4 " \
            "checkpoint(s)" in validate.stdout, validate.stdout
+
+
+@pytest.mark.parametrize("name", ["ck/sub", ""])  # a folder to be made, the tmpfs itself
+@pytest.mark.parametrize("layout", ["file_per_rank", "shared"])
+def test_odirect_checkpoints_on_tmpfs_are_refused_before_any_io(tmp_path, small_fs, name,
+                                                                 layout):
+    folder = small_fs / name if name else small_fs
+    res = subprocess.run(_command(tmp_path, folder, "checkpoint.odirect=true",
+                                  f"checkpoint.layout={layout}"),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert errors == [f"dlio-mpi: error: checkpoint.odirect: true, but "
+                      f"checkpoint.checkpoint_folder {folder} is on tmpfs"
+                      f"{f' (at {small_fs})' if name else ''}, a file system without real "
+                      "direct I/O (tmpfs only emulates it through the page cache); set "
+                      "checkpoint.odirect: false or choose a folder on another file system"], \
+        res.stderr
+    assert list(small_fs.iterdir()) == [] and not (tmp_path / "out").exists()

@@ -95,6 +95,25 @@ def nearest_existing(path: str) -> str:
     return os.path.realpath(path)
 
 
+# File systems whose O_DIRECT goes through the page cache (tmpfs emulates it) or is refused
+# (ramfs): a direct-I/O measurement there would be memory speed labelled O_DIRECT
+NO_DIRECT_IO = ("tmpfs", "ramfs")
+
+
+def check_direct_io_folder(folder: str, folder_key: str, odirect_key: str) -> None:
+    """Refuse `odirect_key: true` for a folder (which may not exist yet: its nearest
+    existing parent's file system) on a file system without real direct I/O; changes
+    nothing."""
+    where = nearest_existing(folder)
+    fs_type = statfs_type(where)
+    if fs_type in NO_DIRECT_IO:
+        at = "" if where == os.path.realpath(os.path.abspath(folder)) else f" (at {where})"
+        raise UserError(f"{odirect_key}: true, but {folder_key} {folder} is on {fs_type}{at}, "
+                        "a file system without real direct I/O (tmpfs only emulates it "
+                        f"through the page cache); set {odirect_key}: false or choose a "
+                        "folder on another file system")
+
+
 def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
     """The mount holding the existing, real `path`: the longest mount point above it, and
     of several at that point the last mounted (the one on top)."""
