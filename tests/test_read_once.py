@@ -94,20 +94,33 @@ def test_backends_it_cannot_serve_are_refused(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
-@pytest.mark.parametrize("ranks", RANKS)
-def test_a_rank_failing_in_the_staging_ends_the_job(tmp_path, ranks):
-    files = 40
-    res = run_cli(["generate", "demo", *_args(tmp_path, dataset__num_files_train=files)],
+FILES = 40  # enough that the manifest's spot checks leave most files unlooked at
+
+
+def _unchecked_file(tmp_path, ranks: int):
+    """Generate the dataset; a file the spot checks of a run do not look at."""
+    res = run_cli(["generate", "demo", *_args(tmp_path, dataset__num_files_train=FILES)],
                   ranks=ranks)
     assert res.returncode == 0, res.stderr
-    victim = next(i for i in range(files) if i not in spot_indices(files))
-    path = tmp_path / "data" / "train" / f"img_{victim:02d}_of_{files}.indexed_binary"
-    os.truncate(path, 100)
+    victim = next(i for i in range(FILES) if i not in spot_indices(FILES))
+    return tmp_path / "data" / "train" / f"img_{victim:02d}_of_{FILES}.indexed_binary"
+
+
+def _staged_run(tmp_path, ranks: int):
+    """A read_once run; it must end within a minute."""
     began = time.monotonic()
-    res = run_cli(["run", "demo", *_args(tmp_path, dataset__num_files_train=files,
+    res = run_cli(["run", "demo", *_args(tmp_path, dataset__num_files_train=FILES,
                                          reader__staging="read_once")], ranks=ranks)
-    assert res.returncode != 0
     assert time.monotonic() - began < 60
+    return res
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_a_rank_failing_in_the_staging_ends_the_job(tmp_path, ranks):
+    path = _unchecked_file(tmp_path, ranks)
+    os.truncate(path, 100)
+    res = _staged_run(tmp_path, ranks)
+    assert res.returncode != 0
     assert str(path) in res.stderr and "changed since its size was taken" in res.stderr
 
 
@@ -115,18 +128,10 @@ def test_a_rank_failing_in_the_staging_ends_the_job(tmp_path, ranks):
 def test_a_fifo_in_place_of_a_data_file_is_named_without_blocking(tmp_path, ranks):
     """A FIFO where the manifest's spot checks do not look: the staging's open neither blocks
     nor reads it ("Illegal seek"), and the job ends naming it."""
-    files = 40
-    res = run_cli(["generate", "demo", *_args(tmp_path, dataset__num_files_train=files)],
-                  ranks=ranks)
-    assert res.returncode == 0, res.stderr
-    victim = next(i for i in range(files) if i not in spot_indices(files))
-    path = tmp_path / "data" / "train" / f"img_{victim:02d}_of_{files}.indexed_binary"
+    path = _unchecked_file(tmp_path, ranks)
     path.unlink()
     os.mkfifo(path)
-    began = time.monotonic()
-    res = run_cli(["run", "demo", *_args(tmp_path, dataset__num_files_train=files,
-                                         reader__staging="read_once")], ranks=ranks)
+    res = _staged_run(tmp_path, ranks)
     assert res.returncode != 0
-    assert time.monotonic() - began < 60
     assert f"{path} is a FIFO, not a regular file" in res.stderr
     assert "Illegal seek" not in res.stderr
