@@ -10,6 +10,7 @@ import filecmp
 import json
 import os
 import shutil
+import subprocess
 import time
 
 import pytest
@@ -179,3 +180,50 @@ def test_odirect_to_tmpfs_is_refused_before_the_copy(tmp_path):
         assert not (bb / "train").exists()  # refused before the folders and the copy
     finally:
         shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_a_stage_folder_without_room_is_refused_before_the_copy(tmp_path):
+    """2.4 MB of data to a 1 MiB tmpfs: one message naming the key, the room and the need,
+    exit 2, and nothing copied or left there."""
+    small = tmp_path / "small"
+    small.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
+    try:
+        over = dict(dataset__record_length_bytes=200000, storage__stage_in__to=small / "bb")
+        _generate(tmp_path, 2, **over)
+        res = run_cli(["run", "demo", *_args(tmp_path, **over)], ranks=2)
+        assert res.returncode == 2, res.stderr
+        errors = [line for line in res.stderr.splitlines() if "error" in line]
+        assert len(errors) == 1 and "storage.stage_in.to:" in errors[0]
+        assert "free, but this run would write" in errors[0]
+        assert list(small.rglob("*")) == []  # not even the folder
+    finally:
+        subprocess.run(["umount", "-l", str(small)], check=False)
+
+
+@pytest.mark.parametrize("ranks", RANKS)
+def test_a_killed_jobs_temporaries_are_removed_by_the_next_stage_in(tmp_path, ranks):
+    """What a job killed mid-copy leaves (its temporaries, its manifest marked incomplete)
+    is removed by the next run's stage-in, which then copies everything."""
+    _generate(tmp_path, ranks)
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    bb = tmp_path / "bb"
+    manifest = json.loads((bb / "dlio_mpi_stage.json").read_text())
+    # as the killed job left them: the manifest incomplete, a file half copied under its
+    # temporary name, the manifest's own temporary
+    (bb / "dlio_mpi_stage.json").write_text(json.dumps({**manifest, "complete": False}))
+    victim = sorted((bb / "train").glob("*.npz"))[3]
+    left = [victim.parent / f"{victim.name}.dlio_mpi-{manifest['tag']}.tmp",
+            bb / f"dlio_mpi_stage.json.dlio_mpi-{manifest['tag']}.tmp"]
+    victim.unlink()
+    for path in left:
+        path.write_bytes(b"half")
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    assert not [p for p in bb.rglob("*") if ".dlio_mpi-" in p.name]
+    _identical(tmp_path / "data", bb)
+    assert json.loads((bb / "dlio_mpi_stage.json").read_text())["complete"] is True

@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import _core, progress
 from ..data.dataset import DatasetSplit, FileNaming
+from ..data.generate import check_free_space
 from ..data.manifest import manifest_path, read_manifest
 from ..errors import UserError, check_all, on_root
 from ..ownership import (
@@ -41,6 +42,7 @@ from ..ownership import (
     rename_noreplace,
     temporary_name,
 )
+from ..storage.filesystems import nearest_existing
 from ..storage.node_local import check_node_local, node_root
 
 STAGE_MANIFEST = "dlio_mpi_stage.json"
@@ -160,8 +162,10 @@ def deal(sizes: np.ndarray, piece: int, copiers: int, me: int
 class _Stage:
     """One copy: the ranks of `comm` copy `files` from `source` into `root`."""
 
-    def __init__(self, comm, opts, files: StageSet, source: str, root: str, tag: str) -> None:
+    def __init__(self, comm, opts, files: StageSet, source: str, root: str, tag: str,
+                 copies_here: int = 1) -> None:
         self.comm, self.opts, self.files = comm, opts, files
+        self.copies_here = copies_here  # copies made on root's file system (emulated nodes)
         self.source, self.root, self.tag = source, root, tag
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.pieces, self.creates = deal(files.sizes, opts.buffer_bytes, self.size, self.rank)
@@ -199,7 +203,11 @@ class _Stage:
         if earlier is not None and "files" in earlier:
             earlier["files"] = set(earlier["files"])  # looked up once per file
 
+        tag = earlier.get("tag") if earlier is not None else None
+
         def clear_mine() -> None:
+            if isinstance(tag, str):  # an earlier job's leftovers (killed, out of space)
+                remove_quietly(temporary_name(self.dst(f), tag) for f in self.creates)
             for f in self.creates:
                 path = self.dst(f)
                 if os.path.lexists(path):
@@ -235,10 +243,19 @@ class _Stage:
         return body
 
     def _begin(self, earlier: dict | None) -> None:
+        # before anything is written: room for every copy this file system takes (our earlier
+        # copy's files are gone already)
+        check_free_space(nearest_existing(self.root), self.files.bytes * self.copies_here,
+                         "storage.stage_in.to")
         os.makedirs(self.root, exist_ok=True)
+        tag = (earlier or {}).get("tag")
         for side in (earlier or {}).get("side_files", []):
             if isinstance(side, str) and os.sep not in side:
                 remove_quietly([os.path.join(self.root, side)])
+                if isinstance(tag, str):
+                    remove_quietly([temporary_name(os.path.join(self.root, side), tag)])
+        if isinstance(tag, str):
+            remove_quietly([temporary_name(os.path.join(self.root, STAGE_MANIFEST), tag)])
         for side in self._side_files():  # what is there now is not ours
             if os.path.lexists(os.path.join(self.root, side)):
                 raise UserError(f"storage.stage_in.to: {os.path.join(self.root, side)} exists "
@@ -285,7 +302,16 @@ class _Stage:
 
     # ---------------------------------------------------------------- on the clock
     def copy(self, shown) -> None:
-        """This rank's pieces, then a syncfs, then the renames of the files it alone wrote."""
+        """This rank's pieces, then a syncfs, then the renames of the files it alone wrote;
+        on a failure (out of space, a source file changed) its temporaries are removed first,
+        as the job then ends at once."""
+        try:
+            self._copy(shown)
+        except BaseException:
+            remove_quietly(temporary_name(self.dst(f), self.tag) for f in self.creates)
+            raise
+
+    def _copy(self, shown) -> None:
         o = self.opts
         direct = os.O_DIRECT if o.odirect else 0
         done = 0
@@ -390,7 +416,8 @@ def stage_in(comm, opts, files: StageSet, source: str, topo, tag: str
     if scope == "node" and not topo.emulated and topo.nodes > 1:
         check_node_local(comm, opts.to, node, group.Get_rank() == 0, tag)
     root = node_root(opts.to, scope, node, topo.emulated)
-    stage = _Stage(group, opts, files, source, root, tag)
+    copies_here = topo.nodes if scope == "node" and topo.emulated else 1
+    stage = _Stage(group, opts, files, source, root, tag, copies_here)
     stage.make_way()
     mine = sum(length for _, _, length in stage.pieces)
     comm.Barrier()
