@@ -141,12 +141,17 @@ def remove_quietly(paths) -> None:
 
 
 def _process_start(pid: int) -> str | None:
-    """The start time of process `pid` (clock ticks since boot), or None if there is none."""
+    """The start time of process `pid` (clock ticks since boot), or None if there is none or
+    it has exited (a zombie its parent has not reaped yet, as an aborted job's rank is for a
+    second or two, holds no folder)."""
     try:
         with open(f"/proc/{pid}/stat") as fp:
-            return fp.read().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
+            fields = fp.read().rpartition(")")[2].split()
+    except OSError:
         return None
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
 
 
 class FolderLock:

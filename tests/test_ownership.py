@@ -385,3 +385,34 @@ def test_one_run_at_a_time_in_an_output_folder(tmp_path):
 def test_the_log_cannot_take_a_results_name(tmp_path, name):
     res = run_cli(["run", "demo", *workload_overrides(tmp_path, output__log_file=name)])
     refused(res, "output.log_file")
+
+
+def test_a_lock_held_by_an_exited_unreaped_process_is_taken_over(tmp_path):
+    """An aborted job's rank stays a zombie until mpiexec reaps it: its lock is not a live
+    job's, so an immediate rerun is not refused "in use"."""
+    import socket
+
+    from dlio_mpi.ownership import LOCK_NAME, FolderLock
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    stat = Path(f"/proc/{child.pid}/stat")
+    deadline = time.monotonic() + 30
+    while stat.read_text().rpartition(")")[2].split()[0] != "Z":  # exited, not reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    start = stat.read_text().rpartition(")")[2].split()[19]
+    (tmp_path / LOCK_NAME).write_text(json.dumps({
+        "tool": "dlio-mpi", "what": "run", "host": socket.gethostname(), "pid": child.pid,
+        "start": start, "since": "2026-11-26T12:00:00"}))
+    lock = FolderLock(str(tmp_path), "run")
+    lock.acquire()
+    assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+    lock.release()
+    child.wait()
+    # a live process's lock is still refused
+    (tmp_path / LOCK_NAME).write_text(json.dumps({
+        "tool": "dlio-mpi", "what": "run", "host": socket.gethostname(), "pid": os.getpid(),
+        "start": Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19],
+        "since": "2026-11-26T12:00:00"}))
+    with pytest.raises(Exception, match="is in use by another dlio-mpi job"):
+        FolderLock(str(tmp_path), "run").acquire()
