@@ -644,6 +644,7 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     if cfg.workflow.checkpoint:  # its folder made ready (or refused) before any other I/O
         checkpoints = Checkpoints(open_checkpointer(
             comm, cfg, plan, topo, out.tag, lambda line: say(comm, line, out=out)))
+        on_root(comm, lambda: out.hold(checkpoints.checkpointer.lock))  # till the run ends
     tracer = RankTrace.start(comm, topo.clock_offset_ns) if cfg.output.trace else None
     intervals = IntervalStats.start(comm, cfg.output.stats_interval, topo.clock_offset_ns,
                                     lambda line: say(comm, line, out=out)) \

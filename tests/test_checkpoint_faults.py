@@ -127,3 +127,30 @@ def test_odirect_checkpoints_on_tmpfs_are_refused_before_any_io(tmp_path, small_
                       "checkpoint.odirect: false or choose a folder on another file system"], \
         res.stderr
     assert list(small_fs.iterdir()) == [] and not (tmp_path / "out").exists()
+
+
+def test_two_jobs_sharing_a_checkpoint_folder_one_is_refused(tmp_path):
+    """Job A holds the checkpoint folder while it runs; job B, given the same folder, is
+    refused before any I/O naming the folder and A (host, pid), and A's checkpoints are
+    untouched: B used to remove A's checkpoint while A wrote it."""
+    folder = tmp_path / "ck"
+    a = subprocess.Popen(_command(tmp_path / "a", folder, "checkpoint.time_between_checkpoints=2"),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (folder / "dlio_mpi.lock").exists():  # A has claimed the folder
+        assert a.poll() is None and time.monotonic() < deadline, a.communicate()
+        time.sleep(0.02)
+    b = subprocess.run(_command(tmp_path / "b", folder), capture_output=True, text=True,
+                       timeout=120)
+    assert b.returncode == 2, b.stderr
+    assert f"{folder} is in use by another dlio-mpi job (checkpoints on" in b.stderr
+    assert b.stderr.count("dlio-mpi: error") == 1
+    _, err = a.communicate(timeout=120)
+    assert a.returncode == 0, err
+    saved = _complete(folder)
+    assert len(saved) == 2 and all(saved.values())  # A's two checkpoints, whole
+    assert not (folder / "dlio_mpi.lock").exists()  # released when A ended
+    # the next job takes the folder (A's checkpoints of ours make way)
+    c = subprocess.run(_command(tmp_path / "c", folder), capture_output=True, text=True,
+                       timeout=120)
+    assert c.returncode == 0, c.stderr

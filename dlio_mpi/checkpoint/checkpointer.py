@@ -23,6 +23,7 @@ from typing import Callable
 
 from .. import _core, progress
 from ..errors import UserError, check_all, on_root
+from ..ownership import FolderLock
 from ..storage.filesystems import apply_striping, nearest_existing
 from .file_per_rank import FilePerRank
 from .folder import CheckpointFolder
@@ -122,6 +123,7 @@ class Checkpointer:
             comm, self.root, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes))
         self.folder = CheckpointFolder(self.root, tag) if rank == 0 else None
         self.striping: dict | None = None  # what storage.lustre did to the folder
+        self.lock: FolderLock | None = None  # rank 0's, on the folder (run.py holds it)
         self.saves = 0
 
     # -------------------------------------------------------------- before any I/O
@@ -144,6 +146,9 @@ class Checkpointer:
             lustre = self.cfg.storage.lustre  # the folder's default layout, as the data's
             striping = apply_striping(lustre, self.root) if lustre is not None else None
             os.makedirs(self.root, exist_ok=True)  # nothing written before the checks
+            # one job at a time: another's checkpoints are never removed under it
+            self.lock = FolderLock(self.root, "checkpoints")
+            self.lock.acquire()
             return self.folder.clear(in_the_way), striping
 
         removed, self.striping = on_root(self.comm, make_way)

@@ -43,6 +43,7 @@ class OutputFolder:
         self.tag = new_tag()
         self._log = None
         self._lock: FolderLock | None = None
+        self._held: list[FolderLock] = []  # other folders' locks this run holds till it ends
         self._log_lock = threading.Lock()  # interval lines come from a thread
 
     def path(self, name: str) -> str:
@@ -76,8 +77,15 @@ class OutputFolder:
             self.release()
             raise
 
+    def hold(self, lock: FolderLock) -> None:
+        """Keep another folder's lock (the checkpoint folder's) until the run ends."""
+        self._held.append(lock)
+
     def release(self) -> None:
-        """Let the next run have the folder."""
+        """Let the next run have the folder, and the folders whose locks it holds."""
+        for lock in self._held:
+            lock.release()
+        self._held = []
         if self._lock is not None:
             self._lock.release()
 
