@@ -32,6 +32,15 @@ def pytest_configure(config):
 
 
 @pytest.fixture
+def small_fs(tmp_path):
+    """A 24 MiB tmpfs mounted for the test (needs root: skipped elsewhere)."""
+    from helpers import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "small", "size=24m") as mount:
+        yield mount
+
+
+@pytest.fixture
 def shared_tmp(tmp_path) -> Path:
     """A folder all ranks of COMM_WORLD see (rank 0's tmp_path)."""
     from mpi4py import MPI

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -227,3 +229,18 @@ def run_in_process(cfg):
 
     return cfg, run(MPI.COMM_WORLD, cfg)
 
+
+
+@contextmanager
+def mounted_tmpfs(path: Path, options: str) -> Iterator[Path]:
+    """A small tmpfs mounted at `path` (made) for the with-block, unmounted after: room runs
+    out there. Needs root: the test is skipped where the mount is refused."""
+    path.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
+                         capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False)

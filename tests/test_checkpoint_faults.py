@@ -20,21 +20,6 @@ MiB = 1 << 20
 SHARE = 4 * MiB  # per rank and checkpoint
 
 
-@pytest.fixture
-def small_fs(tmp_path):
-    """A 24 MiB tmpfs mounted for the test (needs root: skipped elsewhere)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def _settings(tmp_path, folder, *extra: str, writes: int = 2) -> list[str]:
     """llama_7b made a flat 4 MiB model (ZeRO 1: each rank writes model_states-<rank>)."""
     return ["model.type=null", "model.num_layers=-1", f"model.model_size_bytes={SHARE}",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import mpiexec
-from helpers import run_cli, signal_one_rank_when, workload_overrides
+from helpers import mounted_tmpfs, run_cli, signal_one_rank_when, workload_overrides
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -166,41 +166,22 @@ def test_a_killed_generation_resumes_exactly(tmp_path, sig):
     assert len(resumed) == 3000 and resumed == fresh
 
 
-def _tmpfs(path: Path, options: str):
-    path.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)],
-                         capture_output=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.decode().strip()}")
-
-
-def _umount(path: Path) -> None:
-    subprocess.run(["umount", str(path)], check=False)
-
-
 def test_too_little_space_is_refused_before_writing(tmp_path):
-    small = tmp_path / "small"
-    _tmpfs(small, "size=1m")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=1m") as small:
         res = run_cli(["generate", "demo", *workload_overrides(
             small, dataset__record_length_bytes=1 << 20)])
         refused(res, "dataset.data_folder", "free", "the dataset takes")  # before any I/O
         assert not list((small / "data").rglob("*.npz"))
-    finally:
-        _umount(small)
 
 
 def test_a_full_file_system_during_generation_is_reported_once_and_cleaned(tmp_path):
-    small = tmp_path / "small"
-    _tmpfs(small, "size=64m,nr_inodes=40")  # room for bytes, not for 64 files
-    try:
+    # room for bytes, not for 64 files
+    with mounted_tmpfs(tmp_path / "small", "size=64m,nr_inodes=40") as small:
         res = run_cli(["generate", "demo", *workload_overrides(
             small, dataset__num_files_train=64)])
         refused(res, "dataset.data_folder", "No space left on device")
         assert temporaries(small / "data") == []
         assert not (small / "data" / "dlio_mpi.lock").exists()
-    finally:
-        _umount(small)
 
 
 # ------------------------------------------------------------------------------- output folder

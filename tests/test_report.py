@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-from test_checkpoint_faults import small_fs  # noqa: F401 - the fixture: a 24 MiB tmpfs
 
 from helpers import run_cli, workload_overrides
 
@@ -290,7 +289,7 @@ def test_a_run_stopped_by_a_signal_says_so_on_every_page(runs, tmp_path):
 
 
 def test_a_full_disk_while_writing_the_report_is_one_message_and_leaves_no_report(
-        runs, small_fs):  # noqa: F811 - the fixture imported above
+        runs, small_fs):
     from dlio_mpi.results.report_folder import own_report_files
 
     out = copy_results(runs[0], small_fs / "out")

@@ -10,13 +10,12 @@ import filecmp
 import json
 import os
 import shutil
-import subprocess
 import time
 
 import pytest
 
 from dlio_mpi.data.catalog import spot_indices
-from helpers import run_cli, run_cli_opens, workload_overrides
+from helpers import mounted_tmpfs, run_cli, run_cli_opens, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 RANKS = [2, 3]
@@ -185,13 +184,7 @@ def test_odirect_to_tmpfs_is_refused_before_the_copy(tmp_path):
 def test_a_stage_folder_without_room_is_refused_before_the_copy(tmp_path):
     """2.4 MB of data to a 1 MiB tmpfs: one message naming the key, the room and the need,
     exit 2, and nothing copied or left there."""
-    small = tmp_path / "small"
-    small.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {res.stderr.strip()}")
-    try:
+    with mounted_tmpfs(tmp_path / "small", "size=1m") as small:
         over = dict(dataset__record_length_bytes=200000, storage__stage_in__to=small / "bb")
         _generate(tmp_path, 2, **over)
         res = run_cli(["run", "demo", *_args(tmp_path, **over)], ranks=2)
@@ -200,8 +193,6 @@ def test_a_stage_folder_without_room_is_refused_before_the_copy(tmp_path):
         assert len(errors) == 1 and "storage.stage_in.to:" in errors[0]
         assert "free, but this run would write" in errors[0]
         assert list(small.rglob("*")) == []  # not even the folder
-    finally:
-        subprocess.run(["umount", "-l", str(small)], check=False)
 
 
 @pytest.mark.parametrize("ranks", RANKS)
