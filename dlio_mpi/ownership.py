@@ -140,6 +140,28 @@ def remove_quietly(paths) -> None:
 # ------------------------------------------------------------------------------ the lock
 
 
+def missing_folders(path: str) -> list[str]:
+    """The folders os.makedirs(path) would create, deepest first (to remove them again)."""
+    missing = []
+    path = os.path.abspath(path)
+    while path and not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def remove_empty_folders(folders) -> None:
+    """rmdir each of `folders` in order, leaving any that holds something."""
+    for folder in folders:
+        try:
+            os.rmdir(folder)
+        except OSError:
+            pass  # something else lives there
+
+
 def _process_start(pid: int) -> str | None:
     """The start time of process `pid` (clock ticks since boot), or None if there is none or
     it has exited (a zombie its parent has not reaped yet, as an aborted job's rank is for a

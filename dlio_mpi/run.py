@@ -8,6 +8,7 @@ per_epoch_stats.json, the resolved config."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -656,38 +657,40 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
     record = RunRecord(start, out, pacing, striping, generation, checkpoints)
     staged = None
-    if cfg.workflow.train and cfg.storage.stage_in is not None and plan.splits:
-        staged, stage = run_stage_in(comm, cfg, plan, topo, out, tracer)
-        record.stage_in = staged.to_json(root)
-    if cfg.workflow.train:
-        read_plan = plan if staged is None else dataclasses.replace(plan, splits={
-            name: rerooted(split, staged.root) for name, split in plan.splits.items()})
-        train_epochs, eval_epochs, stop, readers = train(comm, cfg, read_plan, topo, pacing,
-                                                         out, checkpoints, tracer, intervals)
-        if intervals is not None:
-            on_root(comm, lambda: intervals.write(out))
-            intervals.close()
-        if tracer is not None:
-            record.trace = write_trace(comm, tracer, out, checkpoints)
-        record.train_epochs, record.eval_epochs = train_epochs, eval_epochs
-        record.stopped_by, record.readers = stop, readers
-        summary = write_results(comm, cfg, plan, topo, record)
-        done = f"{len(train_epochs)} complete or partial training epoch(s)"
-    elif checkpoints is not None:
-        records, stop = run_checkpoint_only(comm, cfg, checkpoints.checkpointer,
-                                            lambda line: say(comm, line, out=out))
-        checkpoints.records.extend((None, r) for r in records)
-        if tracer is not None:
-            record.trace = write_trace(comm, tracer, out, checkpoints)
-        record.stopped_by = stop
-        summary = write_results(comm, cfg, plan, topo, record)
-        done = f"{len(records)} checkpoint save(s) and load(s)"
-    elif tracer is not None:  # generation alone
-        write_trace(comm, tracer, out, checkpoints)
-    if staged is not None and cfg.storage.stage_in.clean:
-        clean_stage(comm, stage)
-        say(comm, f"removed the staged copy under {staged.root} (storage.stage_in.clean)",
-            out=out)
+    with contextlib.ExitStack() as held:
+        if cfg.workflow.train and cfg.storage.stage_in is not None and plan.splits:
+            staged, stage = run_stage_in(comm, cfg, plan, topo, out, tracer)
+            held.callback(stage.release)  # the stage folder's lock, however the run ends
+            record.stage_in = staged.to_json(root)
+        if cfg.workflow.train:
+            read_plan = plan if staged is None else dataclasses.replace(plan, splits={
+                name: rerooted(split, staged.root) for name, split in plan.splits.items()})
+            train_epochs, eval_epochs, stop, readers = train(comm, cfg, read_plan, topo, pacing,
+                                                             out, checkpoints, tracer, intervals)
+            if intervals is not None:
+                on_root(comm, lambda: intervals.write(out))
+                intervals.close()
+            if tracer is not None:
+                record.trace = write_trace(comm, tracer, out, checkpoints)
+            record.train_epochs, record.eval_epochs = train_epochs, eval_epochs
+            record.stopped_by, record.readers = stop, readers
+            summary = write_results(comm, cfg, plan, topo, record)
+            done = f"{len(train_epochs)} complete or partial training epoch(s)"
+        elif checkpoints is not None:
+            records, stop = run_checkpoint_only(comm, cfg, checkpoints.checkpointer,
+                                                lambda line: say(comm, line, out=out))
+            checkpoints.records.extend((None, r) for r in records)
+            if tracer is not None:
+                record.trace = write_trace(comm, tracer, out, checkpoints)
+            record.stopped_by = stop
+            summary = write_results(comm, cfg, plan, topo, record)
+            done = f"{len(records)} checkpoint save(s) and load(s)"
+        elif tracer is not None:  # generation alone
+            write_trace(comm, tracer, out, checkpoints)
+        if staged is not None and cfg.storage.stage_in.clean:
+            clean_stage(comm, stage)
+            say(comm, f"removed the staged copy under {staged.root} (storage.stage_in.clean)",
+                out=out)
     if stop:
         raise Stopped(f"stopped by {signal.Signals(stop).name} after {done}; the results "
                       f"so far are in {out.path('summary.json')}, marked incomplete "

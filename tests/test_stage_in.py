@@ -10,12 +10,14 @@ import filecmp
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
 
 from dlio_mpi.data.catalog import spot_indices
-from helpers import mounted_tmpfs, run_cli, run_cli_opens, workload_overrides
+from helpers import mounted_tmpfs, mpiexec, run_cli, run_cli_opens, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 RANKS = [2, 3]
@@ -218,3 +220,69 @@ def test_a_killed_jobs_temporaries_are_removed_by_the_next_stage_in(tmp_path, ra
     assert not [p for p in bb.rglob("*") if ".dlio_mpi-" in p.name]
     _identical(tmp_path / "data", bb)
     assert json.loads((bb / "dlio_mpi_stage.json").read_text())["complete"] is True
+
+
+def test_two_jobs_staging_into_one_folder_one_is_refused(tmp_path):
+    """Job A holds the stage folder while it trains on its copy; job B, given the same
+    folder, is refused before any I/O naming the folder and A (host, pid), and A's copy is
+    untouched: B used to delete and re-copy it under A, which then aborted."""
+    _generate(tmp_path, 2)
+    bb = tmp_path / "bb"
+    slow = _args(tmp_path, train__epochs=8, train__computation_time=0.25)
+    a = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-P", "-m", "dlio_mpi", "run",
+                          "demo", *slow], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    deadline = time.monotonic() + 60
+    while not _stage_complete(bb):  # A has staged and trains on the copy
+        assert a.poll() is None and time.monotonic() < deadline, a.communicate()
+        time.sleep(0.02)
+    copied = {p: p.stat().st_mtime_ns for p in bb.rglob("*.npz")}
+    b = run_cli(["run", "demo", *workload_overrides(
+        tmp_path, dataset__num_files_train=12, dataset__record_length_bytes=20000,
+        storage__stage_in__to=str(bb), output__folder=str(tmp_path / "out-b"))], ranks=2)
+    assert b.returncode == 2, b.stderr
+    assert f"storage.stage_in.to: {bb} is in use by another dlio-mpi job (stage-in on" in \
+        b.stderr
+    assert b.stderr.count("dlio-mpi: error") == 1
+    assert {p: p.stat().st_mtime_ns for p in bb.rglob("*.npz")} == copied
+    _, err = a.communicate(timeout=180)
+    assert a.returncode == 0, err
+    assert not (bb / "dlio_mpi.lock").exists()  # released when A ended
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=2)  # the next job takes it
+    assert res.returncode == 0, res.stderr
+
+
+def _stage_complete(bb) -> bool:
+    try:
+        return json.loads((bb / "dlio_mpi_stage.json").read_text())["complete"] is True
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.mark.parametrize("ranks", [2])
+def test_a_staged_file_changed_or_rewritten_by_the_user_is_refused_not_replaced(tmp_path,
+                                                                                ranks):
+    """Ownership by content: the stage manifest records each file's size and modification
+    time as written; a file under a staged name that is not that file (changed since, or
+    the user's own written after ours was removed) is refused, never replaced."""
+    _generate(tmp_path, ranks)
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    staged = sorted((tmp_path / "bb" / "train").glob("*.npz"))
+    changed, rewritten = staged[2], staged[5]
+    with open(changed, "r+b") as fp:  # same size, other bytes, a newer modification time
+        fp.write(b"the user's")
+    rewritten.unlink()
+    rewritten.write_bytes(b"the user's own file")
+    kept = {p: p.read_bytes() for p in (changed, rewritten)}
+    for path in (changed, rewritten):
+        res = run_cli(["run", "demo", *_args(tmp_path)], ranks=ranks)
+        assert res.returncode == 2, res.stderr
+        assert res.stderr.count("dlio-mpi: error") == 1
+        assert f"storage.stage_in.to: {path} was changed since dlio-mpi staged it" in \
+            res.stderr, res.stderr
+        path.rename(path.with_suffix(".mine"))  # out of the way: the next one is refused
+    assert {p: p.with_suffix(".mine").read_bytes() for p in kept} == kept
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    _identical(tmp_path / "data", tmp_path / "bb")

@@ -11,11 +11,17 @@ parallel file system) to a faster tier, and the run reads the copy.
   by the C core (`_core.Copier`: pread/pwrite of `buffer_bytes`, O_DIRECT on both sides with
   `odirect`). With `drop_page_cache` each piece of the source is dropped from the page cache
   first (posix_fadvise DONTNEED), so the copy reads storage, not memory.
-- Ownership: a copy is ours by the stage manifest (`dlio_mpi_stage.json`) in its folder,
-  written (incomplete) before the first file and marked complete after the last; files are
-  written under O_EXCL temporaries, synced (syncfs) and renamed without replacing anything.
-  A later run replaces its own earlier copy; anything else in the way is refused, naming it,
-  before any copying. `clean: true` removes the copy after the run. A rank failing during the
+- Claimed: the copy's folder is locked (ownership.FolderLock) by the copy's first rank before
+  anything in it is looked at, and held till the run ends: a second job staging into it is
+  refused, naming this one, instead of replacing the copy this one trains on.
+- Ownership, by content: a copy is ours by the stage manifest (`dlio_mpi_stage.json`) in its
+  folder, written (incomplete) before the first file and marked complete after the last,
+  with each file's size and modification time as written (`dlio_mpi_stage_files.bin`); files
+  are written under O_EXCL temporaries, synced (syncfs) and renamed without replacing
+  anything. A later run replaces its own earlier copy where each file is still the one it
+  wrote (of a copy that never completed: written since it began, of the expected size);
+  anything else in the way, a file changed since included, is refused, naming it, before
+  any copying. `clean: true` removes the copy after the run. A rank failing during the
   copy aborts the job at once.
 - Timed from a barrier before the first byte to a barrier after the last rename: the
   `stage_in` phase of summary.json (dlio_mpi.stage_in), with the bytes read from the source
@@ -26,6 +32,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,8 +44,12 @@ from ..data.generate import check_free_space
 from ..data.manifest import manifest_path, read_manifest
 from ..errors import UserError, check_all, on_root
 from ..ownership import (
+    FolderLock,
     create_exclusive,
+    missing_folders,
     read_own_json,
+    read_regular,
+    remove_empty_folders,
     remove_quietly,
     rename_noreplace,
     temporary_name,
@@ -46,6 +58,7 @@ from ..storage.filesystems import nearest_existing
 from ..storage.node_local import check_node_local, node_root
 
 STAGE_MANIFEST = "dlio_mpi_stage.json"
+STAT_FILE = "dlio_mpi_stage_files.bin"  # per file, in the manifest's order: int64 size, mtime_ns
 KIND = "dlio-mpi stage-in copy"
 
 
@@ -109,23 +122,76 @@ class StageSet:
                             for f in self.splits]}
 
 
-def covers(body: dict, relpath: str) -> bool:
-    """Whether a stage manifest (`describe`'s record) names the file at `relpath`."""
-    if "files" in body:
-        return relpath in body["files"]  # a set (make_way makes it one)
-    for naming in body.get("namings", []):
+class EarlierCopy:
+    """Our earlier copy in a stage folder, by its manifest: the names it wrote, and whether a
+    file found under one of them is still the one it wrote (ownership by content, not by
+    name): its size and modification time as recorded when the copy completed; for a copy
+    that never completed (a killed job), a regular file of the expected size written since
+    that copy began."""
+
+    def __init__(self, root: str, body: dict) -> None:
+        self.body = body
+        tag = body.get("tag")
+        self.tag = tag if isinstance(tag, str) else None
+        files = body.get("files")
+        self.listed = {rel: i for i, rel in enumerate(files) if isinstance(rel, str)} \
+            if isinstance(files, list) else None
+        started = body.get("started_ns")
+        self.started_ns = started if isinstance(started, int) else None
+        self.stats = self._read_stats(root) if body.get("complete") is True else None
+
+    def _read_stats(self, root: str) -> np.ndarray | None:
+        count = self.body.get("count")
+        if not isinstance(count, int) or self.body.get("stat_file") != STAT_FILE:
+            return None
         try:
-            names = FileNaming(**naming)
-            stem = os.path.basename(relpath)
-            head = f"{names.prefix}_"
-            tail = f"_of_{names.count}.{names.extension}"
-            if stem.startswith(head) and stem.endswith(tail):
-                index = int(stem[len(head):-len(tail)])
-                if 0 <= index < names.count and names.relpath(index) == relpath:
-                    return True
-        except (TypeError, ValueError):
-            continue
-    return False
+            raw = read_regular(os.path.join(root, STAT_FILE), 16 * count + 16)
+        except (OSError, ValueError):
+            return None
+        if raw is None or len(raw) != 16 * count:
+            return None
+        return np.frombuffer(raw, dtype="<i8").reshape(count, 2)
+
+    def index(self, relpath: str) -> int | None:
+        """The file's number in the earlier copy (None: the copy did not write it)."""
+        if self.listed is not None:
+            return self.listed.get(relpath)
+        first = 0
+        for naming in self.body.get("namings", []):
+            try:
+                names = FileNaming(**naming)
+                stem = os.path.basename(relpath)
+                head, tail = f"{names.prefix}_", f"_of_{names.count}.{names.extension}"
+                if stem.startswith(head) and stem.endswith(tail):
+                    index = int(stem[len(head):-len(tail)])
+                    if 0 <= index < names.count and names.relpath(index) == relpath:
+                        return first + index
+                first += names.count
+            except (TypeError, ValueError):
+                return None
+        return None
+
+    def names(self) -> list[str]:
+        """The names it wrote, where its manifest lists them."""
+        return list(self.listed or ())
+
+    def owns(self, path: str, relpath: str, size: int | None = None) -> bool:
+        """Whether the file at `path` is the one this copy wrote under `relpath`, unchanged."""
+        index = self.index(relpath)
+        if index is None:
+            return False
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        if self.stats is not None:
+            return [st.st_size, st.st_mtime_ns] == self.stats[index].tolist()
+        # a copy that never completed: written since it began (file times come from a coarse
+        # clock, a tick behind the one that stamped the manifest)
+        return (self.started_ns is not None and st.st_mtime_ns >= self.started_ns - 10**9
+                and (size is None or st.st_size == size))
 
 
 def rerooted(split: DatasetSplit, root: str) -> DatasetSplit:
@@ -174,6 +240,9 @@ class _Stage:
         # piece's copier
         self.shared = [f for f in self.creates if self.several(f)]
         self.copier = _core.Copier(opts.buffer_bytes)
+        self.lock: FolderLock | None = None  # the copy's first rank's, held till the run ends
+        self.created: list[str] = []  # the folders its claim made (removed on a refusal)
+        self.started_ns: int | None = None  # when the copy's manifest was first written
 
     def several(self, f: int) -> bool:
         """Whether file f is copied in several pieces (possibly by several ranks)."""
@@ -197,39 +266,69 @@ class _Stage:
 
     # ---------------------------------------------------------------- before the clock
     def make_way(self) -> None:
-        """Collective: refuse what is in the way and not ours; remove our earlier copy;
-        write the manifest (incomplete); make the folders; create the shared files."""
-        earlier = on_root(self.comm, self._earlier)
-        if earlier is not None and "files" in earlier:
-            earlier["files"] = set(earlier["files"])  # looked up once per file
+        """Collective: claim the folder; refuse what is in the way and not ours (or changed
+        since we wrote it); remove our earlier copy; write the manifest (incomplete); make
+        the folders; create the shared files. A refusal leaves the folder as it was."""
+        try:
+            check_all(self.comm, lambda: self._claim() if self.rank == 0 else None)
+            body = on_root(self.comm, self._earlier)
+            earlier = EarlierCopy(self.root, body) if body is not None else None
+            check_all(self.comm, lambda: self._clear_mine(earlier))
+            check_all(self.comm, lambda: self._begin(earlier) if self.rank == 0 else None)
+            check_all(self.comm, self._create_shared)
+        except BaseException:
+            if self.rank == 0:
+                self.release()
+                remove_empty_folders(self.created)
+            raise
 
-        tag = earlier.get("tag") if earlier is not None else None
+    def _claim(self) -> None:
+        """The copy's first rank: the folder made and locked for this job, before anything in
+        it is looked at: a second job staging into it is refused, naming this one (it would
+        replace the copy this job trains on)."""
+        self.created = missing_folders(self.root)
+        os.makedirs(self.root, exist_ok=True)
+        self.lock = FolderLock(self.root, "stage-in")
+        try:
+            self.lock.acquire()
+        except UserError as exc:
+            self.lock = None
+            remove_empty_folders(self.created)
+            raise UserError(f"storage.stage_in.to: {exc}") from None
 
-        def clear_mine() -> None:
-            if isinstance(tag, str):  # an earlier job's leftovers (killed, out of space)
-                remove_quietly(temporary_name(self.dst(f), tag) for f in self.creates)
-            for f in self.creates:
-                path = self.dst(f)
-                if os.path.lexists(path):
-                    if earlier is None or not covers(earlier, self.files.relpath(f)):
-                        raise UserError(
-                            f"storage.stage_in.to: {path} exists and is not dlio-mpi's "
-                            "(no stage manifest of ours lists it): it was left as it is; "
-                            "remove it yourself or choose another folder")
-                    os.unlink(path)
+    def release(self) -> None:
+        """Let the next job have the folder (the copy's first rank; at the run's end)."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
-        check_all(self.comm, clear_mine)
-        check_all(self.comm, lambda: self._begin(earlier) if self.rank == 0 else None)
+    def _clear_mine(self, earlier: EarlierCopy | None) -> None:
+        """Each rank, the files it creates: an earlier job's leftovers (killed, out of space)
+        removed by its tag; our earlier copy's files removed where unchanged; anything else
+        under their names refused, naming it."""
+        if earlier is not None and earlier.tag is not None:
+            remove_quietly(temporary_name(self.dst(f), earlier.tag) for f in self.creates)
+        for f in self.creates:
+            path, rel = self.dst(f), self.files.relpath(f)
+            if not os.path.lexists(path):
+                continue
+            if earlier is None or earlier.index(rel) is None:
+                raise UserError(f"storage.stage_in.to: {path} exists and is not dlio-mpi's (no "
+                                "stage manifest of ours lists it): it was left as it is; "
+                                "remove it yourself or choose another folder")
+            if not earlier.owns(path, rel, int(self.files.sizes[f])):
+                raise UserError(f"storage.stage_in.to: {path} was changed since dlio-mpi staged "
+                                "it (it is not the file our stage manifest recorded): it was "
+                                "left as it is; remove it yourself or choose another folder")
+            os.unlink(path)
 
-        def create_shared() -> None:
-            for f in self.shared:
-                fd = create_exclusive(temporary_name(self.dst(f), self.tag))
-                try:
-                    os.ftruncate(fd, int(self.files.sizes[f]))
-                finally:
-                    os.close(fd)
-
-        check_all(self.comm, create_shared)
+    def _create_shared(self) -> None:
+        for f in self.shared:
+            fd = create_exclusive(temporary_name(self.dst(f), self.tag))
+            try:
+                os.ftruncate(fd, int(self.files.sizes[f]))
+            finally:
+                os.close(fd)
 
     def _earlier(self) -> dict | None:
         """Our earlier copy's manifest in this folder (None: no copy of ours)."""
@@ -242,30 +341,23 @@ class _Stage:
                             "dlio-mpi; remove it yourself or choose another folder")
         return body
 
-    def _begin(self, earlier: dict | None) -> None:
+    def _begin(self, earlier: EarlierCopy | None) -> None:
         # before anything is written: room for every copy this file system takes (our earlier
         # copy's files are gone already)
         check_free_space(nearest_existing(self.root), self.files.bytes * self.copies_here,
                          "storage.stage_in.to")
-        os.makedirs(self.root, exist_ok=True)
-        tag = (earlier or {}).get("tag")
-        for side in (earlier or {}).get("side_files", []):
-            if isinstance(side, str) and os.sep not in side:
-                remove_quietly([os.path.join(self.root, side)])
-                if isinstance(tag, str):
-                    remove_quietly([temporary_name(os.path.join(self.root, side), tag)])
-        if isinstance(tag, str):
-            remove_quietly([temporary_name(os.path.join(self.root, STAGE_MANIFEST), tag)])
-        for side in self._side_files():  # what is there now is not ours
+        self._remove_earlier_side_files(earlier)
+        for side in [*self._side_files(), STAT_FILE]:  # what is there now is not ours
             if os.path.lexists(os.path.join(self.root, side)):
                 raise UserError(f"storage.stage_in.to: {os.path.join(self.root, side)} exists "
                                 "and is not dlio-mpi's (no stage manifest of ours lists it): "
                                 "it was left as it is; remove it yourself or choose another "
                                 "folder")
-        if earlier and "files" in earlier:  # our earlier copy's files this one does not replace
+        if earlier is not None:  # our earlier copy's files this one does not replace
             now = set(self.files.describe().get("files", []))
-            remove_quietly(os.path.join(self.root, rel) for rel in earlier["files"]
-                           if rel not in now and covers(earlier, rel))
+            remove_quietly(os.path.join(self.root, rel) for rel in earlier.names()
+                           if rel not in now and earlier.owns(os.path.join(self.root, rel), rel))
+        self.started_ns = time.time_ns()
         self._write_manifest(complete=False)
         if self.opts.odirect and len(self.files):  # both tiers must do real direct I/O
             for path in (self.src(0), os.path.join(self.root, STAGE_MANIFEST)):
@@ -279,10 +371,26 @@ class _Stage:
         for folder in self.folders():
             os.makedirs(folder, exist_ok=True)
 
+    def _remove_earlier_side_files(self, earlier: EarlierCopy | None) -> None:
+        """Our earlier copy's side files, record and temporaries (its manifest lists them)."""
+        if earlier is None:
+            return
+        tag = earlier.tag
+        sides = [side for side in earlier.body.get("side_files", [])
+                 if isinstance(side, str) and os.sep not in side]
+        if earlier.body.get("stat_file") == STAT_FILE:
+            sides.append(STAT_FILE)
+        for side in sides:
+            path = os.path.join(self.root, side)
+            remove_quietly([path] + ([temporary_name(path, tag)] if tag else []))
+        if tag is not None:
+            remove_quietly([temporary_name(os.path.join(self.root, STAGE_MANIFEST), tag)])
+
     def _write_manifest(self, complete: bool) -> None:
         body = {"tool": "dlio-mpi", "kind": KIND, "tag": self.tag, "source": self.source,
-                "complete": complete, "count": len(self.files), "bytes": self.files.bytes,
-                "side_files": self._side_files(), **self.files.describe()}
+                "complete": complete, "started_ns": self.started_ns, "count": len(self.files),
+                "bytes": self.files.bytes, "side_files": self._side_files(),
+                **({"stat_file": STAT_FILE} if complete else {}), **self.files.describe()}
         final = os.path.join(self.root, STAGE_MANIFEST)
         tmp = temporary_name(final, self.tag)
         with os.fdopen(create_exclusive(tmp), "w") as fp:
@@ -345,16 +453,34 @@ class _Stage:
             rename_noreplace(temporary_name(self.dst(f), self.tag), self.dst(f))
 
     def finish(self) -> None:
-        """After every rank's copy: the shared files' renames, the side files, the manifest
-        marked complete."""
+        """After every rank's copy: the shared files' renames."""
         self.comm.Barrier()  # every piece of the shared files is in (and synced)
         check_all(self.comm, lambda: [rename_noreplace(temporary_name(self.dst(f), self.tag),
                                                        self.dst(f)) for f in self.shared])
 
+    def record(self) -> None:
+        """Collective, after the clock: each file's size and modification time as written
+        (what tells a later stage-in the file is still the one we wrote), the side files, the
+        manifest marked complete."""
+
+        def written() -> np.ndarray:
+            out = np.zeros((len(self.creates), 3), dtype=np.int64)
+            for k, f in enumerate(self.creates):
+                st = os.lstat(self.dst(f))
+                out[k] = (f, st.st_size, st.st_mtime_ns)
+            return out
+
+        mine = check_all(self.comm, written)
+        everyone = self.comm.gather(mine, root=0)
+
         def complete() -> None:
+            table = np.zeros((len(self.files), 2), dtype="<i8")
+            for part in everyone:
+                table[part[:, 0]] = part[:, 1:]
             for side in self._side_files():
                 _copy_small(os.path.join(self.source, side), os.path.join(self.root, side),
                             self.tag)
+            _write_small(table.tobytes(), os.path.join(self.root, STAT_FILE), self.tag)
             self._write_manifest(complete=True)
 
         check_all(self.comm, lambda: complete() if self.rank == 0 else None)
@@ -366,7 +492,8 @@ class _Stage:
         self.comm.Barrier()
         if self.rank == 0:
             remove_quietly(os.path.join(self.root, n)
-                           for n in [*self._side_files(), STAGE_MANIFEST])
+                           for n in [*self._side_files(), STAT_FILE, STAGE_MANIFEST])
+            self.release()  # the lock file, before its folder goes
             folders = self.folders()
             for folder in [*sorted(folders, key=len, reverse=True),
                            *_parents(folders, self.root), self.root]:
@@ -397,7 +524,10 @@ def _create_direct(path: str) -> int:
 
 def _copy_small(src: str, dst: str, tag: str) -> None:
     with open(src, "rb") as fp:
-        data = fp.read()
+        _write_small(fp.read(), dst, tag)
+
+
+def _write_small(data: bytes, dst: str, tag: str) -> None:
     tmp = temporary_name(dst, tag)
     with os.fdopen(create_exclusive(tmp), "wb") as fp:
         fp.write(data)
@@ -429,6 +559,7 @@ def stage_in(comm, opts, files: StageSet, source: str, topo, tag: str
     comm.Barrier()
     seconds = (_core.now_ns() - start) / 1e9
     seconds = comm.bcast(seconds, root=0)
+    stage.record()
     times = comm.allgather((stage.copier.read_ns / 1e9, stage.copier.write_ns / 1e9))
     result = StageResult(root, opts.to, scope, topo.nodes if scope == "node" else 1,
                          len(files), files.bytes, seconds,
