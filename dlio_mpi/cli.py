@@ -47,9 +47,13 @@ class _Parser(argparse.ArgumentParser):
         if launcher_rank() == 0:
             super()._print_message(message, file)
 
+    json_errors = False  # validate --json: a usage error is a JSON object on stdout too
+
     def error(self, message: str):
         """Usage, then the agreed one-line error; exit status 2."""
         self.print_usage(sys.stderr)
+        if self.json_errors and launcher_rank() == 0:
+            print(json.dumps({"error": message, "key": None, "status": 2}), flush=True)
         self.exit(2, f"dlio-mpi: error: {message}\n")
 
 
@@ -220,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return calibrate(argv[1:])
     parser = _parser()
+    _Parser.json_errors = argv[:1] == ["validate"] and "--json" in argv
     # Options may follow the overrides (validate demo x=1 --ranks 4): collect the leftovers.
     args, rest = parser.parse_known_args(argv)
     unknown = [arg for arg in rest if arg.startswith("-")]

@@ -124,8 +124,13 @@ def open_output(comm, cfg, plan: RunPlan, workload: str | None) -> OutputFolder:
 
     def claim() -> str:
         out.claim(cfg.output.access_log)
-        check_free_space(cfg.output.folder, results_bytes(cfg, plan, comm.Get_size()),
-                         "output.folder")
+        try:
+            check_free_space(cfg.output.folder, results_bytes(cfg, plan, comm.Get_size()),
+                             "output.folder")
+        except UserError as exc:  # the folder says why, and is free for the next run
+            out.log(f"dlio-mpi: error: {exc}")
+            out.finish("failed")
+            raise
         return out.tag
 
     out.tag = on_root(comm, claim)

@@ -158,6 +158,14 @@ def test_unknown_key_suggests_the_closest(override, unknown, suggestion):
                                             f"'{suggestion}'?")
 
 
+def test_an_unknown_section_is_not_matched_to_a_deep_key_named_loosely_alike():
+    """'nope' is no misspelling of storage.stage_in.scope: the sections are listed."""
+    message = error_of("demo", ["nope.key=1"])
+    assert message.startswith("unknown key 'nope'; accepted in the top level: model, "), \
+        message
+    assert "did you mean" not in message
+
+
 def test_unknown_key_without_close_match_lists_the_section():
     message = error_of("demo", ["dataset.zzzzzz=1"])
     assert message.startswith("unknown key 'dataset.zzzzzz'") and "num_files_train" in message

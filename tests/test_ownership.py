@@ -311,6 +311,20 @@ def test_a_failed_run_says_why_in_its_log(tmp_path):
     assert not (out / "summary.json").exists()
 
 
+def test_an_output_folder_without_room_says_why_and_is_free_for_the_next_run(small_fs):
+    """Refused for room after the claim: the log and the manifest say why ('failed'), and
+    the lock is released (it used to stay, the manifest saying 'running')."""
+    (small_fs / "filler").write_bytes(b"\0" * (23 * 2**20 + 2**19))
+    out = small_fs / "out"
+    res = run_cli(["run", "demo", *workload_overrides(small_fs.parent, output__folder=out,
+                                                      output__trace="true")])
+    refused(res, "output.folder:", "free, but this run would write")
+    error = [line for line in res.stderr.splitlines() if line.startswith("dlio-mpi: error")]
+    assert (out / "dlio.log").read_text().splitlines()[-1] == error[0]
+    assert json.loads((out / "dlio_mpi_results.json").read_text())["state"] == "failed"
+    assert not (out / "dlio_mpi.lock").exists()
+
+
 def test_keep_files_false_keeps_a_file_changed_since_generation(tmp_path):
     from dlio_mpi.data.catalog import spot_indices
 

@@ -266,3 +266,17 @@ def test_the_study_script_on_a_tiny_dataset(tmp_path):
     assert opens["packed"] <= 2 * 4 * 2  # 4 shards, at most once per rank and epoch
     assert (work / "small_files_study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "variant" in res.stdout and "packed" in res.stdout
+
+
+def test_a_pack_without_room_is_refused_and_leaves_nothing(tmp_path, small_fs):
+    """12 shards of 600 KB to a 24 MiB tmpfs holding 23.5 MiB already: one message naming
+    --to, the room and the need, exit 2, and no manifest or folder left (it used to leave an
+    incomplete pack's manifest and split folders)."""
+    args = _generate(tmp_path, 2, dataset__num_files_eval=0,
+                     dataset__record_length_bytes=600_000)
+    (small_fs / "filler").write_bytes(b"\0" * (23 * 2**20 + 2**19))
+    res = run_cli(["pack", "demo", *args, "--to", str(small_fs / "new" / "packed")])
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and "--to:" in errors[0] and "free, but" in errors[0], res.stderr
+    assert [p.name for p in small_fs.iterdir()] == ["filler"]

@@ -138,6 +138,9 @@ def test_json_is_printed_once_on_several_ranks():
      "dataset.num_file_train"),
     (["demo", "--ranks", "0"], "--ranks 0: a plan needs at least 1 rank", None),
     (["no_such_workload"], "no_such_workload", None),
+    # usage errors, found by argparse before any configuration is read
+    (["demo", "--ranks", "x"], "argument --ranks: invalid int value: 'x'", None),
+    (["demo", "--bogus"], "unrecognized arguments: --bogus", None),
 ])
 def test_json_with_bad_input_exits_2_with_one_json_error_object(args, words, key):
     res = run_cli(["validate", *args, "--json"], ranks=2)

@@ -873,6 +873,8 @@ def suggest_key(dotted: str) -> str | None:
     for candidate in schema_keys():
         c_parent, _, c_leaf = candidate.rpartition(".")
         ratio = difflib.SequenceMatcher(None, leaf, c_leaf).ratio()
+        if not parent and c_parent and ratio < 0.8:
+            continue  # a top-level name is a section misspelt, or a key named nearly alike
         score = ratio + (0.1 if c_parent == parent else 0.0)
         if ratio >= 0.6 and score > best_score:
             best, best_score = candidate, score

@@ -30,11 +30,25 @@ from ..config.loader import parse_override
 from ..errors import UserError, check_all, on_root
 from ..formats.base import SampleSpec, StagedWrites
 from ..formats.indexed_binary import IndexedBinaryFormat
-from ..ownership import LOCK_NAME, FolderLock, new_tag, read_regular
+from ..ownership import (
+    LOCK_NAME,
+    FolderLock,
+    missing_folders,
+    new_tag,
+    read_regular,
+    remove_empty_folders,
+    remove_quietly,
+)
 from .catalog import locate_split
 from .dataset import SHAPE_CHUNK, SPLITS, FileNaming, describe_dataset
 from .generate import _remove_temporaries, check_free_space
-from .manifest import differing_params, generation_params, read_manifest, write_manifest
+from .manifest import (
+    differing_params,
+    generation_params,
+    manifest_path,
+    read_manifest,
+    write_manifest,
+)
 
 SHARD_BYTES = 256 << 20  # default shard size: large reads, few files, still many per rank
 OVERRIDES_NAME = "dlio_mpi_pack_overrides.txt"
@@ -178,14 +192,15 @@ def pack(comm, cfg, source: str, overrides: list[str], folder: str,
     shards = [(name, i) for name in SPLITS for i in range(plan.files[name])]
     lock = FolderLock(plan.folder, "pack")
     try:
-        tag, complete = on_root(comm, lambda: _claim(plan, lock))
+        made = missing_folders(plan.folder)  # a pack refused for room leaves none of them
+        tag, complete, fresh = on_root(comm, lambda: _claim(plan, lock))
         written = 0
         if not complete:
             mine = shards[comm.Get_rank()::comm.Get_size()]
             spec = SampleSpec((plan.sample_bytes,), "|u1", plan.per_shard)
             need = check_all(comm, lambda: _todo(plan, mine, prefix, spec))
             total_need = comm.allreduce(sum(size for *_, size in need))
-            on_root(comm, lambda: check_free_space(plan.folder, total_need, "--to"))
+            on_root(comm, lambda: _check_room(plan, total_need, fresh, lock, made))
             written = comm.allreduce(check_all(comm, lambda: _write_shards(
                 plan, need, located, prefix, spec, tag)))
             on_root(comm, lambda: _complete(plan, tag))
@@ -197,9 +212,24 @@ def pack(comm, cfg, source: str, overrides: list[str], folder: str,
             "run_overrides": combined(overrides, plan.overrides)}
 
 
-def _claim(plan: PackPlan, lock: FolderLock) -> tuple[str, bool]:
+def _check_room(plan: PackPlan, need: int, fresh: bool, lock: FolderLock,
+                made: list[str]) -> None:
+    """Rank 0: refuse a pack the folder has no room for; a folder it began just now is left
+    as it was (its manifest, split folders and the folders made for it removed)."""
+    try:
+        check_free_space(plan.folder, need, "--to")
+    except UserError:
+        if fresh:
+            remove_quietly([manifest_path(plan.folder)])
+            lock.release()
+            remove_empty_folders([*(os.path.join(plan.folder, s) for s in SPLITS), *made])
+        raise
+
+
+def _claim(plan: PackPlan, lock: FolderLock) -> tuple[str, bool, bool]:
     """Rank 0: lock the folder and decide whether it is ours. It must be new, empty or a pack
-    of ours with these parameters (complete: nothing to do; else its temporaries removed)."""
+    of ours with these parameters (complete: nothing to do; else its temporaries removed).
+    The tag, whether it is complete, whether it was begun now (no manifest before)."""
     try:
         os.makedirs(plan.folder, exist_ok=True)
     except OSError as exc:
@@ -220,7 +250,7 @@ def _claim(plan: PackPlan, lock: FolderLock) -> tuple[str, bool]:
                         f"parameters ({', '.join(differing_params(manifest, plan.params))} "
                         "differ); choose another folder or delete it yourself")
     elif manifest.get("complete"):
-        return "", True
+        return "", True, False
     split_folders = [os.path.join(plan.folder, s) for s in SPLITS]
     for path in split_folders:
         os.makedirs(path, exist_ok=True)
@@ -229,7 +259,7 @@ def _claim(plan: PackPlan, lock: FolderLock) -> tuple[str, bool]:
     tag = new_tag()
     write_manifest(plan.folder, plan.params, complete=False, tag=tag, temporaries=[tag],
                    packed=True)
-    return tag, False
+    return tag, False, manifest is None
 
 
 def _todo(plan: PackPlan, mine: list[tuple[str, int]], prefix: str, spec: SampleSpec
