@@ -286,3 +286,20 @@ def test_a_staged_file_changed_or_rewritten_by_the_user_is_refused_not_replaced(
     res = run_cli(["run", "demo", *_args(tmp_path)], ranks=ranks)
     assert res.returncode == 0, res.stderr
     _identical(tmp_path / "data", tmp_path / "bb")
+
+
+def test_a_stage_in_out_of_room_mid_copy_leaves_no_temporary_and_a_rerun_works(tmp_path):
+    """Room for the bytes (checked first) but not for the files: the copy fails with
+    ENOSPC part way, naming the file; no temporary of any rank is left; once room is made
+    the next run stages everything (it used to fail again on the leftovers)."""
+    with mounted_tmpfs(tmp_path / "small", "size=64m,nr_inodes=30") as small:
+        over = dict(dataset__num_files_train=64, storage__stage_in__to=small / "bb")
+        _generate(tmp_path, 2, **over)
+        res = run_cli(["run", "demo", *_args(tmp_path, **over)], ranks=2)
+        assert res.returncode != 0
+        assert "No space left on device: " + str(small / "bb" / "train") in res.stderr
+        assert not [p for p in small.rglob("*") if ".dlio_mpi-" in p.name]
+        subprocess.run(["mount", "-o", "remount,nr_inodes=1000", str(small)], check=True)
+        res = run_cli(["run", "demo", *_args(tmp_path, **over)], ranks=2)
+        assert res.returncode == 0, res.stderr
+        _identical(tmp_path / "data", small / "bb")

@@ -46,6 +46,7 @@ from ..errors import UserError, check_all, on_root
 from ..ownership import (
     FolderLock,
     create_exclusive,
+    is_temporary_of,
     missing_folders,
     read_own_json,
     read_regular,
@@ -411,13 +412,23 @@ class _Stage:
     # ---------------------------------------------------------------- on the clock
     def copy(self, shown) -> None:
         """This rank's pieces, then a syncfs, then the renames of the files it alone wrote;
-        on a failure (out of space, a source file changed) its temporaries are removed first,
-        as the job then ends at once."""
+        on a failure (out of space, a source file changed) the copy's temporaries, every
+        rank's, are removed first, as the job then ends at once (the other ranks with it)."""
         try:
             self._copy(shown)
         except BaseException:
-            remove_quietly(temporary_name(self.dst(f), self.tag) for f in self.creates)
+            self._remove_temporaries()
             raise
+
+    def _remove_temporaries(self) -> None:
+        """Every temporary of this copy (this job's tag) in the copy's folders."""
+        for folder in self.folders():
+            try:
+                with os.scandir(folder) as entries:
+                    mine = [e.path for e in entries if is_temporary_of(e.name, (self.tag,))]
+            except OSError:
+                continue
+            remove_quietly(mine)
 
     def _copy(self, shown) -> None:
         o = self.opts
