@@ -69,13 +69,38 @@ def test_running_out_of_room_mid_checkpoint_ends_the_job_and_names_the_file(tmp_
     second = folder / "global_epoch1_step2"
     assert "No space left on device" in err and str(second) in err, err
     assert err.count("dlio-mpi: error") == 1, err
-    assert os.listdir(second) == [], os.listdir(second)  # no file, whole or partial
-    assert _complete(folder) == {"global_epoch1_step1": True, "global_epoch1_step2": False}
+    # the failed save is removed whole (it used to stay, a partial folder listed incomplete)
+    assert not second.exists()
+    assert _complete(folder) == {"global_epoch1_step1": True}
+    assert sorted(os.listdir(folder)) == ["dlio_mpi_checkpoints.json", "global_epoch1_step1"]
     assert sorted(os.listdir(folder / "global_epoch1_step1")) == [
         "model_states-0.pt", "model_states-1.pt"]
     assert (small_fs / "someone_elses_file").exists()
     summary = tmp_path / "out" / "summary.json"
     assert not summary.exists()  # no results that look complete
+
+
+def test_a_save_failing_after_its_files_are_whole_leaves_nothing_and_a_rerun_works(tmp_path):
+    """Room for the bytes but not for a file more: the ranks' files are renamed whole, then
+    the manifest's update fails (ENOSPC). The save is removed whole, and the rerun with room
+    is not refused (the unlisted whole files used to block it: 'not written by an earlier
+    dlio-mpi run')."""
+    from helpers import mounted_tmpfs
+
+    with mounted_tmpfs(tmp_path / "small", "size=64m,nr_inodes=6") as small:
+        folder = small / "ck"
+        res = subprocess.run(_command(tmp_path, folder, "checkpoint.time_between_checkpoints=0",
+                                      writes=1), capture_output=True, text=True, timeout=120)
+        assert res.returncode == 2, res.stderr
+        assert "No space left on device: " + str(folder) in res.stderr, res.stderr
+        assert res.stderr.count("dlio-mpi: error") == 1, res.stderr
+        assert os.listdir(folder) == ["dlio_mpi_checkpoints.json"]
+        assert _complete(folder) == {}
+        subprocess.run(["mount", "-o", "remount,nr_inodes=1000", str(small)], check=True)
+        res = subprocess.run(_command(tmp_path, folder, "checkpoint.time_between_checkpoints=0",
+                                      writes=1), capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr
+        assert _complete(folder) == {"global_epoch1_step1": True}
 
 
 def test_checkpoints_that_cannot_fit_are_refused_before_any_io(tmp_path, small_fs):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from .. import _core, progress
-from ..errors import UserError, check_all, on_root
+from ..errors import JobError, UserError, check_all, on_root
 from ..ownership import FolderLock
 from ..storage.filesystems import apply_striping, nearest_existing
 from .file_per_rank import FilePerRank
@@ -169,13 +169,17 @@ class Checkpointer:
     def save(self, checkpoint_id: str, index: int) -> CheckpointRecord:
         """Collective: write this rank's share of checkpoint `checkpoint_id` (the run's
         save number `index`), list it complete when every rank's files are in."""
-        on_root(self.comm, lambda: self.folder.begin(checkpoint_id))
-        record = self._timed("save", index, checkpoint_id, lambda: self.writer.save(
-            checkpoint_number(checkpoint_id), checkpoint_id, self.shard))
         shards = [self.layout.shard(r) for r in range(self.comm.Get_size())] \
             if self.comm.Get_rank() == 0 else []
-        on_root(self.comm, lambda: self.folder.complete(
-            checkpoint_id, self.writer.file_names(shards)))
+        names = self.writer.file_names(shards)
+        on_root(self.comm, lambda: self.folder.begin(checkpoint_id, names))
+        try:
+            record = self._timed("save", index, checkpoint_id, lambda: self.writer.save(
+                checkpoint_number(checkpoint_id), checkpoint_id, self.shard))
+            on_root(self.comm, lambda: self.folder.complete(checkpoint_id, names))
+        except JobError:  # agreed by every rank: none writes any more
+            on_root(self.comm, lambda: self.folder.abandon(checkpoint_id))
+            raise
         self.saves += 1
         return record
 

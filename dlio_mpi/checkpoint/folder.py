@@ -18,7 +18,13 @@ import shutil
 import time
 
 from ..errors import UserError
-from ..ownership import create_exclusive, is_temporary_of, read_own_json, temporary_name
+from ..ownership import (
+    create_exclusive,
+    is_temporary_of,
+    read_own_json,
+    remove_quietly,
+    temporary_name,
+)
 
 MANIFEST = "dlio_mpi_checkpoints.json"
 
@@ -75,17 +81,20 @@ class CheckpointFolder:
         files, tags = listed.get("files", {}), self.body.get("temporaries", [])
         with os.scandir(folder) as entries:
             strangers = [e.path for e in entries
-                         if not (is_temporary_of(e.name, tags) or _unchanged(e, files.get(e.name)))]
+                         if not (is_temporary_of(e.name, tags) or _unchanged(e, files.get(e.name))
+                                 or _renamed_in(e, listed))]
         if strangers:
             raise UserError(f"checkpoint.checkpoint_folder: {strangers[0]} was not written by "
                             "an earlier dlio-mpi run, or changed since; dlio-mpi replaces only "
                             "its own checkpoints: remove it or choose another checkpoint_folder")
 
-    def begin(self, checkpoint_id: str) -> None:
+    def begin(self, checkpoint_id: str, names: list[str]) -> None:
         """Claim a new checkpoint folder (refused if it appeared meanwhile): listed as
-        incomplete, with this run's tag, before any rank writes into it."""
+        incomplete, with this run's tag, the names its files will have and when it began,
+        before any rank writes into it."""
         os.mkdir(os.path.join(self.root, checkpoint_id))
-        self.body["checkpoints"][checkpoint_id] = {"complete": False, "files": {}}
+        self.body["checkpoints"][checkpoint_id] = {"complete": False, "files": {},
+                                                   "names": names, "began_ns": time.time_ns()}
         if self.tag not in self.body["temporaries"]:
             self.body["temporaries"].append(self.tag)
         self._write()
@@ -100,15 +109,57 @@ class CheckpointFolder:
         self.body["checkpoints"][checkpoint_id] = {"complete": True, "files": files}
         self._write()
 
+    def abandon(self, checkpoint_id: str) -> None:
+        """A save that failed (out of room, a rank's error): its folder, begun by this run,
+        removed with what its ranks wrote (its files and this run's temporaries), and its
+        listing dropped; a file of anyone else's there keeps the folder, listed incomplete."""
+        folder = os.path.join(self.root, checkpoint_id)
+        listed = self.body["checkpoints"].get(checkpoint_id, {})
+        try:
+            with os.scandir(folder) as entries:
+                ours = [e.path for e in entries if is_temporary_of(e.name, [self.tag])
+                        or _renamed_in(e, listed)
+                        or _unchanged(e, listed.get("files", {}).get(e.name))]
+        except OSError:
+            ours = []
+        remove_quietly(ours)
+        try:
+            os.rmdir(folder)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return  # something else is there: the listing (incomplete) stays
+        del self.body["checkpoints"][checkpoint_id]
+        try:
+            self._write()
+        except OSError:
+            pass  # no room even for the manifest: it lists a checkpoint that is gone
+
     def _write(self) -> None:
         from .. import __version__
 
         self.body |= {"version": __version__, "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
         path = os.path.join(self.root, MANIFEST)
         tmp = temporary_name(path, self.tag)
-        with os.fdopen(create_exclusive(tmp), "w") as fp:
-            json.dump(self.body, fp, indent=1)
+        try:
+            with os.fdopen(create_exclusive(tmp), "w") as fp:
+                json.dump(self.body, fp, indent=1)
+        except BaseException:
+            remove_quietly([tmp])  # out of room part way: no half manifest left
+            raise
         os.replace(tmp, path)  # over our own manifest (_read refused any other)
+
+
+def _renamed_in(entry: os.DirEntry, listed: dict) -> bool:
+    """Whether `entry`, in a checkpoint listed incomplete, is one of its files renamed into
+    place whole before the save failed or was killed: named as the checkpoint's files are,
+    a regular file written since the checkpoint began (file times lag the clock by a tick)."""
+    began = listed.get("began_ns")
+    if listed.get("complete") or not isinstance(began, int) or \
+            entry.name not in listed.get("names", []) or entry.is_symlink() or \
+            not entry.is_file(follow_symlinks=False):
+        return False
+    return entry.stat(follow_symlinks=False).st_mtime_ns >= began - 10**9
 
 
 def _unchanged(entry: os.DirEntry, recorded: list[int] | None) -> bool:
