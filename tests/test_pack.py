@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from dlio_mpi.errors import UserError
 from dlio_mpi.plan.derive import derive_plan
 from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 from dlio_mpi.sampling.sharding import ShuffleSpec, epoch_shuffle, order_batches, rank_shard
-from helpers import access_logs, run_cli, workload_overrides
+from helpers import access_logs, mpiexec, run_cli, signal_one_rank_when, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
 RANKS = [2, 3]
@@ -280,3 +281,36 @@ def test_a_pack_without_room_is_refused_and_leaves_nothing(tmp_path, small_fs):
     errors = [line for line in res.stderr.splitlines() if "error" in line]
     assert len(errors) == 1 and "--to:" in errors[0] and "free, but" in errors[0], res.stderr
     assert [p.name for p in small_fs.iterdir()] == ["filler"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_a_pack_stopped_by_a_signal_resumes_and_sigterm_leaves_no_temporary(tmp_path, sig):
+    """SIGTERM to one rank: the ranks stop after the shard being written (whole, committed),
+    exit 128 + 15, no temporary left and the folder released; SIGKILL: the next pack removes
+    what was left. Either way the rerun completes the pack."""
+    files = 1500
+    args = _generate(tmp_path, 2, dataset__num_files_train=files, dataset__num_files_eval=0,
+                     dataset__record_length_bytes=4000)
+    target = tmp_path / "packed"
+    job = subprocess.Popen([mpiexec(), "-n", "2", sys.executable, "-P", "-m", "dlio_mpi",
+                            "pack", "demo", *args, "--to", str(target),
+                            "--samples-per-shard", "1"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def shards() -> int:
+        return len(list((target / "train").glob("*.indexed_binary"))) \
+            if (target / "train").is_dir() else 0
+
+    signal_one_rank_when(job, str(target), lambda: shards() > 100, sig)
+    _, err = job.communicate(timeout=120)
+    if sig == signal.SIGTERM:
+        assert job.returncode == 128 + sig and "pack stopped by SIGTERM" in err, err
+        assert not [p for p in target.rglob("*") if ".dlio_mpi-" in p.name]
+        assert not (target / "dlio_mpi.lock").exists()
+    else:
+        assert job.returncode != 0
+    assert shards() < files, "the signal came too late to test anything"
+    res = _pack(tmp_path, 2, args, "--samples-per-shard", "1")
+    assert res.returncode == 0, res.stderr
+    assert shards() == files and not [p for p in target.rglob("*") if ".dlio_mpi-" in p.name]
+    assert json.loads((target / "dlio_mpi_manifest.json").read_text())["complete"]

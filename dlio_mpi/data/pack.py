@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,7 +28,7 @@ import numpy as np
 from .. import _core
 from ..config import ConfigError, load_config
 from ..config.loader import parse_override
-from ..errors import UserError, check_all, on_root
+from ..errors import JobError, Stopped, UserError, agreed_stop, check_all, on_root
 from ..formats.base import SampleSpec, StagedWrites
 from ..formats.indexed_binary import IndexedBinaryFormat
 from ..ownership import (
@@ -201,8 +202,15 @@ def pack(comm, cfg, source: str, overrides: list[str], folder: str,
             need = check_all(comm, lambda: _todo(plan, mine, prefix, spec))
             total_need = comm.allreduce(sum(size for *_, size in need))
             on_root(comm, lambda: _check_room(plan, total_need, fresh, lock, made))
-            written = comm.allreduce(check_all(comm, lambda: _write_shards(
-                plan, need, located, prefix, spec, tag)))
+            _core.stop_on_signals()  # SIGINT, SIGTERM: stop after the shard being written
+            try:
+                written = comm.allreduce(check_all(comm, lambda: _write_shards(
+                    plan, need, located, prefix, spec, tag)))
+            except JobError as exc:
+                stop = agreed_stop(comm)
+                if stop:
+                    raise Stopped(f"{exc}", stop) from None
+                raise
             on_root(comm, lambda: _complete(plan, tag))
     finally:
         on_root(comm, lambda: lock.release())
@@ -291,6 +299,9 @@ def _write_shards(plan: PackPlan, todo, located, prefix: str, spec: SampleSpec,
     written = 0
     try:
         for name, index, _ in todo:
+            if _core.stop_signal():  # the shards written so far are whole and committed
+                raise UserError(f"pack stopped by {signal.Signals(_core.stop_signal()).name}; "
+                                "complete shards stay, and a rerun resumes after them")
             path = _naming(plan, name, prefix).path(index)
             sources = [located[name].path(i) for i in range(index * plan.per_shard,
                                                             (index + 1) * plan.per_shard)]
