@@ -3,6 +3,7 @@ finds each sample; layouts probed from headers equal the computed ones."""
 
 from __future__ import annotations
 
+import os
 import zipfile
 
 import numpy as np
@@ -125,3 +126,19 @@ def test_staged_files_get_their_names_only_on_commit(tmp_path):
     staged.commit()
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "f.indexed_binary", "f.indexed_binary.off.idx", "f.indexed_binary.sz.idx"]
+
+
+def test_a_write_out_of_room_names_the_file_and_leaves_no_temporary(tmp_path):
+    """os.write's ENOSPC names no file; the staged write's error names its temporary."""
+    import errno
+
+    from dlio_mpi.errors import describe
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with pytest.raises(OSError) as caught:
+        StagedWrites("abc").write(str(tmp_path / "f.bin"), full)
+    assert describe(caught.value) == \
+        f"No space left on device: {tmp_path / 'f.bin'}.dlio_mpi-abc.tmp"
+    assert list(tmp_path.iterdir()) == []

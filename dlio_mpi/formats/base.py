@@ -329,7 +329,9 @@ class StagedWrites:
         try:
             fill(fd)
             size = os.fstat(fd).st_size
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, OSError) and exc.filename is None:
+                exc.filename = tmp  # os.write's errors (ENOSPC) name no file: the message will
             os.close(fd)
             remove_quietly([tmp])
             raise
