@@ -318,19 +318,18 @@ class Checkpoints:
 
 def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputFolder,
           checkpoints: Checkpoints | None = None, tracer: RankTrace | None = None,
-          intervals: IntervalStats | None = None
+          intervals: IntervalStats | None = None, cache: CacheTier | None = None
           ) -> tuple[list[EpochSummary], list[EpochSummary], int, dict]:
     """The training epochs, each followed by evaluation when it is due, with the
-    checkpoints due (workflow.checkpoint: `checkpoints`); returns the train and eval epoch
-    summaries (complete on rank 0 only), the signal that stopped them early on every rank
-    (0: none) and each phase's reader backend's description."""
+    checkpoints due (workflow.checkpoint: `checkpoints`) and reader.cache's tier (`cache`,
+    claimed already; closed here); returns the train and eval epoch summaries (complete on
+    rank 0 only), the signal that stopped them early on every rank (0: none) and each
+    phase's reader backend's description."""
     rank = comm.Get_rank()
     rng = np.random.default_rng([cfg.train.seed, rank])
     wall_offset = time.time_ns() - _core.now_ns()
-    cache = None
-    if cfg.reader.cache is not None:
-        cache = CacheTier(comm, cfg.reader.cache, topo, out.tag,
-                          next(iter(plan.splits.values())).root)
+    if cache is not None:  # what its copies copy (the staged copy, with stage-in)
+        cache.source_root = next(iter(plan.splits.values())).root
     phases = [open_phase(comm, cfg, plan, "train", pacing, cache)]
     if cfg.workflow.evaluation:
         phases.append(open_phase(comm, cfg, plan, "eval", pacing, cache))
@@ -651,6 +650,9 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         checkpoints = Checkpoints(open_checkpointer(
             comm, cfg, plan, topo, out.tag, lambda line: say(comm, line, out=out)))
         on_root(comm, lambda: out.hold(checkpoints.checkpointer.lock))  # till the run ends
+    cache = None
+    if cfg.workflow.train and cfg.reader.cache is not None:  # claimed before other I/O too
+        cache = CacheTier(comm, cfg.reader.cache, topo, out.tag, root)
     tracer = RankTrace.start(comm, topo.clock_offset_ns) if cfg.output.trace else None
     intervals = IntervalStats.start(comm, cfg.output.stats_interval, topo.clock_offset_ns,
                                     lambda line: say(comm, line, out=out)) \
@@ -671,7 +673,8 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
             read_plan = plan if staged is None else dataclasses.replace(plan, splits={
                 name: rerooted(split, staged.root) for name, split in plan.splits.items()})
             train_epochs, eval_epochs, stop, readers = train(comm, cfg, read_plan, topo, pacing,
-                                                             out, checkpoints, tracer, intervals)
+                                                             out, checkpoints, tracer, intervals,
+                                                             cache)
             if intervals is not None:
                 on_root(comm, lambda: intervals.write(out))
                 intervals.close()

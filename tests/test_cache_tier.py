@@ -135,3 +135,37 @@ def test_backends_it_cannot_serve_are_refused_before_any_io(tmp_path):
     assert res.returncode == 2 and "reader.cache" in res.stderr, res.stderr
     assert "not implemented yet" in res.stderr
     assert not (tmp_path / "data").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_cache_folder_a_live_job_holds_is_refused_until_it_ends(tmp_path):
+    """Two jobs given one cache folder: the second is refused before any I/O, naming the
+    folder and the job holding it (here this test process, as a live job's node leader);
+    nothing of the first job's is touched. Once the first job ends, the folder is free."""
+    import socket
+
+    from dlio_mpi.ownership import FolderLock
+
+    cache = tmp_path / "cache"
+    (cache / "train").mkdir(parents=True)
+    theirs = cache / "train" / "img_05_of_24.npz"
+    theirs.write_bytes(b"the first job's copy")
+    manifest = cache / "dlio_mpi_cache.json"
+    manifest.write_text(json.dumps({"tool": "dlio-mpi", "kind": "dlio-mpi cache tier",
+                                    "tag": "abc123", "files": ["train/img_05_of_24.npz"]}))
+    lock = FolderLock(str(cache), "cache tier")
+    lock.acquire()
+    try:
+        res = run_cli(["run", "demo", *_args(tmp_path)], ranks=2)
+        assert res.returncode == 2, res.stderr
+        holder = f"{cache} is in use by another dlio-mpi job (cache tier on " \
+                 f"{socket.gethostname()}, pid {os.getpid()}, since "
+        assert res.stderr.count(holder) == 1, res.stderr
+        assert theirs.read_bytes() == b"the first job's copy"
+        assert "abc123" in manifest.read_text()
+        assert not (tmp_path / "data").exists()  # refused before the dataset was generated
+    finally:
+        lock.release()
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=2)
+    assert res.returncode == 0, res.stderr
+    assert _cache(tmp_path)[1]["hit_ratio"] == 1.0
+    assert sorted(os.listdir(cache)) == []  # its copies, the earlier ones and its lock gone

@@ -17,7 +17,9 @@ BeeGFS OnDemand cache files on local SSD.
   run that far ahead: `prefetch_size`, or a torch DataLoader's batches in flight,
   readers.batches_in_flight). A copy found gone anyway is read from the PFS instead, and counted.
 - The cache folder: `folder`, or `folder/node<k>` on emulated nodes (which share one host's
-  storage); on real nodes a folder the nodes share is refused. Its copies are ours by
+  storage); on real nodes a folder the nodes share is refused. One job at a time: the node
+  leader claims it (ownership.FolderLock) till the run ends, as another job's fills and
+  evictions would make this job's planned hits miss. Its copies are ours by
   `dlio_mpi_cache.json`; a run starts with the cache empty (removing our earlier copies,
   refusing anything else in the way) and removes its copies when it ends.
 - Reported per epoch (per_epoch_stats.json `cache`): the hit ratio (requests of files the
@@ -38,6 +40,7 @@ import numpy as np
 from .. import _core
 from ..errors import UserError, check_all, on_root
 from ..ownership import (
+    FolderLock,
     create_exclusive,
     is_temporary_of,
     read_own_json,
@@ -82,6 +85,7 @@ class CacheTier:
             check_node_local(comm, opts.folder, topo.node, self.leader, tag)
         self.root = node_root(opts.folder, "node", topo.node, topo.emulated)
         self.created: list[str] = []  # the node leader's: the folders it made (_open)
+        self.lock = FolderLock(self.root, "cache tier")  # the node leader's, till close()
         self.capacity = on_root(self.node, self._open)
         self.used = 0
         self.tick = 0
@@ -95,26 +99,42 @@ class CacheTier:
 
     # ---------------------------------------------------------------- the folder
     def _open(self) -> int:
-        """The node leader: claim the folder (empty of ours), return the capacity."""
+        """The node leader: claim the folder for this job (empty of ours), return the
+        capacity. Another live job's folder is refused before anything in it is touched."""
         self.created = _missing_folders(self.root)  # removed with the copies, when empty
         os.makedirs(self.root, exist_ok=True)
-        path = os.path.join(self.root, CACHE_MANIFEST)
-        earlier = read_own_json(path, f"reader.cache.folder: {path} is not dlio-mpi's")
-        if earlier is not None:
-            if earlier.get("kind") != KIND:
-                raise UserError(f"reader.cache.folder: {path} is not a cache manifest of "
-                                "dlio-mpi; remove it yourself or choose another folder")
-            listed = [rel for rel in earlier.get("files", [])
-                      if isinstance(rel, str) and not rel.startswith(("/", ".."))]
-            remove_quietly(os.path.join(self.root, rel) for rel in listed)
-            if isinstance(earlier.get("tag"), str):  # a crashed run's fills in progress
-                self._remove_temporaries({os.path.dirname(rel) for rel in listed},
-                                         earlier["tag"])
-        self._write_manifest([])
+        try:
+            self.lock.acquire()
+            self._remove_earlier()
+            self._write_manifest([])
+        except BaseException:
+            self.lock.release()
+            for folder in self.created:  # deepest first
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    break
+            raise
         if self.opts.capacity_bytes is not None:
             return int(self.opts.capacity_bytes)
         st = os.statvfs(self.root)
         return st.f_bavail * st.f_frsize
+
+    def _remove_earlier(self) -> None:
+        """Remove the copies (and a crashed run's fill temporaries) an earlier run's manifest
+        lists; refuse a manifest that is not ours."""
+        path = os.path.join(self.root, CACHE_MANIFEST)
+        earlier = read_own_json(path, f"reader.cache.folder: {path} is not dlio-mpi's")
+        if earlier is None:
+            return
+        if earlier.get("kind") != KIND:
+            raise UserError(f"reader.cache.folder: {path} is not a cache manifest of "
+                            "dlio-mpi; remove it yourself or choose another folder")
+        listed = [rel for rel in earlier.get("files", [])
+                  if isinstance(rel, str) and not rel.startswith(("/", ".."))]
+        remove_quietly(os.path.join(self.root, rel) for rel in listed)
+        if isinstance(earlier.get("tag"), str):  # a crashed run's fills in progress
+            self._remove_temporaries({os.path.dirname(rel) for rel in listed}, earlier["tag"])
 
     def _remove_temporaries(self, folders: set[str], tag: str) -> None:
         """Remove the fill temporaries of the run that carried `tag` (ours by that tag)."""
@@ -197,6 +217,7 @@ class CacheTier:
         if self.leader:
             remove_quietly(os.path.join(self.root, rel) for rel in self._listed())
             remove_quietly([os.path.join(self.root, CACHE_MANIFEST)])
+            self.lock.release()  # before the folders go: its file lives in the root
             for folder in sorted(self.made, key=len, reverse=True):
                 parts = folder.split(os.sep)
                 for k in range(len(parts), 0, -1):
