@@ -279,6 +279,9 @@ int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_er
 #define DIO_REQ_FILL   32u /* before this request, copy the file whole from the file table to
                             * the cache tier (under a temporary renamed into place, never over
                             * a copy already there), then read it as DIO_REQ_CACHED */
+#define DIO_REQ_HIT    64u /* with DIO_REQ_CACHED: the plan's hit (the file was cached when the
+                            * epoch began); changes no read, only what the counters say when
+                            * its copy is gone (cache_hit_fallbacks) */
 
 /* One epoch of requests: batch b covers requests [batch_start[b], batch_start[b+1]).  The
  * arrays are copied by dio_engine_start_epoch.  batch_start[0] must be 0 and batch_start must
@@ -445,12 +448,16 @@ typedef struct dio_engine_counters {
     int64_t stats;            /* fstat() calls since create (one per open, DIO_REQ_FSTAT) */
     int64_t bytes_read;       /* bytes transferred since create */
     int64_t read_ops;         /* pread calls since create */
-    int64_t cache_reads;      /* requests read from the cache tier's copies */
+    int64_t cache_reads;      /* DIO_REQ_CACHED/FILL requests read from their copies */
     int64_t cache_fills;      /* files copied into the cache tier (DIO_REQ_FILL) */
     int64_t cache_fill_bytes; /* bytes they held */
     int64_t cache_fill_ns;    /* time the fills took, summed over the threads */
     int64_t cache_evictions;  /* copies removed (evict_file) */
-    int64_t cache_fallbacks;  /* DIO_REQ_CACHED requests whose copy was gone */
+    int64_t cache_fallbacks;  /* opens of copies found gone (the file table's file opened) */
+    int64_t cache_fallback_reads; /* DIO_REQ_CACHED/FILL requests read from the file table's
+                                   * file since their copy was gone */
+    int64_t cache_fallback_bytes; /* the bytes those requests asked for (their lengths) */
+    int64_t cache_hit_fallbacks;  /* those of them with DIO_REQ_HIT */
     int64_t preprocess_cpu_ns;  /* CPU time the readers spent on the plans' cpu_ns */
     int64_t preprocess_wall_ns; /* the wall time that took (more where the cores were shared) */
 } dio_engine_counters;

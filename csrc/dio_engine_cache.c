@@ -27,6 +27,9 @@ int eng_fill_cache(dio_engine *e, worker *w, int64_t file, dio_error *err)
     struct stat st;
     int64_t t0 = dio_now_ns();
     int in, out, rc;
+    int stale = fd_cache_remove(&w->cache, file | CACHE_KEY);
+    if (stale >= 0) /* the file itself, kept where its copy was gone: read the new copy */
+        eng_close_counted(stale, e);
     if (!w->fill_buf && posix_memalign(&w->fill_buf, 4096, FILL_BUF) != 0) {
         w->fill_buf = NULL;
         return dio_fail(err, ENOMEM, dst, "cache fill of %s: out of memory", dst);

@@ -73,12 +73,13 @@ int eng_worker_init(dio_engine *e, worker *w, int cache_cap)
 /* Open file `file` as this engine reads (dio_open_regular: never blocks on a FIFO or device,
  * refuses anything but a regular file, checks O_DIRECT's file system), in the thread's watch
  * slot.  On EMFILE the thread gives back its least recently used cached descriptors and tries
- * again. */
+ * again.  `cached`: its copy, or where that is gone the file itself (w->fell_back set). */
 int eng_open_file(dio_engine *e, worker *w, int64_t file, int cached, dio_error *err)
 {
     const char *path = cached ? eng_file_path(&e->cache, file, w->cpath)
                               : eng_file_path(&e->files, file, w->path);
     int fd, victim;
+    w->fell_back = 0;
     watch_begin(&w->watch, WATCH_OPEN, file, dio_now_ns());
     if (DIO_UNLIKELY(e->stall_ns > 0))
         eng_stall_if_chosen(e, w, WATCH_OPEN, file);
@@ -94,19 +95,24 @@ int eng_open_file(dio_engine *e, worker *w, int64_t file, int cached, dio_error 
     } else if (cached && fd == -ENOENT) { /* the copy is gone: read the file itself */
         __atomic_fetch_add(&e->cache_fallbacks, 1, __ATOMIC_RELAXED);
         dio_clear_error(err);
-        return eng_open_file(e, w, file, 0, err);
+        fd = eng_open_file(e, w, file, 0, err);
+        w->fell_back = fd >= 0; /* its reads are counted as the file's, not the copy's */
     }
     return fd;
 }
 
-/* The descriptor for a request outside an access: from the thread's cache, else opened. */
-int eng_cached_fd(dio_engine *e, worker *w, int64_t file, int cached, dio_error *err)
+/* The descriptor for a request outside an access: from the thread's cache, else opened;
+ * *fell_back: it is the file itself where its copy was asked for (the copy was gone). */
+int eng_cached_fd(dio_engine *e, worker *w, int64_t file, int cached, int *fell_back,
+                  dio_error *err)
 {
     int64_t key = cached ? file | CACHE_KEY : file;
     fd_entry *ent = fd_cache_find(&w->cache, key);
     int fd, victim;
-    if (DIO_LIKELY(ent != NULL))
+    if (DIO_LIKELY(ent != NULL)) {
+        *fell_back = ent->fell_back;
         return ent->fd;
+    }
     fd = eng_open_file(e, w, file, cached, err);
     if (fd < 0)
         return fd;
@@ -114,6 +120,7 @@ int eng_cached_fd(dio_engine *e, worker *w, int64_t file, int cached, dio_error 
     if (victim >= 0)
         eng_close_counted(victim, e);
     ent->fd = fd;
+    ent->fell_back = *fell_back = w->fell_back;
     return fd;
 }
 

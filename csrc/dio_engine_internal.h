@@ -70,6 +70,8 @@ typedef struct worker {
     fd_cache cache;
     int access_fd;       /* descriptor of the access in progress, -1 if none */
     int64_t access_file;
+    int access_fell_back; /* access_fd is the file table's file: its copy was gone */
+    int fell_back;       /* the last eng_open_file of a copy opened the file table's file */
     char path[PATH_MAX_LEN]; /* a pattern file's name, formatted here */
     char cpath[PATH_MAX_LEN]; /* its cache-tier copy's */
     char tpath[PATH_MAX_LEN + 64]; /* a fill's temporary */
@@ -145,7 +147,7 @@ struct dio_engine {
     /* counters (atomics) */
     int64_t opens, closes, stats, bytes_read, read_ops;
     int64_t cache_reads, cache_fills, cache_fill_bytes, cache_fill_ns, cache_evictions,
-        cache_fallbacks;
+        cache_fallbacks, cache_fallback_reads, cache_fallback_bytes, cache_hit_fallbacks;
     int64_t preprocess_cpu_ns, preprocess_wall_ns;
 
     char who[WHO_MAX_LEN]; /* named in watchdog reports; "" = nobody */
@@ -178,7 +180,8 @@ void eng_close_counted(int fd, void *arg);
 void eng_flush_worker(dio_engine *e, worker *w);
 int eng_worker_init(dio_engine *e, worker *w, int cache_cap);
 int eng_open_file(dio_engine *e, worker *w, int64_t file, int cached, dio_error *err);
-int eng_cached_fd(dio_engine *e, worker *w, int64_t file, int cached, dio_error *err);
+int eng_cached_fd(dio_engine *e, worker *w, int64_t file, int cached, int *fell_back,
+                  dio_error *err);
 
 /* dio_engine_watch.c: the watchdog and the test hook that stalls a reader */
 int eng_wait_readers(dio_engine *e, int may_fail, dio_error *err);

@@ -120,21 +120,26 @@ static char *scratch_for(dio_engine *e, worker *w, int64_t need)
 
 /* The descriptor request q reads through (*fd; -1 for a zero-length request outside an
  * access): its access's, opened by its DIO_REQ_OPEN, or the thread's cached one; the fstat
- * a loader makes again where the plan says so.  0 or -errno. */
-static int request_fd(dio_engine *e, worker *w, const req *q, int cached, int *fd)
+ * a loader makes again where the plan says so; *fell_back: the file itself where its copy
+ * was asked for (the copy was gone).  0 or -errno. */
+static int request_fd(dio_engine *e, worker *w, const req *q, int cached, int *fd,
+                      int *fell_back)
 {
     *fd = -1;
+    *fell_back = 0;
     if (q->flags & DIO_REQ_OPEN) {
         int opened = eng_open_file(e, w, q->file, cached, &w->err);
         if (opened < 0)
             return opened;
         w->access_fd = opened;
         w->access_file = q->file;
+        w->access_fell_back = w->fell_back;
     }
     if (w->access_fd >= 0) {
         *fd = w->access_fd;
+        *fell_back = w->access_fell_back;
     } else if (q->rd_len > 0 || (q->flags & DIO_REQ_FSTAT)) {
-        int got = eng_cached_fd(e, w, q->file, cached, &w->err);
+        int got = eng_cached_fd(e, w, q->file, cached, fell_back, &w->err);
         if (got < 0)
             return got;
         *fd = got;
@@ -162,6 +167,20 @@ static int64_t preprocess(dio_engine *e, const req *q, int64_t done_ns)
     return done_ns;
 }
 
+/* A read of the cache tier, counted by where its bytes came from: the copy, or the file
+ * itself where the copy was gone (a planned hit that missed, when DIO_REQ_HIT). */
+static void count_cache_read(dio_engine *e, const req *q, int fell_back)
+{
+    if (!fell_back) {
+        __atomic_fetch_add(&e->cache_reads, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    __atomic_fetch_add(&e->cache_fallback_reads, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(&e->cache_fallback_bytes, q->len, __ATOMIC_RELAXED);
+    if (q->flags & DIO_REQ_HIT)
+        __atomic_fetch_add(&e->cache_hit_fallbacks, 1, __ATOMIC_RELAXED);
+}
+
 /* Read requests [first, last) of batch b into its slot.  Never takes the lock. */
 int eng_read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_t last,
                    chunk_result *r)
@@ -174,12 +193,13 @@ int eng_read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_t l
     for (int64_t i = first; i < last; i++) {
         const req *q = &e->reqs[i];
         int64_t got = 0, ops = 0, t0, t1;
-        int fd, rc = 0, cached = (q->flags & (DIO_REQ_CACHED | DIO_REQ_FILL)) != 0;
+        int fd, fell_back, rc = 0;
+        int cached = (q->flags & (DIO_REQ_CACHED | DIO_REQ_FILL)) != 0;
         if (e->evict_at_on)
             eng_evict_before(e, w, i);
         if ((q->flags & DIO_REQ_FILL) && (rc = eng_fill_cache(e, w, q->file, &w->err)) < 0)
             return rc;
-        if ((rc = request_fd(e, w, q, cached, &fd)) < 0)
+        if ((rc = request_fd(e, w, q, cached, &fd, &fell_back)) < 0)
             return rc;
         t0 = t1 = 0;
         if (q->rd_len > 0) {
@@ -198,7 +218,7 @@ int eng_read_chunk(dio_engine *e, worker *w, int64_t b, int64_t first, int64_t l
         r->bytes += got;
         r->ops += ops;
         if (cached && q->rd_len > 0)
-            __atomic_fetch_add(&e->cache_reads, 1, __ATOMIC_RELAXED);
+            count_cache_read(e, q, fell_back);
         if (q->flags & DIO_REQ_CLOSE || (rc < 0 && w->access_fd >= 0)) {
             eng_close_counted(w->access_fd, e);
             w->access_fd = -1;

@@ -127,6 +127,7 @@ fd_entry *fd_cache_insert(fd_cache *c, int64_t file, int *evicted_fd)
     k = c->n++;
     c->ent[k].file = file;
     c->ent[k].fd = -1;
+    c->ent[k].fell_back = 0;
     c->ent[k].used = ++c->clock;
     c->slot[slot_of(c, file)] = k;
     return &c->ent[k];

@@ -10,6 +10,7 @@
 typedef struct fd_entry {
     int64_t  file;  /* file index; -1 = unused */
     int      fd;
+    int      fell_back; /* the caller's: a cache-tier copy's key holding the file itself */
     uint64_t used;  /* last use (the cache's clock) */
 } fd_entry;
 

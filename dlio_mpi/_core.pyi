@@ -83,6 +83,9 @@ REQ_OPEN: int
 REQ_CLOSE: int
 REQ_FSTAT: int
 REQ_MMAP: int
+REQ_CACHED: int
+REQ_FILL: int
+REQ_HIT: int
 
 class Engine:
     def __init__(self, threads: int, prefetch: int, odirect: bool = False, fd_cache: int = 256,

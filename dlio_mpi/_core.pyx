@@ -158,6 +158,7 @@ cdef extern from "dio.h" nogil:
     uint32_t DIO_REQ_MMAP
     uint32_t DIO_REQ_CACHED
     uint32_t DIO_REQ_FILL
+    uint32_t DIO_REQ_HIT
 
     ctypedef struct dio_batch:
         int64_t index
@@ -207,6 +208,9 @@ cdef extern from "dio.h" nogil:
         int64_t cache_fill_ns
         int64_t cache_evictions
         int64_t cache_fallbacks
+        int64_t cache_fallback_reads
+        int64_t cache_fallback_bytes
+        int64_t cache_hit_fallbacks
         int64_t preprocess_cpu_ns
         int64_t preprocess_wall_ns
 
@@ -785,6 +789,7 @@ REQ_FSTAT = DIO_REQ_FSTAT
 REQ_MMAP = DIO_REQ_MMAP
 REQ_CACHED = DIO_REQ_CACHED
 REQ_FILL = DIO_REQ_FILL
+REQ_HIT = DIO_REQ_HIT
 
 
 cdef class Engine:
@@ -910,8 +915,8 @@ cdef class Engine:
         of the file, which must end there), int64 `delay_ns` (slept by the reader thread
         after the request's read: a loader's per-sample preprocessing; the batch is ready
         after it) and int64 `cpu_ns` (then spent as CPU time, burn_cpu_ns: the preprocessing
-        as CPU work); the cache tier (set_cache): flags REQ_CACHED and REQ_FILL, and
-        `evict_at` (nreq + 1 offsets) into `evict_file`: the copies removed before each
+        as CPU work); the cache tier (set_cache): flags REQ_CACHED, REQ_FILL and REQ_HIT
+        (a planned hit, for the counters), and `evict_at` (nreq + 1 offsets) into `evict_file`: the copies removed before each
         request.  No request starts before the CLOCK_MONOTONIC time `not_before_ns` (0: at
         once; a loader's start-up).
         Optional int64 outputs of one entry per request, kept referenced by the engine for the
@@ -1136,7 +1141,8 @@ cdef class Engine:
         return rc
 
     def counters(self):
-        """Totals since the engine was created: opens, closes, stats, bytes_read, read_ops."""
+        """Totals since the engine was created: opens, closes, stats, bytes_read, read_ops,
+        the cache tier's (dio.h dio_engine_counters) and the preprocessing's."""
         cdef dio_engine_counters c
         if self.e == NULL:
             raise ValueError("the engine is closed")
@@ -1146,5 +1152,8 @@ cdef class Engine:
                 "cache_reads": c.cache_reads, "cache_fills": c.cache_fills,
                 "cache_fill_bytes": c.cache_fill_bytes, "cache_fill_ns": c.cache_fill_ns,
                 "cache_evictions": c.cache_evictions, "cache_fallbacks": c.cache_fallbacks,
+                "cache_fallback_reads": c.cache_fallback_reads,
+                "cache_fallback_bytes": c.cache_fallback_bytes,
+                "cache_hit_fallbacks": c.cache_hit_fallbacks,
                 "preprocess_cpu_ns": c.preprocess_cpu_ns,
                 "preprocess_wall_ns": c.preprocess_wall_ns}

@@ -8,8 +8,11 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
+from dlio_mpi import _core
+from dlio_mpi.sampling.requests import EpochRequests
 from helpers import run_cli, workload_overrides
 
 pytestmark = pytest.mark.timeout(300)
@@ -169,3 +172,77 @@ def test_a_cache_folder_a_live_job_holds_is_refused_until_it_ends(tmp_path):
     assert res.returncode == 0, res.stderr
     assert _cache(tmp_path)[1]["hit_ratio"] == 1.0
     assert sorted(os.listdir(cache)) == []  # its copies, the earlier ones and its lock gone
+
+
+def test_copies_gone_mid_run_are_counted_as_reads_of_the_data_folder(tmp_path):
+    """Five copies vanish before each epoch after the first (the test hook, as something
+    outside the job removing them): their planned hits read the data folder's files, and the
+    hit ratio, requests and bytes per tier say so."""
+    res = run_cli(["run", "demo", *_args(tmp_path)], ranks=2,
+                  env={"DLIO_MPI_TEST_CACHE_VANISH": "5"})
+    assert res.returncode == 0, res.stderr
+    stats = json.loads((tmp_path / "out" / "per_epoch_stats.json").read_text())
+    for key in sorted(stats, key=int):
+        epoch, cache = stats[key], stats[key]["cache"]
+        # every byte requested came from one tier or the other (a fill's whole file aside)
+        assert cache["bytes_from_cache"] + cache["bytes_from_pfs"] - cache["fill_bytes"] \
+            == epoch["bytes_requested"]
+        if key == "1":
+            assert cache["files_filled"] == 24 and cache["fallbacks"] == 0
+            continue
+        # files 0-4 (9 requests each, the whole file's worth) from the data folder
+        per_file = epoch["bytes_requested"] // 24
+        gone = 5 * cache["requests"] // 24
+        assert cache["fallbacks"] == 5  # one open each
+        assert cache["requests_from_pfs_after_fallback"] == gone
+        assert cache["planned_hits_from_pfs"] == gone
+        assert cache["hits"] == cache["requests_from_cache"] == cache["requests"] - gone
+        assert cache["hit_ratio"] == round(19 / 24, 6)
+        assert cache["bytes_from_pfs"] == cache["bytes_from_pfs_after_fallback"] \
+            == 5 * per_file
+        assert cache["bytes_from_cache"] == 19 * per_file
+    assert not (tmp_path / "cache").exists()
+
+
+def _engine_epoch(engine, files: list[int], flags: list[int], length: int) -> dict:
+    """One batch reading `length` bytes of each file with its flags; the counters after."""
+    n = len(files)
+    engine.start_epoch(EpochRequests(
+        np.array([0, n], dtype=np.int64), np.asarray(files, dtype=np.int64),
+        np.zeros(n, dtype=np.int64), np.full(n, length, dtype=np.int64),
+        flags=np.asarray(flags, dtype=np.uint32)))
+    assert engine.next() is not None and engine.next() is None
+    return engine.counters()
+
+
+def test_the_engine_counts_each_read_where_its_bytes_came_from(tmp_path):
+    """A copy gone: the request reads the file itself, counted as such, whether through an
+    access's descriptor or one the thread keeps (also in later epochs, without a new open);
+    a new fill replaces the descriptor kept on the file itself."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "cache").mkdir()
+    src = [tmp_path / "src" / f"f{i}" for i in range(3)]
+    for p in src:
+        p.write_bytes(os.urandom(4096))
+    copies = [tmp_path / "cache" / p.name for p in src]
+    access = _core.REQ_OPEN | _core.REQ_CLOSE
+    hit = _core.REQ_CACHED | _core.REQ_HIT
+    fill = _core.REQ_CACHED | _core.REQ_FILL
+    keys = ("cache_reads", "cache_fallbacks", "cache_fallback_reads", "cache_fallback_bytes",
+            "cache_hit_fallbacks", "cache_fills")
+    with _core.Engine(1, 1) as engine:
+        engine.set_files([str(p) for p in src])
+        engine.set_cache(".dlio_mpi-t.tmp", paths=[str(p) for p in copies])
+        seen = [_engine_epoch(engine, [0, 1, 2], [fill | access, fill, fill], 1000)]
+        copies[0].unlink()
+        copies[1].unlink()
+        engine.close_files()  # as a loader closes its files when the epoch ends
+        seen.append(_engine_epoch(engine, [0, 1, 2], [hit | access, hit, hit], 1000))
+        seen.append(_engine_epoch(engine, [0, 1, 2], [hit | access, hit, hit], 1000))
+        seen.append(_engine_epoch(engine, [1], [fill], 1000))
+    table = [tuple(c[k] for k in keys) for c in seen]
+    assert table == [(3, 0, 0, 0, 0, 3),        # three fills, each read from its copy
+                     (4, 2, 2, 2000, 2, 3),     # two copies gone: opened and read
+                     (5, 3, 4, 4000, 4, 3),     # the kept descriptor is the file itself
+                     (6, 3, 4, 4000, 4, 4)]     # filled again: its new copy read
+    assert copies[1].read_bytes() == src[1].read_bytes()

@@ -399,11 +399,16 @@ def combine_cache(records: list[dict]) -> dict:
     (tiers/cache.py: epoch_cache)."""
     total = {k: sum(r[k] for r in records) for k in records[0]}
     reads = total["requests"]
+    # the *_after_fallback figures: requests planned to read a copy that found it gone and
+    # read the data folder's file instead (fallbacks: the opens that found it gone)
     return {"hit_ratio": round(total["hits"] / reads, 6) if reads else 0.0,
             "requests": reads, "hits": total["hits"],
+            "planned_hits_from_pfs": total["cache_hit_fallbacks"],
             "requests_from_cache": total["cache_reads"],
+            "requests_from_pfs_after_fallback": total["cache_fallback_reads"],
             "bytes_from_cache": total["bytes_from_cache"],
             "bytes_from_pfs": total["bytes_from_pfs"],
+            "bytes_from_pfs_after_fallback": total["cache_fallback_bytes"],
             "files_filled": total["cache_fills"], "fill_bytes": total["cache_fill_bytes"],
             "fill_seconds": round(total["cache_fill_ns"] / 1e9, 6),
             "evictions": total["cache_evictions"], "fallbacks": total["cache_fallbacks"]}

@@ -23,9 +23,11 @@ BeeGFS OnDemand cache files on local SSD.
   `dlio_mpi_cache.json`; a run starts with the cache empty (removing our earlier copies,
   refusing anything else in the way) and removes its copies when it ends.
 - Reported per epoch (per_epoch_stats.json `cache`): the hit ratio (requests of files the
-  cache held when the epoch began, over all requests), the requests the cache served (hits and
-  the reads of the copies filled), bytes from each tier, files filled, their bytes and time,
-  evictions, fallbacks."""
+  cache held when the epoch began that their copy served, over all requests), the requests
+  the cache served (hits and the reads of the copies filled), bytes from each tier, files
+  filled, their bytes and time, evictions, fallbacks (opens of copies found gone) and the
+  requests and bytes read from the PFS so: the C engine counts where each request's bytes
+  came from (DIO_REQ_HIT marks the planned hits)."""
 
 from __future__ import annotations
 
@@ -53,7 +55,11 @@ from ..storage.node_local import check_node_local, node_root
 CACHE_MANIFEST = "dlio_mpi_cache.json"
 KIND = "dlio-mpi cache tier"
 COUNTERS = ("cache_reads", "cache_fills", "cache_fill_bytes", "cache_fill_ns",
-            "cache_evictions", "cache_fallbacks")
+            "cache_evictions", "cache_fallbacks", "cache_fallback_reads",
+            "cache_fallback_bytes", "cache_hit_fallbacks")
+# test hook: before each epoch the node leader removes this many of the copies the cache
+# holds (the lowest file numbers), as something outside the job would; the plan counts on them
+VANISH_ENV = "DLIO_MPI_TEST_CACHE_VANISH"
 
 
 @dataclass
@@ -90,6 +96,7 @@ class CacheTier:
         self.used = 0
         self.tick = 0
         self.splits: dict[str, _Split] = {}
+        self.files: dict = {}  # split name -> its catalog.SplitFiles (attach)
         self.made: set[str] = set()  # folders of copies (for the removal at the end)
 
     @property
@@ -159,6 +166,7 @@ class CacheTier:
         (catalog.SplitFiles), make their folders and list them as ours before any copy."""
         sizes = files.layouts.take(np.arange(files.count, dtype=np.int64)).size
         self.splits[name] = _Split(np.asarray(sizes, dtype=np.int64))
+        self.files[name] = files
         rel = [os.path.relpath(files.path(i), files.split.root) for i in range(files.count)] \
             if files.listed is not None or files.count <= 100_000 else None
         if rel is not None:
@@ -240,6 +248,11 @@ class CacheTier:
     def plan_epoch(self, name: str, plan: ReadPlan, window: int) -> ReadPlan:
         """Collective on the node: `plan` with the cache's flags and evictions."""
         split = self.splits[name]
+        if self.leader and os.environ.get(VANISH_ENV):  # before the allgather: none reads yet
+            files = self.files[name]
+            remove_quietly(os.path.join(self.root, os.path.relpath(files.path(f),
+                                                                   files.split.root))
+                           for f in sorted(split.resident)[:int(os.environ[VANISH_ENV])])
         step = np.searchsorted(plan.batch_start, np.arange(len(plan.file_idx)), side="right") - 1
         files, first = np.unique(plan.file_idx, return_index=True)
         last = np.zeros(len(files), dtype=np.int64)
@@ -254,6 +267,7 @@ class CacheTier:
         hit_mask = np.isin(files, hit)
         fill_mask = np.isin(files, fill)
         flags[hit_mask[index] | fill_mask[index]] |= _core.REQ_CACHED
+        flags[hit_mask[index]] |= _core.REQ_HIT  # for the counters: a planned hit
         fill_first = first[fill_mask]
         flags[fill_first] |= _core.REQ_FILL
         evict_at = evict_file = None
@@ -364,17 +378,18 @@ def _missing_folders(path: str) -> list[str]:
 
 def epoch_cache(before: dict, after: dict, plan: ReadPlan, requests: int) -> dict:
     """This rank's cache figures for an epoch: the engine's counter deltas, and the bytes
-    requested from each tier (by the planned tier of each request; a fill's whole file comes
-    from the PFS too)."""
+    requested from each tier: by the planned tier of each request, but those the engine read
+    from the PFS as their copy was gone counted there (a fill's whole file comes from the
+    PFS too)."""
     out = {k: after.get(k, 0) - before.get(k, 0) for k in COUNTERS}
-    flags, files = plan.flags[:requests], plan.file_idx[:requests]
+    flags, length = plan.flags[:requests], plan.length[:requests]
     cached = (flags & (_core.REQ_CACHED | _core.REQ_FILL)) != 0
-    length = plan.length[:requests]
-    # hits: requests of files the cache held when the epoch began (a filled file's requests
-    # are served by its new copy, but they missed)
-    filled = np.isin(files, files[(flags & _core.REQ_FILL) != 0])
     out["requests"] = int(np.count_nonzero(length > 0))
-    out["hits"] = int(np.count_nonzero(cached & ~filled & (length > 0)))
-    out["bytes_from_cache"] = int(length[cached].sum())
-    out["bytes_from_pfs"] = int(length[~cached].sum()) + out["cache_fill_bytes"]
+    # hits: requests of files the cache held when the epoch began (a filled file's requests
+    # are served by its new copy, but they missed) that their copy served
+    planned = int(np.count_nonzero(((flags & _core.REQ_HIT) != 0) & (length > 0)))
+    out["hits"] = planned - out["cache_hit_fallbacks"]
+    fell_back = out["cache_fallback_bytes"]
+    out["bytes_from_cache"] = int(length[cached].sum()) - fell_back
+    out["bytes_from_pfs"] = int(length[~cached].sum()) + out["cache_fill_bytes"] + fell_back
     return out
