@@ -278,7 +278,8 @@ int dio_engine_drop_cache(dio_engine *e, const int64_t *files, int64_t n, dio_er
                             * (a fallback, counted).  Every request of an access alike */
 #define DIO_REQ_FILL   32u /* before this request, copy the file whole from the file table to
                             * the cache tier (under a temporary renamed into place, never over
-                            * a copy already there), then read it as DIO_REQ_CACHED */
+                            * a copy already there), then read it as DIO_REQ_CACHED; a fill
+                            * out of room (ENOSPC, EDQUOT) is counted, not an error */
 #define DIO_REQ_HIT    64u /* with DIO_REQ_CACHED: the plan's hit (the file was cached when the
                             * epoch began); changes no read, only what the counters say when
                             * its copy is gone (cache_hit_fallbacks) */
@@ -458,6 +459,8 @@ typedef struct dio_engine_counters {
                                    * file since their copy was gone */
     int64_t cache_fallback_bytes; /* the bytes those requests asked for (their lengths) */
     int64_t cache_hit_fallbacks;  /* those of them with DIO_REQ_HIT */
+    int64_t cache_fill_failures;  /* fills that ran out of room (ENOSPC, EDQUOT): temporary
+                                   * removed, not counted as fills, the file itself read */
     int64_t preprocess_cpu_ns;  /* CPU time the readers spent on the plans' cpu_ns */
     int64_t preprocess_wall_ns; /* the wall time that took (more where the cores were shared) */
 } dio_engine_counters;

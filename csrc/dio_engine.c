@@ -572,6 +572,7 @@ void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out)
     out->cache_fallback_reads = __atomic_load_n(&e->cache_fallback_reads, __ATOMIC_RELAXED);
     out->cache_fallback_bytes = __atomic_load_n(&e->cache_fallback_bytes, __ATOMIC_RELAXED);
     out->cache_hit_fallbacks = __atomic_load_n(&e->cache_hit_fallbacks, __ATOMIC_RELAXED);
+    out->cache_fill_failures = __atomic_load_n(&e->cache_fill_failures, __ATOMIC_RELAXED);
     out->preprocess_cpu_ns = __atomic_load_n(&e->preprocess_cpu_ns, __ATOMIC_RELAXED);
     out->preprocess_wall_ns = __atomic_load_n(&e->preprocess_wall_ns, __ATOMIC_RELAXED);
 }

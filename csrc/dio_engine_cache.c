@@ -17,6 +17,17 @@
 
 #include "dio_engine_internal.h"
 
+/* A fill that failed with rc: out of room (ENOSPC, EDQUOT) is no error of the job (the copy
+ * is not there, so the request reads the file itself, a fallback), only counted. */
+static int fill_failed(dio_engine *e, int rc, dio_error *err)
+{
+    if (rc != -ENOSPC && rc != -EDQUOT)
+        return rc;
+    __atomic_fetch_add(&e->cache_fill_failures, 1, __ATOMIC_RELAXED);
+    dio_clear_error(err);
+    return 0;
+}
+
 /* DIO_REQ_FILL: copy file `file` whole into the cache tier, under a temporary renamed into
  * place without replacing a copy already there (then the temporary is dropped). */
 int eng_fill_cache(dio_engine *e, worker *w, int64_t file, dio_error *err)
@@ -49,12 +60,14 @@ int eng_fill_cache(dio_engine *e, worker *w, int64_t file, dio_error *err)
         rc = dio_fail(err, errno, w->tpath, "cache fill: create %s: %s", w->tpath,
                       strerror(errno));
         eng_close_counted(in, e);
-        return rc;
+        return fill_failed(e, rc, err);
     }
     rc = dio_copy_range(in, out, 0, (int64_t)st.st_size, w->fill_buf, FILL_BUF,
                         e->cfg.odirect ? e->cfg.align : 4096, &times, src, w->tpath, err);
     eng_close_counted(in, e);
-    close(out);
+    if (close(out) != 0 && rc == 0) /* NFS may tell of a full server only here */
+        rc = dio_fail(err, errno, w->tpath, "cache fill: close %s: %s", w->tpath,
+                      strerror(errno));
     if (rc == 0 && dio_rename_noreplace(w->tpath, dst) != 0) {
         int er = errno;
         if (er != EEXIST)
@@ -63,7 +76,7 @@ int eng_fill_cache(dio_engine *e, worker *w, int64_t file, dio_error *err)
     }
     unlink(w->tpath); /* after a failure, or a copy that was there first; else gone already */
     if (rc < 0)
-        return rc;
+        return fill_failed(e, rc, err);
     __atomic_fetch_add(&e->cache_fills, 1, __ATOMIC_RELAXED);
     __atomic_fetch_add(&e->cache_fill_bytes, (int64_t)st.st_size, __ATOMIC_RELAXED);
     __atomic_fetch_add(&e->cache_fill_ns, dio_now_ns() - t0, __ATOMIC_RELAXED);

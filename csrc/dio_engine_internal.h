@@ -147,7 +147,8 @@ struct dio_engine {
     /* counters (atomics) */
     int64_t opens, closes, stats, bytes_read, read_ops;
     int64_t cache_reads, cache_fills, cache_fill_bytes, cache_fill_ns, cache_evictions,
-        cache_fallbacks, cache_fallback_reads, cache_fallback_bytes, cache_hit_fallbacks;
+        cache_fallbacks, cache_fallback_reads, cache_fallback_bytes, cache_hit_fallbacks,
+        cache_fill_failures;
     int64_t preprocess_cpu_ns, preprocess_wall_ns;
 
     char who[WHO_MAX_LEN]; /* named in watchdog reports; "" = nobody */

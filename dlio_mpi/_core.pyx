@@ -211,6 +211,7 @@ cdef extern from "dio.h" nogil:
         int64_t cache_fallback_reads
         int64_t cache_fallback_bytes
         int64_t cache_hit_fallbacks
+        int64_t cache_fill_failures
         int64_t preprocess_cpu_ns
         int64_t preprocess_wall_ns
 
@@ -1155,5 +1156,6 @@ cdef class Engine:
                 "cache_fallback_reads": c.cache_fallback_reads,
                 "cache_fallback_bytes": c.cache_fallback_bytes,
                 "cache_hit_fallbacks": c.cache_hit_fallbacks,
+                "cache_fill_failures": c.cache_fill_failures,
                 "preprocess_cpu_ns": c.preprocess_cpu_ns,
                 "preprocess_wall_ns": c.preprocess_wall_ns}

@@ -80,7 +80,7 @@ from .sampling.sharding import (
     rank_shard,
 )
 from .storage.filesystems import check_direct_io_folder, check_striping, describe_filesystems
-from .tiers.cache import CacheTier
+from .tiers.cache import CacheTier, room_warning
 from .tiers.stage_in import StageSet, clean_stage, rerooted, stage_in
 from .training import run_epoch
 
@@ -299,6 +299,9 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
               f"{summary.samples_per_second:.1f} samples/s, "
               f"{summary.transfer_mib_per_second:.1f} MiB/s read, {summary.seconds:.2f} s, "
               f"emulator overhead {summary.overhead_us_per_step:.1f} us/step", out=out)
+    if phase.cache is not None and (warning := room_warning(
+            [r.cache for r in records], cfg.reader.cache.folder, phase.name, epoch)):
+        say(comm, warning, out=out)
     return summary
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -246,3 +247,53 @@ def test_the_engine_counts_each_read_where_its_bytes_came_from(tmp_path):
                      (5, 3, 4, 4000, 4, 3),     # the kept descriptor is the file itself
                      (6, 3, 4, 4000, 4, 4)]     # filled again: its new copy read
     assert copies[1].read_bytes() == src[1].read_bytes()
+
+
+def test_fills_out_of_room_read_the_data_folder_and_are_reported(tmp_path, small_fs):
+    """A cache folder fuller than the plan allows for (capacity_bytes unset: the free space,
+    counted in file sizes; tmpfs rounds each 8195-byte file up to 12 KiB): the fills past its
+    room fail with ENOSPC, remove their temporaries and read the data folder's file instead;
+    the run goes on, says so once, and the figures count those reads where they came from."""
+    free = os.statvfs(small_fs).f_bavail * os.statvfs(small_fs).f_frsize
+    (small_fs / "filler").write_bytes(b"\0" * (free - 64 * 4096))  # 256 KiB left
+    res = run_cli(["run", "demo", *_args(tmp_path, dataset__record_length_bytes=7900,
+                                         reader__cache__folder=small_fs / "cache")], ranks=2)
+    assert res.returncode == 0, res.stderr
+    assert os.path.getsize(tmp_path / "data" / "train" / "img_00_of_24.npz") == 8195
+    stats = json.loads((tmp_path / "out" / "per_epoch_stats.json").read_text())
+    first = stats["1"]["cache"]
+    failed = first["fills_out_of_room"]
+    assert failed > 0 and first["files_filled"] + failed == 24  # every file planned a fill
+    warned = [line for line in res.stdout.splitlines() if "ran out of room" in line]
+    assert len(warned) == 1, res.stdout
+    assert f"{failed} fill(s) of train epoch 1 ran out of room in {small_fs / 'cache'}" \
+        in warned[0]
+    for key in sorted(stats, key=int):
+        epoch, cache = stats[key], stats[key]["cache"]
+        per_file = epoch["bytes_requested"] // 24  # each file read once an epoch, alike
+        # the failed files' requests read the data folder: in the first epoch instead of
+        # their new copy, later instead of their planned hit
+        assert cache["bytes_from_pfs_after_fallback"] == failed * per_file
+        assert cache["bytes_from_pfs"] == cache["fill_bytes"] + failed * per_file
+        assert cache["bytes_from_cache"] + cache["bytes_from_pfs"] - cache["fill_bytes"] \
+            == epoch["bytes_requested"]
+        if key != "1":
+            assert cache["fills_out_of_room"] == 0 and cache["files_filled"] == 0
+            assert cache["hit_ratio"] == round((24 - failed) / 24, 6)
+    assert os.listdir(small_fs) == ["filler"]  # no temporaries, the cache folder removed
+
+
+def test_a_capacity_above_the_free_space_is_refused_before_any_io(tmp_path):
+    res = run_cli(["run", "demo", *_args(tmp_path, reader__cache__capacity_bytes=10**18)],
+                  ranks=2)
+    assert res.returncode == 2, res.stderr
+    free = os.statvfs(tmp_path).f_bavail * os.statvfs(tmp_path).f_frsize
+    message = [line for line in res.stderr.splitlines() if "capacity_bytes" in line]
+    assert len(message) == 1, res.stderr
+    assert f"reader.cache.capacity_bytes: {10**18} is more than the free space of the cache " \
+           f"folder {tmp_path / 'cache'}" in message[0]
+    # its free space, and what it takes (within what other writers change meanwhile)
+    shown = int(re.search(r"\((\d+) bytes\); expected at most (\d+),", message[0])[1])
+    assert abs(shown - free) < 64 << 20
+    assert "or leave it unset to use the free space" in message[0]
+    assert not (tmp_path / "data").exists() and not (tmp_path / "cache").exists()

@@ -411,4 +411,5 @@ def combine_cache(records: list[dict]) -> dict:
             "bytes_from_pfs_after_fallback": total["cache_fallback_bytes"],
             "files_filled": total["cache_fills"], "fill_bytes": total["cache_fill_bytes"],
             "fill_seconds": round(total["cache_fill_ns"] / 1e9, 6),
+            "fills_out_of_room": total["cache_fill_failures"],
             "evictions": total["cache_evictions"], "fallbacks": total["cache_fallbacks"]}

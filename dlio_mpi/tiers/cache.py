@@ -10,12 +10,14 @@ BeeGFS OnDemand cache files on local SSD.
 - Decisions are planned, per epoch, identically on every rank of the node from the node's
   plans (one allgather on the node communicator per epoch, before the epoch's clock): the
   node's reads in step order (rank order within a step) meet the cache's state, its
-  `capacity_bytes` (default: the folder's free space when the run starts) and its policy:
-  `none` fills while there is room and then reads from the PFS; `lru` makes room by evicting
-  the least recently used copies (the C engine removes them before the filling request), never
-  one that a rank of the node uses within its batches read ahead + 2 steps (its readers may
-  run that far ahead: `prefetch_size`, or a torch DataLoader's batches in flight,
-  readers.batches_in_flight). A copy found gone anyway is read from the PFS instead, and counted.
+  `capacity_bytes` (default: the folder's free space when the run starts; more is refused)
+  and its policy: `none` fills while there is room and then reads from the PFS; `lru` makes
+  room by evicting the least recently used copies (the C engine removes them before the
+  filling request), never one that a rank of the node uses within its batches read ahead + 2
+  steps (its readers may run that far ahead: `prefetch_size`, or a torch DataLoader's batches
+  in flight, readers.batches_in_flight). A copy found gone anyway is read from the PFS
+  instead, and counted; so is a fill that runs out of room (ENOSPC, EDQUOT: counted, and
+  warned of by rank 0).
 - The cache folder: `folder`, or `folder/node<k>` on emulated nodes (which share one host's
   storage); on real nodes a folder the nodes share is refused. One job at a time: the node
   leader claims it (ownership.FolderLock) till the run ends, as another job's fills and
@@ -56,7 +58,7 @@ CACHE_MANIFEST = "dlio_mpi_cache.json"
 KIND = "dlio-mpi cache tier"
 COUNTERS = ("cache_reads", "cache_fills", "cache_fill_bytes", "cache_fill_ns",
             "cache_evictions", "cache_fallbacks", "cache_fallback_reads",
-            "cache_fallback_bytes", "cache_hit_fallbacks")
+            "cache_fallback_bytes", "cache_hit_fallbacks", "cache_fill_failures")
 # test hook: before each epoch the node leader removes this many of the copies the cache
 # holds (the lowest file numbers), as something outside the job would; the plan counts on them
 VANISH_ENV = "DLIO_MPI_TEST_CACHE_VANISH"
@@ -113,6 +115,7 @@ class CacheTier:
         try:
             self.lock.acquire()
             self._remove_earlier()
+            capacity = self._capacity()
             self._write_manifest([])
         except BaseException:
             self.lock.release()
@@ -122,10 +125,22 @@ class CacheTier:
                 except OSError:
                     break
             raise
-        if self.opts.capacity_bytes is not None:
-            return int(self.opts.capacity_bytes)
+        return capacity
+
+    def _capacity(self) -> int:
+        """capacity_bytes, or the folder's free space (our earlier copies removed); more than
+        that is refused: the fills would run out of room."""
         st = os.statvfs(self.root)
-        return st.f_bavail * st.f_frsize
+        free = st.f_bavail * st.f_frsize
+        wanted = self.opts.capacity_bytes
+        if wanted is None:
+            return free
+        if wanted > free:
+            raise UserError(
+                f"reader.cache.capacity_bytes: {wanted} is more than the free space of the "
+                f"cache folder {self.root} ({free} bytes); expected at most {free}, or leave "
+                "it unset to use the free space")
+        return int(wanted)
 
     def _remove_earlier(self) -> None:
         """Remove the copies (and a crashed run's fill temporaries) an earlier run's manifest
@@ -393,3 +408,16 @@ def epoch_cache(before: dict, after: dict, plan: ReadPlan, requests: int) -> dic
     out["bytes_from_cache"] = int(length[cached].sum()) - fell_back
     out["bytes_from_pfs"] = int(length[~cached].sum()) + out["cache_fill_bytes"] + fell_back
     return out
+
+
+def room_warning(figures: list[dict], folder: str, phase: str, epoch: int) -> str | None:
+    """The line rank 0 prints after an epoch in which fills ran out of room on any rank
+    (`figures`: the ranks' epoch_cache), None if none did."""
+    failed = sum(f.get("cache_fill_failures", 0) for f in figures if f)
+    if not failed:
+        return None
+    return (f"warning: reader.cache: {failed} fill(s) of {phase} epoch {epoch} ran out of room "
+            f"in {folder} (ENOSPC or EDQUOT: the file system is fuller than capacity_bytes "
+            "allowed for, or rounds files up to its blocks); their files were read from the "
+            "data folder instead, as their planned hits will be; a smaller "
+            "reader.cache.capacity_bytes avoids it")
