@@ -297,3 +297,22 @@ def test_a_capacity_above_the_free_space_is_refused_before_any_io(tmp_path):
     assert abs(shown - free) < 64 << 20
     assert "or leave it unset to use the free space" in message[0]
     assert not (tmp_path / "data").exists() and not (tmp_path / "cache").exists()
+
+
+def test_one_node_refused_its_cache_folder_stops_every_rank(tmp_path):
+    """Emulated nodes: another job holds node 1's folder only; the ranks of both nodes agree
+    and exit 2 with the one message, instead of node 0 going on alone."""
+    from dlio_mpi.ownership import FolderLock
+
+    theirs = tmp_path / "cache" / "node1"
+    theirs.mkdir(parents=True)
+    lock = FolderLock(str(theirs), "cache tier")
+    lock.acquire()
+    try:
+        res = run_cli(["run", "demo", *_args(tmp_path)], ranks=2, timeout=60,
+                      env={"DLIO_MPI_RANKS_PER_NODE": "1"})
+    finally:
+        lock.release()
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count(f"{theirs} is in use by another dlio-mpi job") == 1, res.stderr
+    assert not (tmp_path / "data").exists()

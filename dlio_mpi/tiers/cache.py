@@ -94,7 +94,8 @@ class CacheTier:
         self.root = node_root(opts.folder, "node", topo.node, topo.emulated)
         self.created: list[str] = []  # the node leader's: the folders it made (_open)
         self.lock = FolderLock(self.root, "cache tier")  # the node leader's, till close()
-        self.capacity = on_root(self.node, self._open)
+        # agreed by every rank: a node refused (another job holds its folder) stops them all
+        self.capacity = check_all(comm, lambda: on_root(self.node, self._open))
         self.used = 0
         self.tick = 0
         self.splits: dict[str, _Split] = {}
