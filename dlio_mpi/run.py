@@ -668,6 +668,8 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     record = RunRecord(start, out, pacing, striping, generation, checkpoints)
     staged = None
     with contextlib.ExitStack() as held:
+        if cache is not None:
+            held.callback(cache.release)  # the cache folder's lock, however the run ends
         if cfg.workflow.train and cfg.storage.stage_in is not None and plan.splits:
             staged, stage = run_stage_in(comm, cfg, plan, topo, out, tracer)
             held.callback(stage.release)  # the stage folder's lock, however the run ends

@@ -47,7 +47,9 @@ from ..ownership import (
     FolderLock,
     create_exclusive,
     is_temporary_of,
+    missing_folders,
     read_own_json,
+    remove_empty_folders,
     remove_quietly,
     temporary_name,
 )
@@ -111,7 +113,7 @@ class CacheTier:
     def _open(self) -> int:
         """The node leader: claim the folder for this job (empty of ours), return the
         capacity. Another live job's folder is refused before anything in it is touched."""
-        self.created = _missing_folders(self.root)  # removed with the copies, when empty
+        self.created = missing_folders(self.root)  # removed with the copies, when empty
         os.makedirs(self.root, exist_ok=True)
         try:
             self.lock.acquire()
@@ -120,11 +122,7 @@ class CacheTier:
             self._write_manifest([])
         except BaseException:
             self.lock.release()
-            for folder in self.created:  # deepest first
-                try:
-                    os.rmdir(folder)
-                except OSError:
-                    break
+            remove_empty_folders(self.created)
             raise
         return capacity
 
@@ -234,6 +232,11 @@ class CacheTier:
     def _listed(self) -> list[str]:
         body = read_own_json(os.path.join(self.root, CACHE_MANIFEST), "")
         return list(body.get("files", [])) if body else []
+
+    def release(self) -> None:
+        """Let the next job have the folder (the node leader's lock; close() releases it too,
+        this is for a run that ends otherwise)."""
+        self.lock.release()
 
     def close(self) -> None:
         """Collective: remove the copies (each node's leader), the manifests, the folders."""
@@ -377,19 +380,6 @@ class CacheTier:
         decisions = [(np.asarray(fills[r], dtype=np.int64), np.asarray(hits[r], dtype=np.int64))
                      for r in range(len(everyone))]
         return decisions, evictions
-
-
-def _missing_folders(path: str) -> list[str]:
-    """The folders os.makedirs(path) would create, deepest first."""
-    missing = []
-    path = os.path.abspath(path)
-    while path and not os.path.lexists(path):
-        missing.append(path)
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return missing
 
 
 def epoch_cache(before: dict, after: dict, plan: ReadPlan, requests: int) -> dict:
