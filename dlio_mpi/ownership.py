@@ -137,9 +137,6 @@ def remove_quietly(paths) -> None:
             pass
 
 
-# ------------------------------------------------------------------------------ the lock
-
-
 def missing_folders(path: str) -> list[str]:
     """The folders os.makedirs(path) would create, deepest first (to remove them again)."""
     missing = []
@@ -160,6 +157,9 @@ def remove_empty_folders(folders) -> None:
             os.rmdir(folder)
         except OSError:
             pass  # something else lives there
+
+
+# ------------------------------------------------------------------------------ the lock
 
 
 def _process_start(pid: int) -> str | None:
