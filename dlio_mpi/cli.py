@@ -1,5 +1,5 @@
-"""The command line: dlio-mpi run, generate, validate, list-workloads, pack, calibrate and
-report.
+"""The command line: dlio-mpi run, generate, validate, list-workloads, pack, calibrate,
+datasize and report.
 
 Every rank runs this. Errors the ranks agree on (bad configuration, missing data) are printed
 once by rank 0 and every rank exits with status 2; any other exception on any rank is printed
@@ -24,7 +24,9 @@ dlio-mpi calibrate CONFIG [KEY=VALUE ...] --workers W --out FILE.yaml measures t
 DataLoader pipeline in one process (no MPI) and writes the workload calibrated from it
 (dlio-mpi calibrate --help).
 dlio-mpi pack CONFIG [KEY=VALUE ...] --to DIR [--samples-per-shard K] merges a dataset of
-one sample per file into indexed_binary shards and prints the overrides that read them."""
+one sample per file into indexed_binary shards and prints the overrides that read them.
+dlio-mpi datasize CONFIG [KEY=VALUE ...] --accelerators N [--hosts H] --host-memory-gb M prints
+the files MLPerf Storage's sizing rule asks for (no MPI; dlio-mpi datasize --help)."""
 # Where launchers put the process's rank, read before MPI starts (argparse runs first)
 RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
                   "SLURM_PROCID")
@@ -83,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
             "write it calibrated: dlio-mpi calibrate --help")
     sub.add_parser("calibrate", help=text, description=text, prog="dlio-mpi calibrate",
                    add_help=False)
+    text = ("the training files MLPerf Storage's sizing rule asks for (one process, no MPI): "
+            "dlio-mpi datasize --help")
+    sub.add_parser("datasize", help=text, description=text, prog="dlio-mpi datasize",
+                   add_help=False)
     sub.add_parser("list-workloads", help="list the shipped workload names",
                    prog="dlio-mpi list-workloads")
     text = ("plots and an HTML page of finished runs' results in OUT/report (needs "
@@ -118,7 +124,10 @@ def _command(args, comm) -> int:
 
         plan = check_all(comm, plan_for_ranks)
         if comm.Get_rank() == 0:
-            record = plan_record(plan, cfg, warnings=_space_warnings(cfg, plan))
+            from .plan.datasize import validate_warnings
+
+            record = plan_record(plan, cfg, warnings=_space_warnings(cfg, plan)
+                                 + validate_warnings(cfg, plan))
             print(json.dumps(record, indent=2) if args.json else render_plan(record))
         return 0
     if args.command == "pack":
@@ -223,6 +232,10 @@ def main(argv: list[str] | None = None) -> int:
         from .calibrate.command import main as calibrate
 
         return calibrate(argv[1:])
+    if argv[:1] == ["datasize"]:  # its own options; one process, no MPI (plan/datasize.py)
+        from .plan.datasize import main as datasize
+
+        return datasize(argv[1:])
     parser = _parser()
     _Parser.json_errors = argv[:1] == ["validate"] and "--json" in argv
     # Options may follow the overrides (validate demo x=1 --ranks 4): collect the leftovers.
