@@ -537,6 +537,54 @@ def test_every_path_key_of_the_schema_refuses_a_url():
     assert {k for k, _ in path_keys(cfg)} == set(PATH_KEYS)
 
 
+OBJECT_STORAGE_WORKLOAD = {  # as MLPerf Storage's object-storage workloads write it
+    "storage": {"storage_type": "s3", "storage_root": "bucket", "storage_library": "s3dlio",
+                "storage_options": {"endpoint_url": "http://minio:9000", "region": "us-east-1",
+                                    "s3_force_path_style": True}},
+    "checkpoint": {"checkpoint_folder": "s3://bucket/s3dlio/llama3-8b"},
+}
+
+
+@pytest.mark.parametrize("kind", ["s3", "aistore"])
+def test_an_object_storage_workload_is_refused_with_one_message(kind, tmp_path):
+    tree = {**OBJECT_STORAGE_WORKLOAD,
+            "storage": {**OBJECT_STORAGE_WORKLOAD["storage"], "storage_type": kind,
+                        "storage_library": "LIBRARY_PLACEHOLDER"}}
+    expected = (f"storage.storage_type: '{kind}' is object storage, which is not implemented "
+                f"yet in dlio-mpi; accepted: local_fs, parallel_fs")
+    assert error_of(write_yaml(tmp_path, tree)) == expected
+    # the same given as overrides, and whatever other keys an object-storage workload adds
+    assert error_of("demo", [f"storage.storage_type={kind}", "storage.storage_library=minio",
+                             "storage.storage_options.endpoint_url=http://x",
+                             "checkpoint.checkpoint_folder=s3://b/c"]) == expected
+    # an override back to a file system is what the refusal asks for
+    cfg = load_config(write_yaml(tmp_path, OBJECT_STORAGE_WORKLOAD, "s.yaml"),
+                      ["storage.storage_type=local_fs", "checkpoint.checkpoint_folder=ck",
+                       "storage.storage_root=./"])
+    assert cfg.storage.storage_library == "s3dlio"
+
+
+def test_storage_library_and_storage_options_are_known_keys_without_effect():
+    from dlio_mpi.config import support_notes
+
+    cfg = load_config("demo", ["storage.storage_library=s3torchconnector",
+                               "storage.storage_options={endpoint_url: 'http://h:9000', "
+                               "secret_access_key: KEY, s3_max_attempts: 3, anything: true}"])
+    assert cfg.storage.storage_library == "s3torchconnector"
+    assert dict(cfg.storage.storage_options) == {
+        "endpoint_url": "http://h:9000", "secret_access_key": "KEY", "s3_max_attempts": 3,
+        "anything": True}  # DLIO hands the whole mapping to the library: any names
+    assert support_notes(cfg) == [
+        "storage.storage_library=s3torchconnector, storage.storage_options: accepted, have no "
+        "effect in dlio-mpi because it configures object storage, which is not implemented yet"]
+    assert error_of("demo", ["storage.storage_library=boto"]) == (
+        "storage.storage_library: 'boto' is not accepted; expected one of: s3torchconnector, "
+        "s3dlio, minio")
+    assert error_of("demo", ["storage.storage_options={endpoint_url: [a, b]}"]) == (
+        "storage.storage_options.endpoint_url: expected a string, number or boolean, "
+        "got ['a', 'b']")
+
+
 @pytest.mark.parametrize("path", ["./s3:/x", "data:/x", "a/s3://x", "s3:bucket", "3s://x"])
 def test_paths_that_are_not_urls_are_accepted(path):
     assert load_config("demo", [f"dataset.data_folder={path!r}"]).dataset.data_folder == path

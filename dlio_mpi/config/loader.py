@@ -21,6 +21,7 @@ import yaml
 from ..formats import get_format, implemented_formats
 from ..ownership import read_regular
 from .schema import (
+    OBJECT_STORAGE,
     PARQUET_CODECS,
     Config,
     ConfigError,
@@ -437,6 +438,19 @@ def path_keys(cfg: Config) -> list[tuple[str, str]]:
 
 
 URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+FILE_SYSTEM_TYPES = ("local_fs", "parallel_fs")
+
+
+def refuse_object_storage(tree: dict[str, Any]) -> None:
+    """A workload for object storage (storage.storage_type s3 or aistore) is refused with this
+    one message before its other keys are read: its storage_library, storage_options and
+    s3:// folders would otherwise each be a refusal of their own."""
+    storage = tree.get("storage")
+    kind = storage.get("storage_type") if isinstance(storage, dict) else None
+    if isinstance(kind, str) and kind in OBJECT_STORAGE:
+        raise ConfigError(f"storage.storage_type: {kind!r} is object storage, which is not "
+                          f"implemented yet in dlio-mpi; accepted: "
+                          f"{', '.join(FILE_SYSTEM_TYPES)}")
 
 
 def _refuse_urls(cfg: Config) -> None:
@@ -528,6 +542,7 @@ def load_config(source: str, overrides: Sequence[str] = ()) -> Config:
     for text in overrides:
         apply_override(tree, text)
     normalize_aliases(tree)  # aliases inside mapping-valued overrides
+    refuse_object_storage(tree)
     cfg = build_section(Config, tree, "")
     check_support(cfg)
     check_consistency(cfg)

@@ -119,6 +119,8 @@ class Rule:
             return spec
         if self.kind == "hints":
             return _hints(value, path, self._expected())
+        if self.kind == "options":
+            return _options(value, path, self._expected())
         if self.kind in ("ints", "strs"):
             if self.kind == "strs" and isinstance(value, str):
                 value = [value]
@@ -176,7 +178,8 @@ class Rule:
                 "dtype": "a NumPy numeric type name (e.g. uint8, float32)",
                 "ints": "a list of integers", "strs": "a string or a list of strings",
                 "section": "a mapping of keys", "timespec": "seconds",
-                "hints": "a mapping of MPI-IO hint names to values"}[self.kind]
+                "hints": "a mapping of MPI-IO hint names to values",
+                "options": "a mapping of option names to values"}[self.kind]
         bounds = [f">= {_bound(self.minimum)}" if self.minimum is not None else "",
                   f"<= {_bound(self.maximum)}" if self.maximum is not None else ""]
         if any(bounds):
@@ -234,6 +237,17 @@ def _hints(value: Any, path: str, expected: str) -> tuple[tuple[str, str], ...]:
         text = ("true" if hint else "false") if isinstance(hint, bool) else str(hint)
         hints.append((name, text))
     return tuple(hints)
+
+
+def _options(value: Any, path: str, expected: str) -> tuple[tuple[str, Any], ...]:
+    """A free-form mapping of names to scalars, as (name, value) pairs (hashable, frozen)."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: expected {expected}, got {short_repr(value)}")
+    for name, option in value.items():
+        if not isinstance(name, str) or not isinstance(option, (str, int, float, bool)):
+            raise ConfigError(f"{path}.{name}: expected a string, number or boolean, "
+                              f"got {short_repr(option)}")
+    return tuple(value.items())
 
 
 def key(default: Any, kind: str, **rule: Any) -> Any:
@@ -299,16 +313,10 @@ class Workflow:
     do_eval: bool | None = key(None, "bool", optional=True, inert=RELEASED_UNREAD)
 
 
-@dataclass(frozen=True)
-class StorageOptions:
-    """S3 / AIStore connection settings (DLIO's storage.storage_options)."""
-
-    access_key_id: str | None = key(None, "str", optional=True)
-    secret_access_key: str | None = key(None, "str", optional=True)
-    endpoint_url: str | None = key(None, "str", optional=True)
-    region: str = key("us-east-1", "str")
-    s3_force_path_style: bool = key(False, "bool")
-    s3_max_attempts: int = key(5, "int", minimum=1)
+# The object-storage client libraries of MLPerf Storage's DLIO (its StorageLibrary)
+STORAGE_LIBRARIES = ("s3torchconnector", "s3dlio", "minio")
+OBJECT_STORAGE = ("s3", "aistore")  # storage.storage_type values that are not file systems
+OBJECT_STORAGE_ONLY = "it configures object storage, which is not implemented yet"
 
 
 STRIPE_SIZE_UNIT = 64 * 1024  # lfs: a stripe size is a multiple of 64 KiB, below 4 GiB
@@ -378,9 +386,13 @@ class Storage:
     storage_type: str = key("local_fs", "str", choices=("local_fs", "parallel_fs", "s3", "aistore"),
                             unimplemented=("s3", "aistore"))
     storage_root: str = key("./", "str")  # prefixed to dataset.data_folder on file systems
-    storage_options: StorageOptions | None = section(
-        StorageOptions, optional=True,
-        inert="it configures S3 and AIStore, which are not implemented yet")
+    # MLPerf Storage's DLIO: the client library of storage_type s3 (no effect on file systems)
+    storage_library: str | None = key(None, "str", optional=True, choices=STORAGE_LIBRARIES,
+                                      inert=OBJECT_STORAGE_ONLY)
+    # DLIO's free-form mapping handed to the object-storage library (endpoint_url, region,
+    # credentials, ...): any option names, kept as (name, value) pairs, never shown (secrets)
+    storage_options: tuple | None = key(None, "options", optional=True,
+                                        inert=OBJECT_STORAGE_ONLY)
     lustre: Lustre | None = section(Lustre, optional=True)  # ours
     stage_in: StageIn | None = section(  # ours
         StageIn, optional=True, acts_if=(("workflow.train", (True,)),),
@@ -772,7 +784,7 @@ def to_plain(obj: Any) -> dict[str, Any]:
                 out[f.name] = to_plain(value)
         elif isinstance(value, TimeSpec):
             out[f.name] = value.to_yaml()
-        elif rule.kind == "hints":
+        elif rule.kind in ("hints", "options") and value is not None:
             out[f.name] = dict(value)
         elif isinstance(value, tuple):
             out[f.name] = list(value)
@@ -836,7 +848,8 @@ def support_notes(cfg: Config) -> list[str]:
     by_reason: dict[str, list[str]] = {}
     for where, rule, value, _, inert in _set_keys(cfg):
         if inert:
-            shown = where if rule.kind == "section" else f"{where}={_yaml_text(value)}"
+            hidden = rule.kind in ("section", "options")  # they may hold credentials
+            shown = where if hidden else f"{where}={_yaml_text(value)}"
             by_reason.setdefault(inert, []).append(shown)
     return [f"{', '.join(keys)}: accepted, no effect, {reason}" if reason.startswith("as in ")
             else f"{', '.join(keys)}: accepted, {'has' if len(keys) == 1 else 'have'} no effect "
