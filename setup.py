@@ -17,9 +17,11 @@ core = Extension(
 
 setup(
     # The shipped workloads live in the top-level configs/ and install as dlio_mpi.configs.
+    # configs/workload/mlperf/: MLPerf Storage's files, shipped as mlperf/NAME
     packages=[*find_packages(include=["dlio_mpi", "dlio_mpi.*"]), "dlio_mpi.configs",
-              "dlio_mpi.configs.workload"],
+              "dlio_mpi.configs.workload", "dlio_mpi.configs.workload.mlperf"],
     package_dir={"dlio_mpi.configs": "configs"},
-    package_data={"dlio_mpi.configs.workload": ["*.yaml"]},
+    package_data={"dlio_mpi.configs.workload": ["*.yaml"],
+                  "dlio_mpi.configs.workload.mlperf": ["*.yaml", "README.md"]},
     ext_modules=cythonize([core], language_level=3),
 )

@@ -30,7 +30,8 @@ SHIPPED = {
 
 # --------------------------------------------------------------------------- shipped workloads
 def test_list_workloads_has_the_shipped_set():
-    assert set(list_workloads()) == SHIPPED
+    # and MLPerf Storage's files, as mlperf/NAME (tests/test_mlperf_shipped.py)
+    assert {n for n in list_workloads() if not n.startswith("mlperf/")} == SHIPPED
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))

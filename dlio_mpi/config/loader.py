@@ -169,12 +169,33 @@ def workload_dir() -> Any:
     return Path(__file__).resolve().parents[2] / "configs" / "workload"
 
 
+# Subfolders of configs/workload holding other projects' files, named NAMESPACE/NAME
+NAMESPACES = ("mlperf",)  # MLPerf Storage's files (configs/workload/mlperf/README.md)
+SHIPPED_NAME = re.compile(r"(?:(" + "|".join(NAMESPACES) + r")/)?([\w.-]+)")
+
+
 def list_workloads() -> list[str]:
-    """Names of the shipped workloads (`unet3d_h100`, ...)."""
+    """Names of the shipped workloads (`unet3d_h100`, ..., then `mlperf/unet3d_b200`, ...)."""
     folder = workload_dir()
     if not folder.is_dir():
         return []
-    return sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".yaml"))
+    for space in NAMESPACES:
+        sub = folder.joinpath(space)
+        if sub.is_dir():
+            names += sorted(f"{space}/{p.name[:-5]}" for p in sub.iterdir()
+                            if p.name.endswith(".yaml"))
+    return names
+
+
+def shipped_file(name: str) -> Any:
+    """The shipped file of workload `name` (`unet3d_h100`, `mlperf/unet3d_b200`), or None."""
+    match = SHIPPED_NAME.fullmatch(name)
+    if not match or match[2] in (".", ".."):
+        return None
+    folder = workload_dir()
+    shipped = (folder.joinpath(match[1]) if match[1] else folder).joinpath(f"{match[2]}.yaml")
+    return shipped if shipped.is_file() else None
 
 
 def read_source(source: str) -> dict[str, Any]:
@@ -182,16 +203,17 @@ def read_source(source: str) -> dict[str, Any]:
     The sections may sit at the top level (DLIO workload files) or under `workload:`."""
     name = source[len("workload="):] if source.startswith("workload=") else source
     path = Path(name)
-    if "/" in name or path.suffix in (".yaml", ".yml") or _exists(path):
+    shipped = None if path.suffix in (".yaml", ".yml") or _exists(path) else shipped_file(name)
+    if shipped is not None:  # a file of that path, if there is one, comes first
+        text, what = shipped.read_text(encoding="utf-8"), f"workload {name}"
+    elif ("/" in name and not SHIPPED_NAME.fullmatch(name)) or path.suffix in (
+            ".yaml", ".yml") or _exists(path):
         text, what = _read_text(path, name), name
     else:
-        shipped = workload_dir().joinpath(f"{name}.yaml")
-        if not shipped.is_file():
-            close = difflib.get_close_matches(name, list_workloads(), n=1)
-            hint = f"; did you mean '{close[0]}'?" if close else ""
-            raise ConfigError(f"unknown workload '{name}'{hint} "
-                              f"(shipped: {', '.join(list_workloads())}; or give a YAML path)")
-        text, what = shipped.read_text(), f"workload {name}"
+        close = difflib.get_close_matches(name, list_workloads(), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown workload '{name}'{hint} "
+                          f"(shipped: {', '.join(list_workloads())}; or give a YAML path)")
     data = parse_yaml(text, what)
     if isinstance(data, dict) and "workload" in data:
         others = [str(k) for k in data if k not in ("workload", "hydra")]
