@@ -13,6 +13,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import replace
 
 ABORT_GRACE_SECONDS = 0.5
 USAGE = """dlio-mpi COMMAND [CONFIG] [KEY=VALUE ...]
@@ -69,6 +70,9 @@ def _parser() -> argparse.ArgumentParser:
                        ("validate", "check the configuration and print the plan; no I/O")):
         cmd = sub.add_parser(name, help=text, description=text, prog=f"dlio-mpi {name}")
         cmd.add_argument("args", nargs="*", metavar="CONFIG|KEY=VALUE")
+        cmd.add_argument("--config-dir", "-cd", metavar="DIR", default=None,
+                         help="as DLIO's (Hydra's): workload=NAME is DIR/workload/NAME.yaml "
+                              "where that file exists")
         if name == "validate":
             cmd.add_argument("--ranks", type=int, default=None,
                              help="plan for this many ranks (default: the MPI job's size)")
@@ -102,13 +106,39 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _load(args):
+    """(configuration, workload source, its overrides, Hydra's record to write) of the
+    command line: DLIO's own included (--config-dir, ++hydra.run.dir, ++hydra.output_subdir)."""
+    from .config import load_config, split_args
+    from .config.hydra import resolve_source, split_hydra
+    from .results.names import RESERVED
+
+    source, given = split_args(args.args)
+    config_dir = getattr(args, "config_dir", None)  # pack has none
+    overrides, hydra_given, hydra = split_hydra(given, config_dir, RESERVED)
+    if source.startswith("workload=") or "/" not in source and not source.endswith(
+            (".yaml", ".yml")):  # a workload named, as Hydra's config group choice
+        name = source.removeprefix("workload=")
+        hydra = replace(hydra, task_overrides=(f"workload={name}", *hydra.task_overrides))
+    else:
+        name = None
+    source = resolve_source(source, config_dir)
+    cfg = load_config(source, overrides)
+    if cfg.output.log_file == hydra.output_subdir:
+        from .config import ConfigError
+
+        raise ConfigError(f"hydra.output_subdir: {hydra.output_subdir!r} is output.log_file's "
+                          "name; expected another folder name")
+    record = hydra.record_files(cfg.to_dict(), hydra_given, name)
+    return cfg, source, overrides, record
+
+
 def _command(args, comm) -> int:
-    from .config import ConfigError, load_config, split_args
+    from .config import ConfigError
     from .errors import UserError, check_all, on_root
 
-    source, overrides = split_args(args.args)
-    cfg = check_all(comm, lambda: load_config(source, overrides),
-                    expected=(ConfigError, UserError, OSError))
+    cfg, source, overrides, hydra_record = check_all(
+        comm, lambda: _load(args), expected=(ConfigError, UserError, OSError))
     if args.command == "validate":
         from .plan.derive import derive_plan
         from .plan.render import plan_record, render_plan
@@ -144,7 +174,7 @@ def _command(args, comm) -> int:
         run_generation(comm, cfg, plan, check_every_file=True)
         return 0
     path = source[len("workload="):] if source.startswith("workload=") else source
-    run(comm, cfg, workload=path if os.path.isfile(path) else None)
+    run(comm, cfg, workload=path if os.path.isfile(path) else None, hydra_record=hydra_record)
     return 0
 
 

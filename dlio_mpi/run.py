@@ -117,13 +117,17 @@ def results_bytes(cfg, plan: RunPlan, ranks: int) -> int:
     return 8 * samples + (4 << 20)
 
 
-def open_output(comm, cfg, plan: RunPlan, workload: str | None) -> OutputFolder:
-    """Rank 0 claims output.folder (refusing before any I/O if it holds anything not ours)
-    and every rank learns the tag its result temporaries carry."""
+def open_output(comm, cfg, plan: RunPlan, workload: str | None,
+                hydra_record: dict[str, str] | None = None) -> OutputFolder:
+    """Rank 0 claims output.folder (refusing before any I/O if it holds anything not ours),
+    writes Hydra's record of the job there when the command line asked for it (as Hydra
+    does, before the job runs), and every rank learns the tag its result temporaries carry."""
     out = OutputFolder(cfg.output.folder, cfg.output.log_file, workload)
 
     def claim() -> str:
         out.claim(cfg.output.access_log)
+        if hydra_record:
+            out.write_started(hydra_record)
         try:
             check_free_space(cfg.output.folder, results_bytes(cfg, plan, comm.Get_size()),
                              "output.folder")
@@ -604,9 +608,11 @@ def remove_dataset(comm, plan: RunPlan) -> int:
     return kept
 
 
-def run(comm, cfg, workload: str | None = None) -> dict | None:
+def run(comm, cfg, workload: str | None = None,
+        hydra_record: dict[str, str] | None = None) -> dict | None:
     """The whole job; returns the summary (on every rank) when training ran. `workload`: the
-    workload file given, which is never replaced."""
+    workload file given, which is never replaced; `hydra_record`: the texts of Hydra's record
+    of the job by relative path (config.hydra), written into output.folder with the results."""
     start = time.time()
     _core.stop_on_signals()
     plan, topo = prepare(comm, cfg)
@@ -626,7 +632,7 @@ def run(comm, cfg, workload: str | None = None) -> dict | None:
                                                      "checkpoint.odirect"))
     if cfg.workflow.generate_data and plan.splits:  # no room for the dataset: before any I/O
         on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
-    out = open_output(comm, cfg, plan, workload)
+    out = open_output(comm, cfg, plan, workload, hydra_record)
     try:
         summary = _run_claimed(comm, cfg, plan, topo, out, start, striping)
     except JobError as exc:  # agreed on by every rank: the log says why the run ended

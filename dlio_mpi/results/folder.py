@@ -45,6 +45,7 @@ class OutputFolder:
         self._lock: FolderLock | None = None
         self._held: list[FolderLock] = []  # other folders' locks this run holds till it ends
         self._log_lock = threading.Lock()  # interval lines come from a thread
+        self._own_dirs: set[str] = set()  # subfolders of an earlier run's listed files
 
     def path(self, name: str) -> str:
         return os.path.join(self.folder, name)
@@ -77,6 +78,16 @@ class OutputFolder:
             self.release()
             raise
 
+    def write_started(self, texts: dict[str, str]) -> None:
+        """At the start of the run, write these files (relative paths, their subfolders
+        created) and list them in the manifest at once, so that a run that dies still leaves
+        them recognisably ours (Hydra's record of the job: config/hydra.py)."""
+        for name, text in texts.items():
+            os.makedirs(os.path.dirname(self.path(name)) or self.folder, exist_ok=True)
+            self.write(name, lambda fp, text=text: fp.write(text))
+            self.record(name)
+        self._write_manifest("running")
+
     def hold(self, lock: FolderLock) -> None:
         """Keep another folder's lock (the checkpoint folder's) until the run ends."""
         self._held.append(lock)
@@ -93,6 +104,8 @@ class OutputFolder:
         """The entries of the folder (relative paths), all of them earlier results of ours."""
         manifest = self._read_manifest() or {}
         listed = manifest.get("files", {})
+        # subfolders holding files a run listed (Hydra's record) are ours to walk and remove
+        self._own_dirs = {os.path.dirname(rel) for rel in listed if os.path.dirname(rel)}
         tags = manifest.get("temporaries", [])
         # a run that did not finish: its growing files (the log) and access logs are ours
         unfinished = manifest.get("state") == "running"
@@ -128,7 +141,7 @@ class OutputFolder:
                 entries.append(rel)
             for name in dirnames:
                 rel = os.path.normpath(os.path.join(rel_dir, name))
-                if rel != ACCESS_LOG:
+                if rel != ACCESS_LOG and rel not in self._own_dirs:
                     raise UserError(self._folder_in_the_way(rel))
         return entries
 
@@ -152,7 +165,7 @@ class OutputFolder:
 
     def _remove(self, entries: list[str]) -> None:
         remove_quietly(self.path(rel) for rel in entries)
-        for folder in (ACCESS_LOG, REPORT):
+        for folder in (ACCESS_LOG, REPORT, *sorted(self._own_dirs, reverse=True)):
             try:
                 os.rmdir(self.path(folder))
             except OSError:

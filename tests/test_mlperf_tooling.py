@@ -1,0 +1,118 @@
+"""MLPerf Storage's tool (mlpstorage) drives DLIO with one command line
+(mlpstorage/benchmarks/dlio.py generate_dlio_command): `dlio_benchmark workload=NAME
+++hydra.run.dir=RUN ++hydra.output_subdir=dlio_config ++workload.KEY=VALUE ...
+--config-dir=CONFIGS`, after creating RUN empty; then it writes its own logs into RUN, and its
+report generator and checker read summary.json, per_epoch_stats.json, dlio.log and
+dlio_config/{config,hydra,overrides}.yaml there. The same line runs with `dlio-mpi run`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dlio_mpi.config.loader import workload_dir
+from helpers import run_cli
+
+pytestmark = pytest.mark.timeout(300)
+
+SMALL = ["++workload.dataset.num_files_train=8", "++workload.dataset.data_folder=data",
+         "++workload.workflow.generate_data=True", "++workload.dataset.record_length_bytes=4096",
+         "++workload.dataset.record_length_bytes_stdev=0",
+         "++workload.dataset.record_length_bytes_resize=0",
+         "++workload.train.computation_time=0.001", "++workload.train.epochs=1",
+         "++workload.reader.batch_size=2"]
+
+
+def _mlperf_layout(tmp: Path) -> Path:
+    """CONFIGS/workload/unet3d_b200.yaml as mlpstorage ships it; the run folder made empty
+    beforehand, as mlpstorage reserves it."""
+    configs = tmp / "configs" / "dlio"
+    (configs / "workload").mkdir(parents=True)
+    shutil.copy(workload_dir().joinpath("mlperf", "unet3d_b200.yaml"),
+                configs / "workload" / "unet3d_b200.yaml")
+    (tmp / "results" / "run").mkdir(parents=True)
+    return configs
+
+
+def test_mlpstorage_s_command_line_runs_and_leaves_what_its_checker_reads(tmp_path):
+    configs = _mlperf_layout(tmp_path)
+    line = ["run", "workload=unet3d_b200", "++hydra.run.dir=results/run",
+            "++hydra.output_subdir=dlio_config", *SMALL, f"--config-dir={configs}"]
+    res = run_cli(line, ranks=2, cwd=tmp_path, timeout=240)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    run = tmp_path / "results" / "run"
+    for name in ("summary.json", "per_epoch_stats.json", "dlio.log"):
+        assert (run / name).is_file(), name
+    assert sorted(p.name for p in (run / "dlio_config").iterdir()) == [
+        "config.yaml", "hydra.yaml", "overrides.yaml"]  # the checker wants exactly these
+    # what mlpstorage's BenchmarkRun reads from them
+    config = yaml.safe_load((run / "dlio_config" / "config.yaml").read_text())["workload"]
+    assert config["model"]["name"] == "unet3d" and config["workflow"]["train"] is True
+    assert config["dataset"]["num_files_train"] == 8
+    overrides = yaml.safe_load((run / "dlio_config" / "overrides.yaml").read_text())
+    assert overrides == ["workload=unet3d_b200", *SMALL]
+    workloads = [o for o in overrides if o.startswith("workload=")]
+    assert workloads[0].split("_")[1] == "b200"  # its accelerator
+    assert all(len(o.split("=")) == 2 for o in overrides)
+    hydra = yaml.safe_load((run / "dlio_config" / "hydra.yaml").read_text())["hydra"]
+    assert (hydra["run"]["dir"], hydra["output_subdir"]) == ("results/run", "dlio_config")
+    assert hydra["overrides"]["task"] == overrides
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["num_accelerators"] == 2 and summary["metric"]["train_au_mean_percentage"]
+    # mlpstorage then writes its logs beside ours: a later run there refuses, naming one
+    (run / "training_run.stdout.log").write_text("the tool's\n")
+    again = run_cli(line, ranks=2, cwd=tmp_path)
+    assert again.returncode == 2
+    assert "holds training_run.stdout.log, not a result of an earlier dlio-mpi run" in (
+        again.stderr)
+    assert (run / "training_run.stdout.log").read_text() == "the tool's\n"
+    (run / "training_run.stdout.log").unlink()  # without it, our earlier results are replaced
+    again = run_cli(line, ranks=2, cwd=tmp_path, timeout=240)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sorted(p.name for p in (run / "dlio_config").iterdir()) == [
+        "config.yaml", "hydra.yaml", "overrides.yaml"]
+
+
+def test_without_output_subdir_no_record_is_written(tmp_path):
+    configs = _mlperf_layout(tmp_path)
+    res = run_cli(["run", "workload=unet3d_b200", "++hydra.run.dir=results/run", *SMALL,
+                   "--config-dir", str(configs)], ranks=2, cwd=tmp_path, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = tmp_path / "results" / "run"
+    assert (run / "summary.json").is_file()
+    assert not [p for p in run.iterdir() if p.is_dir()]
+
+
+def test_config_dir_falls_back_to_the_shipped_workloads_as_hydra_s_search_path(tmp_path):
+    configs = _mlperf_layout(tmp_path)
+    plan = run_cli(["validate", "workload=unet3d_h100", f"--config-dir={configs}", "--json"],
+                   ranks=1, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert json.loads(plan.stdout)["train"]["files"] == 168  # DLIO 2.0.0's unet3d_h100
+    plan = run_cli(["validate", "workload=unet3d_b200", f"--config-dir={configs}", "--json"],
+                   ranks=1, cwd=tmp_path)
+    assert json.loads(plan.stdout)["train"]["files"] == 7200  # the file in the config dir
+
+
+@pytest.mark.parametrize("args,message", [
+    (["++hydra.job.name=x"], "override '++hydra.job.name=x': hydra.job.name is not "
+     "implemented yet in dlio-mpi; accepted Hydra settings: hydra.run.dir=VALUE, "
+     "hydra.output_subdir=VALUE"),
+    (["++hydra.run.dir=a", "output.folder=b"], "overrides 'output.folder=b' and "
+     "hydra.run.dir=a both set the output folder (DLIO's is Hydra's run folder); keep one"),
+    (["++hydra.output_subdir=a/b"], "hydra.output_subdir: expected a folder name inside the "
+     "run folder (no '/'), other than summary.json, per_epoch_stats.json, config.yaml, "
+     "dlio_mpi_results.json, access_log, report, interval_stats.json, dlio_mpi.lock, or null; "
+     "got 'a/b'"),
+    (["--config-dir=nowhere"], "--config-dir: nowhere is not a folder; expected the folder "
+     "whose workload/NAME.yaml holds the workloads"),
+])
+def test_hydra_settings_dlio_mpi_lacks_are_refused_before_any_io(args, message, tmp_path):
+    res = run_cli(["run", "workload=unet3d_h100", *args], ranks=2, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.endswith(f"dlio-mpi: error: {message}\n"), res.stderr
+    assert list(tmp_path.iterdir()) == []
