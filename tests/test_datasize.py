@@ -140,7 +140,8 @@ def test_validate_warns_below_the_rule_for_its_ranks_and_hosts(tmp_path):
     from dlio_mpi.plan.datasize import sizing_for
 
     # samples of 100 MB, batch 1: the memory bound sets the count on this host
-    base = [f"dataset.data_folder={tmp_path / 'none'}", "dataset.record_length_bytes=100000000",
+    base = ["model.name=unet3d", f"dataset.data_folder={tmp_path / 'none'}",
+            "dataset.record_length_bytes=100000000",
             "dataset.record_length_bytes_stdev=0", "reader.batch_size=1"]
     memory = host_info().memory_bytes
     need = sizing_for(load_config("demo", base), 1, 1, memory)
@@ -158,11 +159,13 @@ def test_validate_warns_below_the_rule_for_its_ranks_and_hosts(tmp_path):
     assert "--accelerators 2 --hosts 2 --host-memory-gb" in warning
     # the steps bound: 500 steps x batch 16 x 4 ranks is 32000 files (the memory bound is
     # fewer on hosts of less than 640 GB)
-    steps = [*base[:3], "reader.batch_size=16"]
+    steps = [*base[:4], "reader.batch_size=16"]
     assert not sizing_for(load_config("demo", steps), 4, 1, memory).memory_bound
     [warning] = _rule_warnings([*steps, "dataset.num_files_train=31999"], 4)
     assert "need 32000 files (500 steps x batch 16 x 4 ranks)" in warning
     assert _rule_warnings([*steps, "dataset.num_files_train=32000"], 4) == []
-    # a run that does not train is not sized by the rule
+    # a run that does not train, or of a model MLPerf Storage does not benchmark, is not
+    # sized by the rule
     assert _rule_warnings([*steps, "workflow.train=false"], 4) == []
+    assert _rule_warnings([*steps[1:], "dataset.num_files_train=31999"], 4) == []  # demo
     assert not (tmp_path / "none").exists()
