@@ -158,6 +158,7 @@ def test_codecs_pyarrow_lacks_and_other_sample_layouts_are_refused_naming_the_ke
     assert not any(tmp_path.iterdir())
     with pytest.raises(UserError, match="dataset.parquet.row_group_size: 1048576 rows"):
         derive_plan(_cfg(tmp_path, dataset__record_length_bytes=1048576,
+                         dataset__parquet__row_group_size=1048576,
                          dataset__num_samples_per_file=2000), 2, generating=True)
     for codec in ("snappy", "lz4", "zstd"):  # pyarrow's codecs: parquet's alone
         with pytest.raises(UserError, match=f"dataset.compression: '{codec}' is not accepted"):
@@ -172,8 +173,7 @@ def test_parquet_keys_act_for_parquet_and_are_noted_for_other_formats(tmp_path):
                             "dataset.num_samples_per_file=8"), 2)
     assert not [n for n in plan.notes if "no effect" in n], plan.notes
     assert plan.read_mode == "sample"
-    assert "reads parquet by row group (dataset.parquet.row_group_size=3: 3 in each file of 8 " \
-        "samples)" in plan.notes[0]
+    assert "reads parquet by row group (3 rows: 3 in each file of 8 samples)" in plan.notes[0]
     npy = load_config("demo", [*workload_overrides(tmp_path, dataset__format="npy"),
                                "dataset.parquet.row_group_size=3"])
     notes = [n for n in derive_plan(npy, 2).notes if "no effect" in n]
@@ -379,7 +379,15 @@ def test_manifest_records_the_row_group_size_and_pyarrows_version(tmp_path):
 
     params = generation_params(_cfg(tmp_path, dataset__parquet__row_group_size=5))
     assert params["parquet"] == {"row_group_size": 5, "compression": "none",
+                                 "generation_batch_size": 0, "columns": [],
                                  "pyarrow": pyarrow.__version__}
+    # what shapes the files changes the parameters (a dataset made before is made again)
+    batch = generation_params(_cfg(tmp_path, dataset__parquet__row_group_size=5,
+                                   dataset__parquet__generation_batch_size=2))
+    assert batch["parquet"]["generation_batch_size"] == 2
+    typed = generation_params(_cfg(tmp_path, "dataset.parquet.columns=[{name: a, dtype: int8, "
+                                   "size: 3, read: false}]"))
+    assert typed["parquet"]["columns"] == [["a", "int8", 3]]
     assert "parquet" not in generation_params(load_config("demo", []))
 
 

@@ -11,7 +11,7 @@ import difflib
 import logging
 import re
 from collections.abc import Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -568,7 +568,20 @@ def load_config(source: str, overrides: Sequence[str] = ()) -> Config:
     cfg = build_section(Config, tree, "")
     check_support(cfg)
     check_consistency(cfg)
-    return cfg
+    return columns_decide_samples(cfg)
+
+
+def columns_decide_samples(cfg: Config) -> Config:
+    """With dataset.parquet.columns, a sample is a row of those columns, whatever
+    record_length_bytes says (MLPerf's DLIO fork writes the columns and ignores the record
+    length): the row's bytes become the sample's dims (record_dims of uint8, no stdev).
+    The plan notes it (plan/notes.py); record_length_bytes keeps its value for that note."""
+    ds = cfg.dataset
+    if ds.format != "parquet" or not ds.parquet.columns:
+        return cfg
+    row = sum(column.row_bytes for column in ds.parquet.columns)
+    return replace(cfg, dataset=replace(ds, record_dims=(row,), record_element_type="uint8",
+                                        record_length_bytes_stdev=0))
 
 
 def _refuse_repeated_overrides(overrides: Sequence[str]) -> None:

@@ -121,6 +121,8 @@ class Rule:
             return _hints(value, path, self._expected())
         if self.kind == "options":
             return _options(value, path, self._expected())
+        if self.kind == "parquet_columns":
+            return _parquet_columns(value, path)
         if self.kind in ("ints", "strs"):
             if self.kind == "strs" and isinstance(value, str):
                 value = [value]
@@ -178,6 +180,7 @@ class Rule:
                 "dtype": "a NumPy numeric type name (e.g. uint8, float32)",
                 "ints": "a list of integers", "strs": "a string or a list of strings",
                 "section": "a mapping of keys", "timespec": "seconds",
+                "parquet_columns": "a list of columns",
                 "hints": "a mapping of MPI-IO hint names to values",
                 "options": "a mapping of option names to values"}[self.kind]
         bounds = [f">= {_bound(self.minimum)}" if self.minimum is not None else "",
@@ -408,11 +411,89 @@ class Hdf5:
     max_shape: tuple[int, ...] = key((), "ints", minimum=1)
 
 
+# dataset.parquet.columns[i].dtype: the numeric types and bool of MLPerf's DLIO fork
+# (mlcommons/DLIO_local_changes, data_generator/parquet_generator.py)
+PARQUET_DTYPES = ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+                  "uint16", "uint32", "uint64", "bool")
+# the fork's other column types, of content-dependent sizes (strings) or unused by MLPerf
+PARQUET_DTYPES_LATER = ("string", "binary", "list")
+PARQUET_COLUMN_KEYS = ("name", "dtype", "size", "read")
+
+
+@dataclass(frozen=True)
+class ParquetColumn:
+    """One column of dataset.parquet.columns: `size` values of `dtype` a row (a scalar when
+    1, else a fixed-size list), read in training when `read`."""
+
+    name: str
+    dtype: str = "float32"  # the fork's default
+    size: int = 1
+    read: bool = True
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row's values (bool: numpy's byte; parquet packs it in a bit)."""
+        return int(np.dtype(self.dtype).itemsize) * self.size
+
+    def to_yaml(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "size": self.size, "read": self.read}
+
+
+def _parquet_columns(value: Any, path: str) -> tuple[ParquetColumn, ...]:
+    """dataset.parquet.columns: a list of {name, dtype, size, read} mappings."""
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{path}: expected a list of columns ({{name, dtype, size, read}}), "
+                          f"got {short_repr(value)}")
+    columns, names = [], set()
+    for i, raw in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: expected a mapping with keys "
+                              f"{', '.join(PARQUET_COLUMN_KEYS)}, got {short_repr(raw)}")
+        for name in raw:
+            if name not in PARQUET_COLUMN_KEYS:
+                raise ConfigError(f"unknown key '{where}.{name}'; accepted in {where}: "
+                                  f"{', '.join(PARQUET_COLUMN_KEYS)}")
+        if "name" not in raw:
+            raise ConfigError(f"{where}.name: expected a column name, got none")
+        column = ParquetColumn(
+            Rule("str").convert(raw["name"], f"{where}.name"),
+            Rule("str", choices=PARQUET_DTYPES + PARQUET_DTYPES_LATER).convert(
+                raw.get("dtype", "float32"), f"{where}.dtype"),
+            Rule("int", minimum=1, maximum=2**31 - 1).convert(raw.get("size", 1), f"{where}.size"),
+            Rule("bool").convert(raw.get("read", True), f"{where}.read"))
+        if column.dtype in PARQUET_DTYPES_LATER:
+            raise ConfigError(f"{where}.dtype: {column.dtype!r} is not implemented yet in "
+                              f"dlio-mpi; accepted: {', '.join(PARQUET_DTYPES)}")
+        if column.dtype == "bool" and column.size != 1:
+            raise ConfigError(f"{where}.size: bool columns hold one value a row (MLPerf's fork "
+                              f"writes them so), got {column.size}; expected 1")
+        if not column.name or column.name in names:
+            raise ConfigError(f"{where}.name: {column.name!r} is "
+                              f"{'empty' if not column.name else 'named twice'}; expected "
+                              "a name of its own")
+        names.add(column.name)
+        columns.append(column)
+    return tuple(columns)
+
+
 @dataclass(frozen=True)
 class Parquet:
-    # ours: rows (samples) per row group, the read unit; pyarrow's default, which DLIO's
-    # pq.write_table gets (all rows of a file of fewer samples in one group)
-    row_group_size: int = key(1048576, "int", minimum=1)
+    # rows (samples) per row group, the read unit: MLPerf's DLIO fork's key and default
+    # (its ConfigArguments.parquet_row_group_size); a file of fewer rows is one group
+    row_group_size: int = key(1024, "int", minimum=1)
+    # the fork's: rows generated and handed to one write_table call (0: row_group_size);
+    # each call starts its own row groups, so it can cut them shorter
+    generation_batch_size: int = key(0, "int", minimum=0)
+    # the fork's: how training reads the files; both read row groups (see formats/parquet.py)
+    read_mode: str = key("default", "str", choices=("default", "row_group"))
+    # the fork's: generate through s3dlio's generator; ours writes the same files
+    use_s3dlio_gen: bool = key(False, "bool",
+                               inert="dlio-mpi's own generator writes the same files (its "
+                                     "columns and row groups) as s3dlio's would")
+    # the fork's: the columns of every file, each row a sample; () = one fixed_size_binary
+    # column 'data' of the sample's bytes (dlio-mpi's layout before the fork had columns)
+    columns: tuple[ParquetColumn, ...] = key((), "parquet_columns")
 
 
 @dataclass(frozen=True)
@@ -786,6 +867,8 @@ def to_plain(obj: Any) -> dict[str, Any]:
             out[f.name] = value.to_yaml()
         elif rule.kind in ("hints", "options") and value is not None:
             out[f.name] = dict(value)
+        elif rule.kind == "parquet_columns":
+            out[f.name] = [column.to_yaml() for column in value]
         elif isinstance(value, tuple):
             out[f.name] = list(value)
         else:
@@ -817,7 +900,7 @@ def _value_at(obj: Any, dotted: str) -> Any:
 
 def _yaml_text(value: Any) -> str:
     """A value as written in YAML (true, [3, 4], {type: normal, ...})."""
-    if isinstance(value, TimeSpec):
+    if isinstance(value, (TimeSpec, ParquetColumn)):
         value = value.to_yaml()
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -76,7 +76,12 @@ class UnitExtents:
     Files alike share one set of 1-D arrays. Files laid out each its own way (recorded at
     generation: compressed, or of different sample sizes) have one row per file of the split:
     offset and length (files, units), open_offset and open_length (files, reads; a read of
-    length 0 is none, after the real ones), sample_bytes (files,)."""
+    length 0 is none, after the real ones), sample_bytes (files,): what a sample delivers
+    when its unit is read (parquet: the bytes of the columns read).
+
+    A unit read in several pieces (the selected column chunks of a parquet row group, one
+    read each, as pyarrow reads them) has part_offset and part_length: (units, parts) for
+    files alike, (files, units, parts) per file; without them a unit is one read."""
 
     per_unit: int
     sample_bytes: int | np.ndarray
@@ -84,6 +89,14 @@ class UnitExtents:
     length: np.ndarray
     open_offset: np.ndarray
     open_length: np.ndarray
+    part_offset: np.ndarray | None = None
+    part_length: np.ndarray | None = None
+
+    def pieces(self) -> tuple[np.ndarray, np.ndarray]:
+        """(offset, length) of the reads of each unit, a last axis of parts."""
+        if self.part_offset is None:
+            return self.offset[..., None], self.length[..., None]
+        return self.part_offset, self.part_length
 
     @property
     def per_file(self) -> bool:
@@ -102,21 +115,24 @@ class UnitExtents:
     def of(self, files: np.ndarray) -> UnitExtents:
         """The extents of `files` (file indices), one row each."""
         files = np.asarray(files, dtype=np.int64)
+        parted = self.part_offset is not None
         if self.per_file:
             return UnitExtents(self.per_unit, self.sample_bytes[files], self.offset[files],
                                self.length[files], self.open_offset[files],
-                               self.open_length[files])
+                               self.open_length[files],
+                               *((self.part_offset[files], self.part_length[files]) if parted
+                                 else ()))
         n = len(files)
         return UnitExtents(self.per_unit, np.full(n, self.sample_bytes, dtype=np.int64),
-                           *(np.broadcast_to(a, (n, len(a))) for a in
-                             (self.offset, self.length, self.open_offset, self.open_length)))
+                           *(np.broadcast_to(a, (n, *a.shape)) for a in
+                             (self.offset, self.length, self.open_offset, self.open_length,
+                              *((self.part_offset, self.part_length) if parted else ()))))
 
     def total(self, files: int) -> int:
         """Bytes of every unit and open read of `files` files (all of the split's when per
         file), as exact Python ints."""
-        if self.per_file:
-            return int(self.length.sum()) + int(self.open_length.sum())
-        return (int(self.length.sum()) + int(self.open_length.sum())) * files
+        read = int(self.pieces()[1].sum()) + int(self.open_length.sum())
+        return read if self.per_file else read * files
 
 
 @dataclass(frozen=True)

@@ -53,11 +53,12 @@ from .loader import WholeFileReads
 MAGIC = b"PAR1"
 FOOTER_READ = 64 << 10          # what pyarrow reads of a file's tail first
 COALESCE_LIMIT = 32 << 20       # Arrow's range_size_limit for read_table's pre-buffering
+HOLE_LIMIT = 8 << 10            # Arrow's hole_size_limit: chunks this close are read as one
 PAGE_BYTES = 1 << 20            # pyarrow's data_page_size
 MAX_GROUP_BYTES = 1 << 30       # one row group is made in memory when written
 MAX_SAMPLE_BYTES = 2**31 - 2**20  # fixed_size_binary widths and page sizes are int32
 SIMULATE_BYTES = 256 << 20      # zero rows handed to the layout's writer at once
-ROW_GROUP_DEFAULT = 1 << 20     # pyarrow's default row group length (what DLIO's writer gets)
+ROW_GROUP_DEFAULT = 1024        # MLPerf's DLIO fork's default row group length (rows)
 COMPRESSIONS = ("none", "snappy", "gzip", "lz4", "zstd")  # pyarrow's codec names
 HEAD = 3  # record columns before the row groups' offsets: size, sample bytes, metadata
 COLUMN = "data"
@@ -74,6 +75,8 @@ class Geometry:
     offset: tuple[int, ...]
     length: tuple[int, ...]
     metadata: int            # M: bytes of the footer's thrift metadata
+    # per row group, its column chunks' (offset, length) in the schema's order
+    parts: tuple[tuple[tuple[int, int], ...], ...] = ()
 
     def footer_reads(self) -> list[tuple[int, int]]:
         """(offset, length) of pyarrow's reads of the footer at open."""
@@ -84,22 +87,56 @@ class Geometry:
         return reads
 
 
-def _writer_options(sample_bytes: int, compression: str = "none") -> dict:
+# A file's columns as (name, dtype, size) (dataset.parquet.columns without the read flags);
+# () is dlio-mpi's one fixed_size_binary column `data`.
+Columns = tuple
+
+
+def _writer_options(sample_bytes: int, compression: str = "none", cols: Columns = ()) -> dict:
+    """Without a dictionary every value is PLAIN (the one `data` column named so), so where
+    pyarrow puts each chunk does not depend on the values."""
     return dict(compression=compression, use_dictionary=False, write_statistics=False,
-                column_encoding={COLUMN: "PLAIN"}, data_page_size=PAGE_BYTES,
+                **({} if cols else {"column_encoding": {COLUMN: "PLAIN"}}),
+                data_page_size=PAGE_BYTES,
                 write_batch_size=max(1, min(1024, PAGE_BYTES // max(sample_bytes, 1))))
 
 
-def _schema(sample_bytes: int):
+def _arrow_type(dtype: str, size: int):
+    """MLPerf's fork's column type: the scalar, or a fixed-size list of `size` of them."""
     import pyarrow as pa
 
+    scalar = pa.bool_() if dtype == "bool" else pa.from_numpy_dtype(np.dtype(dtype))
+    return scalar if size == 1 else pa.list_(scalar, size)
+
+
+def _schema(sample_bytes: int, cols: Columns = ()):
+    import pyarrow as pa
+
+    if cols:  # nullable fields, as the fork's pa.field(name, type)
+        return pa.schema([pa.field(name, _arrow_type(dtype, size)) for name, dtype, size in cols])
     return pa.schema([pa.field(COLUMN, pa.binary(sample_bytes), nullable=False)])
 
 
-def _table(buffer, rows: int, sample_bytes: int):
-    """A one-column table over `buffer`'s rows*sample_bytes bytes (no copy)."""
+def _column_array(raw: np.ndarray, dtype: str, size: int):
+    """A column over the bytes `raw` (no copy but bool's, which Arrow packs in bits)."""
     import pyarrow as pa
 
+    values = pa.array((raw & 1).view(np.bool_) if dtype == "bool" else raw.view(dtype))
+    return values if size == 1 else pa.FixedSizeListArray.from_arrays(values, size)
+
+
+def _table(buffer, rows: int, sample_bytes: int, cols: Columns = ()):
+    """A table of `rows` rows over `buffer`'s rows*sample_bytes bytes: one column, or each
+    column in turn taking its rows' bytes (column-major, as parquet stores them)."""
+    import pyarrow as pa
+
+    if cols:
+        raw, arrays, start = np.frombuffer(buffer, dtype=np.uint8), [], 0
+        for _, dtype, size in cols:
+            end = start + rows * size * np.dtype(dtype).itemsize
+            arrays.append(_column_array(raw[start:end], dtype, size))
+            start = end
+        return pa.Table.from_arrays(arrays, schema=_schema(sample_bytes, cols))
     column = pa.FixedSizeBinaryArray.from_buffers(pa.binary(sample_bytes), rows,
                                                   [None, pa.py_buffer(buffer)])
     return pa.Table.from_arrays([column], schema=_schema(sample_bytes))
@@ -139,15 +176,29 @@ class _CountingSink:
 
 
 def _chunks(metadata) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
-    """(offsets, sizes, rows) of the column chunks of every row group, from `metadata`."""
+    """(offsets, sizes, rows) of every row group, from `metadata`: where its first column
+    chunk starts and its chunks' bytes together."""
     offsets, sizes, rows = [], [], []
-    for g in range(metadata.num_row_groups):
-        group = metadata.row_group(g)
-        chunk = group.column(0)
-        offsets.append(int(chunk.data_page_offset))
-        sizes.append(int(chunk.total_compressed_size))
-        rows.append(int(group.num_rows))
+    for g, parts in enumerate(_parts(metadata)):
+        offsets.append(parts[0][0])
+        sizes.append(sum(length for _, length in parts))
+        rows.append(int(metadata.row_group(g).num_rows))
     return tuple(offsets), tuple(sizes), tuple(rows)
+
+
+def _parts(metadata) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """Per row group, its column chunks' (offset, length): from the dictionary page where
+    there is one (files of other writers), else the first data page."""
+    groups = []
+    for g in range(metadata.num_row_groups):
+        group, chunks = metadata.row_group(g), []
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            start = chunk.dictionary_page_offset if chunk.has_dictionary_page else None
+            chunks.append((int(start if start is not None else chunk.data_page_offset),
+                           int(chunk.total_compressed_size)))
+        groups.append(tuple(chunks))
+    return tuple(groups)
 
 
 def check_geometry(sample_bytes: int, rows: int, group_rows: int) -> None:
@@ -166,9 +217,10 @@ def check_geometry(sample_bytes: int, rows: int, group_rows: int) -> None:
 
 
 @lru_cache(maxsize=256)
-def geometry(sample_bytes: int, rows: int, group_rows: int) -> Geometry:
-    """The layout pyarrow gives a file of `rows` samples of `sample_bytes` in groups of
-    `group_rows`: written, zero-filled, into a counting sink (see the module)."""
+def geometry(sample_bytes: int, rows: int, group_rows: int, cols: Columns = ()) -> Geometry:
+    """The layout pyarrow gives a file of `rows` samples of `sample_bytes` (in columns
+    `cols`) in groups of `group_rows`: written, zero-filled, into a counting sink (see the
+    module)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -176,17 +228,18 @@ def geometry(sample_bytes: int, rows: int, group_rows: int) -> Geometry:
     group_rows = min(group_rows, rows)
     per_call = group_rows * max(1, SIMULATE_BYTES // (group_rows * sample_bytes))
     zeros = np.zeros(min(per_call, rows) * sample_bytes, dtype=np.uint8)
-    table = _table(zeros, min(per_call, rows), sample_bytes)
+    table = _table(zeros, min(per_call, rows), sample_bytes, cols)
     sink = _CountingSink()
-    writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), _schema(sample_bytes),
-                              **_writer_options(sample_bytes))
+    writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), _schema(sample_bytes, cols),
+                              **_writer_options(sample_bytes, "none", cols))
     for start in range(0, rows, per_call):
         writer.write_table(table.slice(0, min(per_call, rows - start)),
                            row_group_size=group_rows)
     writer.close()
     offsets, sizes, counts = _chunks(writer.writer.metadata)
     metadata = int.from_bytes(sink.tail[:4], "little")
-    geo = Geometry(sink.pos, group_rows, offsets, sizes, metadata)
+    geo = Geometry(sink.pos, group_rows, offsets, sizes, metadata,
+                   _parts(writer.writer.metadata))
     expected_counts = [group_rows] * (rows // group_rows) + ([rows % group_rows]
                                                              if rows % group_rows else [])
     if list(counts) != expected_counts or sink.tail[4:] != MAGIC or (
@@ -198,24 +251,38 @@ def geometry(sample_bytes: int, rows: int, group_rows: int) -> Geometry:
 
 
 @lru_cache(maxsize=64)
-def _units(sample_bytes: int, rows: int, group_rows: int) -> UnitExtents:
-    geo = geometry(sample_bytes, rows, group_rows)
+def _units(sample_bytes: int, rows: int, group_rows: int, cols: Columns = (),
+           read: tuple[int, ...] = ()) -> UnitExtents:
+    """Row groups as read units; with columns, each read as pyarrow's read_row_group(g,
+    columns=...) reads it: the chunks of the columns `read` (indices), one read each."""
+    geo = geometry(sample_bytes, rows, group_rows, cols)
     footer = np.array(geo.footer_reads(), dtype=np.int64).reshape(-1, 2)
     arrays = [np.array(geo.offset, dtype=np.int64), np.array(geo.length, dtype=np.int64),
               footer[:, 0].copy(), footer[:, 1].copy()]
+    payload = sample_bytes
+    if cols:
+        chosen = list(read or range(len(cols)))
+        reads = [_coalesce([group[i] for i in chosen]) for group in geo.parts]
+        parts = np.zeros((len(reads), max(map(len, reads)), 2), dtype=np.int64)
+        for g, group in enumerate(reads):  # groups of fewer reads end in reads of 0 bytes
+            parts[g, :len(group)] = group
+        arrays += [parts[..., 0].copy(), parts[..., 1].copy()]
+        payload = _read_bytes(cols, read)
     for array in arrays:  # cached: shared by every plan
         array.setflags(write=False)
-    return UnitExtents(geo.group_rows, sample_bytes, *arrays)
+    return UnitExtents(geo.group_rows, payload, *arrays)
 
 
 @dataclass(frozen=True)
 class ParquetOptions:
     """dataset.parquet.* and dataset.compression as they shape a file."""
 
-    row_group_size: int = ROW_GROUP_DEFAULT
+    row_group_size: int = ROW_GROUP_DEFAULT  # rows a row group holds as written (group_rows)
     compression: str = "none"
     recorded: bool = False  # extents recorded at generation (compressed, or sizes vary)
     samples: int = 1        # dataset.num_samples_per_file (the recorded row groups' count)
+    cols: Columns = ()      # dataset.parquet.columns as (name, dtype, size)
+    read: tuple[int, ...] = ()  # the columns training reads (indices; () all)
 
     @property
     def groups(self) -> int:
@@ -238,11 +305,15 @@ class ParquetFormat(Format):
         self.record_width = HEAD + 2 * options.groups if options.recorded else None
 
     def native_read_note(self, cfg, read_mode: str) -> str:
-        rows, per_file = cfg.dataset.parquet.row_group_size, cfg.dataset.num_samples_per_file
+        options = self.configure(cfg.dataset).options
+        rows, per_file = options.row_group_size, cfg.dataset.num_samples_per_file
+        cols, read = options.cols, options.read
+        chunks = (f", each its {len(read or cols)} of {len(cols)} column chunks of the "
+                  "columns read (dataset.parquet.columns[*].read), one read each" if cols else "")
         return (f"the native C engine reads parquet by row group "
-                f"(dataset.parquet.row_group_size={rows}: {-(-per_file // rows)} in each file of "
-                f"{per_file} samples), as pq.ParquetFile(path).read_row_group does (the file's "
-                "footer when it is "
+                f"({rows} rows: {-(-per_file // rows)} in each file of "
+                f"{per_file} samples{chunks}), as pq.ParquetFile(path).read_row_group"
+                f"{'(g, columns=...)' if cols else ''} does (the file's footer when it is "
                 "first opened in the epoch, then each row group holding planned samples once, "
                 "its other samples from memory; MLPerf Storage's parquet readers), where "
                 "DLIO's parquet reader loads whole files with pq.read_table (reader.read_mode "
@@ -252,16 +323,26 @@ class ParquetFormat(Format):
         """pyarrow's version is in the footer, whose length it sets."""
         from importlib.metadata import version
 
-        return {"parquet": {"row_group_size": ds.parquet.row_group_size,
+        pq_ds = ds.parquet
+        return {"parquet": {"row_group_size": pq_ds.row_group_size,
+                            "generation_batch_size": pq_ds.generation_batch_size,
+                            "columns": [[c.name, c.dtype, c.size] for c in pq_ds.columns],
                             "compression": ds.compression, "pyarrow": version("pyarrow")}}
 
     def configure(self, dataset) -> ParquetFormat:
         """This format for the `dataset` section (dataset.parquet.row_group_size,
         dataset.compression); ConfigError for what dlio-mpi does not do yet."""
-        options = ParquetOptions(dataset.parquet.row_group_size, dataset.compression,
+        columns = dataset.parquet.columns
+        options = ParquetOptions(_group_rows(dataset), dataset.compression,
                                  dataset.compression != "none"
                                  or dataset.record_length_bytes_stdev > 0,
-                                 dataset.num_samples_per_file)
+                                 dataset.num_samples_per_file,
+                                 tuple((c.name, c.dtype, c.size) for c in columns),
+                                 tuple(i for i, c in enumerate(columns) if c.read))
+        if columns and options.compression != "none":
+            raise ConfigError(f"dataset.compression: {options.compression!r} with "
+                              "dataset.parquet.columns is not implemented yet in dlio-mpi; "
+                              "accepted: none")
         if options.compression not in COMPRESSIONS:
             raise ConfigError(f"dataset.compression: {options.compression!r} is not "
                               "implemented yet in dlio-mpi for parquet (pyarrow has no such "
@@ -272,7 +353,8 @@ class ParquetFormat(Format):
         return ParquetFormat(options)
 
     def _geometry(self, spec: SampleSpec) -> Geometry:
-        return geometry(spec.sample_bytes, spec.samples, self.options.row_group_size)
+        return geometry(spec.sample_bytes, spec.samples, self.options.row_group_size,
+                        self.options.cols)
 
     def layout(self, spec: SampleSpec) -> FileLayout:
         """The file's size and where its first row group starts; samples are not at affine
@@ -284,7 +366,8 @@ class ParquetFormat(Format):
 
     def unit_extents(self, spec: SampleSpec) -> UnitExtents:
         """The row groups, the read units of files like `spec`, and pyarrow's footer reads."""
-        return _units(spec.sample_bytes, spec.samples, self.options.row_group_size)
+        return _units(spec.sample_bytes, spec.samples, self.options.row_group_size,
+                      self.options.cols, self.options.read)
 
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         if self.options.recorded:
@@ -292,7 +375,7 @@ class ParquetFormat(Format):
         geo = self._geometry(spec)
 
         def fill(fd: int) -> None:
-            found = _write_groups(fd, spec, seed, geo.group_rows)
+            found = _write_groups(fd, spec, seed, geo.group_rows, cols=self.options.cols)
             found["size"] = os.fstat(fd).st_size
             _check_placement(path, geo, found)
 
@@ -383,8 +466,14 @@ class ParquetFormat(Format):
         return size, meta, tail
 
     def load_whole(self, path: str) -> np.ndarray:
-        """DLIO's parquet reader: pq.read_table, one sample a row."""
+        """DLIO's parquet reader: pq.read_table, one sample a row (with columns, of the
+        columns read alone, as pq.read_table(path, columns=...); a row's values as bytes)."""
         import pyarrow.parquet as pq
+
+        cols = self.options.cols
+        if cols:
+            names = [cols[i][0] for i in (self.options.read or range(len(cols)))]
+            return _row_bytes(pq.read_table(path, columns=names))
 
         column = pq.read_table(path).column("data").combine_chunks()
         width = column.type.byte_width
@@ -413,6 +502,8 @@ class ParquetFormat(Format):
         of dataset.parquet.row_group_size rows, its column chunks back to back (uncompressed
         unless dataset.compression says otherwise), else ValueError saying why. Laid out
         otherwise than computed, the catalog reads every file's record (probe_record)."""
+        if self.options.cols:
+            return self._probe_columns(path)
         if self.options.recorded:
             row = self.probe_record(path)
             return StoredRows(int(row[0]), int(row[HEAD]),
@@ -430,12 +521,39 @@ class ParquetFormat(Format):
             self.probe_record(path)  # ValueError unless its own layout can be read
         return StoredRows(size, offsets[0], (rows, width), "|u1")
 
+    def _probe_columns(self, path: str) -> StoredRows:
+        """A file of dataset.parquet.columns another tool wrote: its schema the columns', its
+        column chunks where dlio-mpi writes them (PLAIN, no dictionary), else ValueError."""
+        import pyarrow.parquet as pq
+
+        cols = self.options.cols
+        with _core.open_regular(path) as fp:
+            size = os.fstat(fp.fileno()).st_size
+            try:
+                meta = pq.ParquetFile(fp).metadata
+            except Exception as exc:  # pyarrow's ArrowInvalid and friends
+                raise ValueError(f"is not a parquet file pyarrow can open ({exc})") from None
+        width = sum(size_ * np.dtype(dtype).itemsize for _, dtype, size_ in cols)
+        if not meta.schema.to_arrow_schema().equals(_schema(width, cols)):
+            raise ValueError("does not hold the columns of dataset.parquet.columns (their "
+                             "names, types and sizes, in that order)")
+        rows = int(meta.num_rows)
+        want = geometry(width, rows, self.options.row_group_size, cols)
+        if (size, _parts(meta)) != (want.size, want.parts):
+            raise ValueError("holds the columns laid out otherwise than dlio-mpi writes them "
+                             f"(row groups of {self.options.row_group_size} rows, PLAIN, no "
+                             "dictionary pages, uncompressed); reading such files with the "
+                             "native engine is not implemented yet (reader.engine framework "
+                             "reads them through pyarrow)")
+        return StoredRows(size, want.offset[0], (rows, width), "|u1")
+
     def loader_model(self, facts, itemsize: int, samples: int) -> ReadTables:
-        return ReadTables(self.options.row_group_size, samples)
+        return ReadTables(self.options.row_group_size, samples, self.options.cols,
+                          self.options.read)
 
 
 def _write_groups(fd: int, spec: SampleSpec, seed: int, group_rows: int,
-                  compression: str = "none") -> dict:
+                  compression: str = "none", cols: Columns = ()) -> dict:
     """Write the file through pyarrow onto `fd`, one row group at a time; return where its
     column chunks went."""
     import pyarrow as pa
@@ -446,17 +564,67 @@ def _write_groups(fd: int, spec: SampleSpec, seed: int, group_rows: int,
     buffer = np.empty(group_rows * n, dtype=np.uint8)
     with os.fdopen(os.dup(fd), "wb") as raw:
         sink = _CountingSink(raw)
-        writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), _schema(n),
-                                  **_writer_options(n, compression))
+        writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), _schema(n, cols),
+                                  **_writer_options(n, compression, cols))
         for start in range(0, rows, group_rows):
             count = min(group_rows, rows - start)
             part = buffer[:count * n]
             _core.fill_random(part, seed, start * n)
-            writer.write_table(_table(part, count, n), row_group_size=group_rows)
+            writer.write_table(_table(part, count, n, cols), row_group_size=group_rows)
         writer.close()
         raw.flush()
     offsets, sizes, rows = _chunks(writer.writer.metadata)
     return {"offset": offsets, "length": sizes, "rows": rows, "tail": sink.tail}
+
+
+def _read_bytes(cols: Columns, read: tuple[int, ...]) -> int:
+    """What a sample delivers when read: its read columns' values (summary.json's
+    train_bytes_read)."""
+    return sum(cols[i][2] * np.dtype(cols[i][1]).itemsize for i in read or range(len(cols)))
+
+
+def _row_bytes(table) -> np.ndarray:
+    """A table's rows as uint8 rows: each column's values of the row side by side."""
+    import pyarrow as pa
+
+    parts = []
+    for column in table.itercolumns():
+        chunk = column.combine_chunks()
+        values = chunk.flatten() if pa.types.is_fixed_size_list(chunk.type) else chunk
+        array = np.ascontiguousarray(values.to_numpy(zero_copy_only=False))
+        parts.append(array.reshape(table.num_rows, -1).view(np.uint8))
+    return np.hstack(parts)
+
+
+def _coalesce(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The reads Arrow makes of these (offset, length) ranges, in file order: a range
+    starting within HOLE_LIMIT bytes of the previous read's end joins it while the read
+    stays within COALESCE_LIMIT bytes (its ReadRangeCache, which read_row_group(g,
+    columns=...) uses: the hole between is read too)."""
+    reads: list[tuple[int, int]] = []
+    for offset, length in sorted(ranges):
+        if reads and offset - sum(reads[-1]) <= HOLE_LIMIT \
+                and offset + length - reads[-1][0] <= COALESCE_LIMIT:
+            reads[-1] = (reads[-1][0], offset + length - reads[-1][0])
+        else:
+            reads.append((offset, length))
+    return reads
+
+
+def _group_rows(dataset) -> int:
+    """Rows of each row group as MLPerf's fork writes them: each write_table call of
+    generation_batch_size rows (0: row_group_size) starts groups of row_group_size rows;
+    ConfigError where the groups would differ in length (a batch not a multiple)."""
+    group, rows = dataset.parquet.row_group_size, dataset.num_samples_per_file
+    batch = dataset.parquet.generation_batch_size or group
+    if batch >= rows or batch % group == 0:
+        return group
+    if batch < group:
+        return batch
+    raise ConfigError(f"dataset.parquet.generation_batch_size: {batch} rows a batch cut row "
+                      f"groups of {group} rows unevenly ({group} and {batch % group}), which is "
+                      f"not implemented yet in dlio-mpi; accepted: at most {group}, a multiple "
+                      f"of {group}, or at least {rows} (dataset.num_samples_per_file)")
 
 
 def _check_placement(path: str, geo: Geometry, found: dict) -> None:
@@ -479,13 +647,7 @@ def _load_reads(footer: list[tuple[int, int]], offsets, lengths
     chunks these are (see the module)."""
     reads = list(footer)
     first_chunk = len(reads)
-    start, end = offsets[0], offsets[0] + lengths[0]
-    for offset, length in zip(offsets[1:], lengths[1:]):
-        if offset + length - start > COALESCE_LIMIT:
-            reads.append((start, end - start))
-            start = offset
-        end = offset + length
-    reads.append((start, end - start))
+    reads += _coalesce(list(zip(offsets, lengths)))
     flags = np.zeros(len(reads), dtype=np.uint32)
     for first, last in ((0, first_chunk - 1), (first_chunk, len(reads) - 1)):
         flags[first] |= _core.REQ_OPEN | _core.REQ_FSTAT
@@ -500,15 +662,19 @@ class ReadTables:
     are computed once per sample size; recorded files (Layouts.units per file) each from
     its own row."""
 
-    def __init__(self, group_rows: int, samples: int) -> None:
-        self.group_rows, self.samples = group_rows, samples
+    def __init__(self, group_rows: int, samples: int, cols: Columns = (),
+                 read: tuple[int, ...] = ()) -> None:
+        self.group_rows, self.samples, self.cols = group_rows, samples, cols
+        self.read = list(read or range(len(cols)))  # read_table(path, columns=...)
         self.cache: dict = {}
 
     def reads_of(self, sample_bytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(offset, length, flags) of one file's load."""
         if sample_bytes not in self.cache:
-            geo = geometry(sample_bytes, self.samples, self.group_rows)
-            self.cache[sample_bytes] = _load_reads(geo.footer_reads(), geo.offset, geo.length)
+            geo = geometry(sample_bytes, self.samples, self.group_rows, self.cols)
+            chunks = ([group[i] for group in geo.parts for i in self.read] if self.cols
+                      else list(zip(geo.offset, geo.length)))
+            self.cache[sample_bytes] = _load_reads(geo.footer_reads(), *zip(*chunks))
         return self.cache[sample_bytes]
 
     def __call__(self, lay, blksize: int) -> WholeFileReads:

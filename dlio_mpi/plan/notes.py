@@ -162,10 +162,25 @@ def plan_notes(cfg, library_read: str = "") -> tuple[str, ...]:
     """The settings that have no effect or act differently in dlio-mpi."""
     reads = cfg.workflow.train and cfg.dataset.format in implemented_formats()
     notes = ([loader_note(cfg, library_read)] if reads else []) + support_notes(cfg) \
-        + _sized_notes(cfg)
+        + _columns_notes(cfg) + _sized_notes(cfg)
     if reads:
         notes += _mpiio_notes(cfg.reader) + _engine_notes(cfg, library_read)
     return tuple(notes + _checkpoint_notes(cfg))
+
+
+def _columns_notes(cfg) -> list[str]:
+    """dataset.parquet.columns size the samples (config.loader.columns_decide_samples)."""
+    ds = cfg.dataset
+    if ds.format != "parquet" or not ds.parquet.columns:
+        return []
+    row = sum(column.row_bytes for column in ds.parquet.columns)
+    read = [c for c in ds.parquet.columns if c.read] or list(ds.parquet.columns)
+    told = ds.record_length_bytes
+    length = (f"; dataset.record_length_bytes={told:g} has no effect (MLPerf's DLIO fork "
+              "writes the columns and ignores it)" if told != row else "")
+    return [f"dataset.parquet.columns: a sample is a row of {len(ds.parquet.columns)} columns, "
+            f"{row} bytes of values{length}; training reads {len(read)} of them, "
+            f"{sum(c.row_bytes for c in read)} bytes a sample (only their column chunks)"]
 
 
 def _sized_notes(cfg) -> list[str]:

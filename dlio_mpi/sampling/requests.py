@@ -266,26 +266,31 @@ def _unit_plan(ids: np.ndarray, files: np.ndarray, step_of: np.ndarray, steps: i
     first, load_of = first_uses(files * nunits + unit)
     lfile, lunit, lstep = files[first], unit[first], step_of[first]
     mine = units.of(lfile)  # each load's file's extents (shared ones: the same row for all)
+    # a unit's reads (parquet: its column chunks), those of 0 bytes none
+    part_offset, part_length = mine.pieces()
+    parts = (part_length[np.arange(len(first)), lunit] > 0).sum(axis=1)
     opens = np.zeros(len(first), dtype=bool)
     if policy.access == "loader":  # the file's footer reads before its first unit
         opens[np.unique(lfile, return_index=True)[1]] = True
-    count = 1 + opens * (mine.open_length > 0).sum(axis=1)
+    count = parts + opens * (mine.open_length > 0).sum(axis=1)
     owner = np.repeat(np.arange(len(first)), count)
     start = np.concatenate(([0], np.cumsum(count)))
     within = np.arange(start[-1]) - start[owner]
-    is_unit = within == count[owner] - 1
+    part = within - (count[owner] - parts[owner])
+    is_unit = part >= 0
     head = np.minimum(within, max(mine.open_offset.shape[1] - 1, 0))
     opened = mine.open_offset.shape[1] > 0
-    offset = np.where(is_unit, mine.offset[owner, lunit[owner]],
+    piece = (owner, lunit[owner], np.maximum(part, 0))
+    offset = np.where(is_unit, part_offset[piece],
                       mine.open_offset[owner, head] if opened else 0)
-    length = np.where(is_unit, mine.length[owner, lunit[owner]],
+    length = np.where(is_unit, part_length[piece],
                       mine.open_length[owner, head] if opened else 0)
     flags = np.zeros(len(owner), dtype=np.uint32)
     flags[(within == 0) & ~is_unit] = _core.REQ_FSTAT
     if policy.mmap:
         flags |= _core.REQ_MMAP
-    # after the unit's read, all its samples' time
-    delay, cpu = (_after_loads(v, load_of, owner, is_unit, len(first))
+    # after the unit's last read, all its samples' time
+    delay, cpu = (_after_loads(v, load_of, owner, part == parts[owner] - 1, len(first))
                   for v in (sample_delay_ns, sample_cpu_ns))
     payload = units.rows(samples_per_file)[lunit] * mine.sample_bytes
     batch_payload = np.bincount(lstep, weights=payload, minlength=steps).astype(np.int64)
