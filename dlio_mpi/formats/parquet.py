@@ -1,8 +1,15 @@
 """Parquet files (dataset.format: parquet), written and laid out through pyarrow.
 
-A file holds one required column `data` of fixed_size_binary(sample bytes), one row per sample,
-in row groups of dataset.parquet.row_group_size rows (the last group holds the rest), written
-with PLAIN encoding, no dictionary, no statistics and no compression. Why fixed_size_binary:
+With dataset.parquet.columns (MLPerf Storage's workload files), a file holds those columns,
+each of the type MLPerf's DLIO fork gives it (a scalar, or a fixed-size list of `size`
+values), one row per sample, written PLAIN without dictionary or statistics, so that, as for
+the one column below, where each column chunk lies is computed without I/O (Geometry.parts).
+Training reads the chunks of the columns marked read, as pyarrow's read_row_group(g,
+columns=...) reads them: chunks closer than HOLE_LIMIT are read as one (_coalesce).
+
+Without columns, a file holds one required column `data` of fixed_size_binary(sample
+bytes), one row per sample, in row groups of dataset.parquet.row_group_size rows (the last
+group holds the rest), written with PLAIN encoding, no dictionary, no statistics and no compression. Why fixed_size_binary:
 Parquet stores it as FIXED_LEN_BYTE_ARRAY, whose PLAIN values are the bytes themselves, back
 to back, with no length prefix (binary would put 4 bytes before each) and, the column being
 required, no definition levels; a list<uint8> column would store every byte as a 4-byte INT32
