@@ -9,12 +9,12 @@ columns=...) reads them: chunks closer than HOLE_LIMIT are read as one (_coalesc
 
 Without columns, a file holds one required column `data` of fixed_size_binary(sample
 bytes), one row per sample, in row groups of dataset.parquet.row_group_size rows (the last
-group holds the rest), written with PLAIN encoding, no dictionary, no statistics and no compression. Why fixed_size_binary:
-Parquet stores it as FIXED_LEN_BYTE_ARRAY, whose PLAIN values are the bytes themselves, back
-to back, with no length prefix (binary would put 4 bytes before each) and, the column being
-required, no definition levels; a list<uint8> column would store every byte as a 4-byte INT32
-value with repetition levels. So a sample is one contiguous run of its bytes, and the samples
-of a data page follow each other.
+group holds the rest), written with PLAIN encoding, no dictionary, no statistics and no
+compression. Why fixed_size_binary: Parquet stores it as FIXED_LEN_BYTE_ARRAY, whose PLAIN
+values are the bytes themselves, back to back, with no length prefix (binary would put 4
+bytes before each) and, the column being required, no definition levels; a list<uint8>
+column would store every byte as a 4-byte INT32 value with repetition levels. So a sample
+is one contiguous run of its bytes, and the samples of a data page follow each other.
 
 What pyarrow puts where depends, without compression, only on (sample bytes, rows, row group
 size) and on pyarrow's version (its footer names it): geometry() writes a zero-filled table
