@@ -6,8 +6,10 @@ columns marked read."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
@@ -22,6 +24,7 @@ from dlio_mpi.formats import format_for
 from dlio_mpi.plan.derive import derive_plan
 from helpers import run_cli, workload_overrides
 
+PREAD = re.compile(r'^pread64\(\d+<([^>]*)>, ".*"(?:\.\.\.)?, (\d+), (\d+)\)\s+=\s+\d+')
 needs_strace = pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed")
 
 # seven columns of every kind the fork writes: scalars, fixed-size lists, a bool; four read
@@ -208,23 +211,73 @@ def test_column_chunk_reads_match_pyarrow_reading_the_same_columns(tmp_path):
     assert ours["pread_bytes"] == pytest.approx(ref["bytes"], rel=0.05), (ours, ref)
 
 
-def test_files_of_other_layouts_are_refused_by_the_native_engine_naming_why(tmp_path):
-    over = _over(tmp_path, dataset__num_files_train=1)
-    cfg = load_config("demo", over)
-    folder = tmp_path / "data" / "train"
+def _fork_files(folder, files: int, rows: int, group: int) -> None:
+    """Files as MLPerf's fork writes them: random values, pyarrow's defaults (dictionary
+    pages, statistics), row groups of `group` rows."""
     folder.mkdir(parents=True)
-    path = folder / "img_0_of_1.parquet"
-    def zeros(kind):
+    rng = np.random.default_rng(7)
+
+    def column(kind):
         size = kind.list_size if pa.types.is_fixed_size_list(kind) else 1
         scalar = kind.value_type if size > 1 else kind
-        values = pa.array(np.zeros(10 * size), pa.float64()).cast(scalar)
+        values = pa.array(rng.integers(0, 100, rows * size), pa.int64()).cast(scalar)
         return pa.FixedSizeListArray.from_arrays(values, size) if size > 1 else values
 
-    table = pa.table([zeros(f.type) for f in ARROW], schema=ARROW)
-    pq.write_table(table, path, row_group_size=4)  # dictionary pages: pyarrow's defaults
-    with pytest.raises(ValueError, match="laid out otherwise than dlio-mpi writes them"):
+    for i in range(files):
+        table = pa.table([column(f.type) for f in ARROW], schema=ARROW)
+        pq.write_table(table, folder / f"img_{i}_of_{files}.parquet", row_group_size=group,
+                       compression=None)
+
+
+@needs_strace
+@pytest.mark.timeout(240)
+def test_files_the_fork_wrote_are_read_by_their_own_column_chunks(tmp_path):
+    train = tmp_path / "data" / "train"
+    _fork_files(train, 2, 4000, 1000)
+    assert pq.ParquetFile(next(train.iterdir())).metadata.row_group(0).column(0) \
+        .has_dictionary_page
+    over = _over(tmp_path, dataset__num_samples_per_file=4000, dataset__num_files_train=2,
+                 dataset__parquet__row_group_size=1000, reader__read_threads=1,
+                 reader__batch_size=100, train__epochs=1, workflow__generate_data="false")
+    logs = _strace([mpiexec(), "-n", "1", sys.executable, "-P", "-m", "dlio_mpi", "run",
+                    "demo", *over], tmp_path / "run")
+    script = ("import glob, pyarrow.parquet as pq\n"
+              f"for p in sorted(glob.glob('{train}/*.parquet')):\n"
+              "    f = pq.ParquetFile(p)\n"
+              "    for g in range(f.metadata.num_row_groups):\n"
+              f"        f.read_row_group(g, columns={READ!r})\n")
+    ref = _preads(_strace([sys.executable, "-c", script], tmp_path / "ref"), str(train))
+    ours = _preads(logs, str(train))
+    # ours are pyarrow's reads (the tail, then each group's in a few), and the footers read
+    # before training to find the chunks
+    assert sum(ref.values()) > 2 * (1 + 4), ref
+    assert not ref - ours, ref - ours
+    sizes = {str(p): p.stat().st_size for p in train.iterdir()}
+    assert all(n in (64 << 10, 8) and offset + n == sizes[path]
+               for path, offset, n in (ours - ref).elements()), ours - ref
+
+
+def _preads(logs, folder: str) -> Counter:
+    """(path, offset, length) of every pread64 of a file under `folder`, from strace -y."""
+    found = Counter()
+    for line in (line for log in logs for line in log.read_text().splitlines()):
+        m = PREAD.match(line)
+        if m and m.group(1).startswith(folder):
+            found[m.group(1), int(m.group(3)), int(m.group(2))] += 1
+    return found
+
+
+def test_files_of_other_columns_are_refused_naming_why(tmp_path):
+    cfg = load_config("demo", _over(tmp_path, dataset__num_files_train=1))
+    folder = tmp_path / "data" / "train"
+    _fork_files(folder, 1, 10, 4)
+    path = folder / "img_0_of_1.parquet"
+    assert format_for(cfg.dataset).probe(str(path)).shape == (10, ROW_BYTES)
+    pq.write_table(pq.read_table(path), path, row_group_size=3)
+    with pytest.raises(ValueError, match=r"in row groups of \[3, 3, 3, 1\] rows where "
+                                         "dlio-mpi reads row groups of 4 rows"):
         format_for(cfg.dataset).probe(str(path))
-    pq.write_table(table.drop_columns(["flags"]), path)
+    pq.write_table(pq.read_table(path).drop_columns(["flags"]), path)
     with pytest.raises(ValueError, match="does not hold the columns"):
         format_for(cfg.dataset).probe(str(path))
 

@@ -445,9 +445,35 @@ class ParquetFormat(Format):
         more = metadata + 8 > tail
         open_offset = np.stack([size - tail, np.where(more, size - 8 - metadata, 0)], axis=1)
         open_length = np.stack([tail, np.where(more, metadata, 0)], axis=1)
-        return UnitExtents(min(self.options.row_group_size, self.options.samples),
-                           records[:, 1], records[:, HEAD:HEAD + groups],
+        rows = min(self.options.row_group_size, self.options.samples)
+        if self.options.cols:
+            return self._recorded_column_units(records, rows, open_offset, open_length)
+        return UnitExtents(rows, records[:, 1], records[:, HEAD:HEAD + groups],
                            records[:, HEAD + groups:], open_offset, open_length)
+
+    def _recorded_column_units(self, records: np.ndarray, rows: int, open_offset: np.ndarray,
+                               open_length: np.ndarray) -> UnitExtents:
+        """Files with columns laid out each its own way (another tool's: dictionary pages):
+        each row group read as read_row_group(g, columns=...) reads it, from the record's
+        column chunks (rows of the record: [size, width, metadata, offsets, lengths], the
+        chunks group by group)."""
+        cols, groups = self.options.cols, self.options.groups
+        chunks = groups * len(cols)
+        shape = (len(records), groups, len(cols))
+        offsets = records[:, HEAD:HEAD + chunks].reshape(shape)
+        lengths = records[:, HEAD + chunks:HEAD + 2 * chunks].reshape(shape)
+        chosen = list(self.options.read or range(len(cols)))
+        reads = [[_coalesce(list(zip(offsets[f, g, chosen].tolist(),
+                                     lengths[f, g, chosen].tolist())))
+                  for g in range(groups)] for f in range(len(records))]
+        parts = np.zeros((*shape[:2], max(len(r) for file in reads for r in file), 2),
+                         dtype=np.int64)
+        for f, file in enumerate(reads):
+            for g, group in enumerate(file):
+                parts[f, g, :len(group)] = group
+        payload = np.full(len(records), _read_bytes(cols, self.options.read), dtype=np.int64)
+        return UnitExtents(rows, payload, offsets[:, :, 0], lengths.sum(axis=2), open_offset,
+                           open_length, parts[..., 0], parts[..., 1])
 
     def _metadata(self, path: str):
         """(size, pyarrow's metadata, last 8 bytes) of the parquet file at `path`, when it holds
@@ -491,6 +517,8 @@ class ParquetFormat(Format):
     def probe_record(self, path: str) -> np.ndarray:
         """The record row (see the module) of a parquet file another tool wrote, read from
         its metadata; ValueError when it is not laid out as dlio-mpi reads them."""
+        if self.options.cols:
+            return self._column_record(path)
         size, meta, tail = self._metadata(path)
         offsets, lengths, rows = _chunks(meta)
         if sum(rows) != self.options.samples:
@@ -501,6 +529,11 @@ class ParquetFormat(Format):
 
     def matches(self, row: np.ndarray, units: UnitExtents) -> bool:
         """Whether a file's record row is the computed layout `units` (files alike)."""
+        if self.options.cols:
+            geo = geometry(int(row[1]), self.options.samples, self.options.row_group_size,
+                           self.options.cols)
+            parts = np.array(geo.parts, dtype=np.int64).reshape(-1, 2)
+            return row[HEAD:].tolist() == [*parts[:, 0].tolist(), *parts[:, 1].tolist()]
         return (row[HEAD:HEAD + units.count].tolist() == units.offset.tolist()
                 and row[HEAD + units.count:].tolist() == units.length.tolist())
 
@@ -528,9 +561,10 @@ class ParquetFormat(Format):
             self.probe_record(path)  # ValueError unless its own layout can be read
         return StoredRows(size, offsets[0], (rows, width), "|u1")
 
-    def _probe_columns(self, path: str) -> StoredRows:
-        """A file of dataset.parquet.columns another tool wrote: its schema the columns', its
-        column chunks where dlio-mpi writes them (PLAIN, no dictionary), else ValueError."""
+    def _columns_metadata(self, path: str):
+        """(size, pyarrow's metadata, last 8 bytes, row bytes) of a file that holds the
+        columns of dataset.parquet.columns (names, types and sizes, in order); ValueError
+        otherwise."""
         import pyarrow.parquet as pq
 
         cols = self.options.cols
@@ -540,19 +574,36 @@ class ParquetFormat(Format):
                 meta = pq.ParquetFile(fp).metadata
             except Exception as exc:  # pyarrow's ArrowInvalid and friends
                 raise ValueError(f"is not a parquet file pyarrow can open ({exc})") from None
-        width = sum(size_ * np.dtype(dtype).itemsize for _, dtype, size_ in cols)
+            tail = os.pread(fp.fileno(), 8, max(size - 8, 0))
+        width = sum(n * np.dtype(dtype).itemsize for _, dtype, n in cols)
         if not meta.schema.to_arrow_schema().equals(_schema(width, cols)):
             raise ValueError("does not hold the columns of dataset.parquet.columns (their "
                              "names, types and sizes, in that order)")
-        rows = int(meta.num_rows)
-        want = geometry(width, rows, self.options.row_group_size, cols)
-        if (size, _parts(meta)) != (want.size, want.parts):
-            raise ValueError("holds the columns laid out otherwise than dlio-mpi writes them "
-                             f"(row groups of {self.options.row_group_size} rows, PLAIN, no "
-                             "dictionary pages, uncompressed); reading such files with the "
-                             "native engine is not implemented yet (reader.engine framework "
-                             "reads them through pyarrow)")
-        return StoredRows(size, want.offset[0], (rows, width), "|u1")
+        return size, meta, tail, width
+
+    def _column_record(self, path: str) -> np.ndarray:
+        """The record row of a file with columns: [size, row bytes, footer metadata length,
+        its column chunks' offsets, their lengths] (group by group); ValueError when its
+        rows or row groups are not those configured."""
+        size, meta, tail, width = self._columns_metadata(path)
+        group, rows = min(self.options.row_group_size, self.options.samples), meta.num_rows
+        want = [min(group, self.options.samples - g) for g in range(0, self.options.samples,
+                                                                     group)]
+        got = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        if rows != self.options.samples or got != want:
+            raise ValueError(f"holds {rows} rows in row groups of {got[:8]} rows where "
+                             f"dlio-mpi reads row groups of {group} rows of "
+                             f"dataset.num_samples_per_file={self.options.samples}")
+        parts = np.array(_parts(meta), dtype=np.int64).reshape(-1, 2)
+        return np.array([size, width, int.from_bytes(tail[:4], "little"),
+                         *parts[:, 0].tolist(), *parts[:, 1].tolist()], dtype=np.int64)
+
+    def _probe_columns(self, path: str) -> StoredRows:
+        """A file of dataset.parquet.columns another tool wrote (its layout, if not the
+        computed one, read from every file's record: probe_record), else ValueError."""
+        row = self._column_record(path)
+        return StoredRows(int(row[0]), int(row[HEAD]), (self.options.samples, int(row[1])),
+                          "|u1")
 
     def loader_model(self, facts, itemsize: int, samples: int) -> ReadTables:
         return ReadTables(self.options.row_group_size, samples, self.options.cols,
