@@ -109,14 +109,39 @@ def test_values_the_fork_does_not_take_are_refused_naming_the_key(tmp_path, over
     assert not any(tmp_path.iterdir())
 
 
-def test_compressed_columns_are_refused_before_any_io(tmp_path):
-    res = run_cli(["validate", "demo", *_over(tmp_path), "dataset.compression=snappy"], ranks=1)
+def test_refusals_come_before_any_io_with_exit_status_2(tmp_path):
+    res = run_cli(["validate", "demo", *_over(tmp_path), "dataset.parquet.read_mode=file"],
+                  ranks=1)
     assert res.returncode == 2, res.stderr
-    assert "dataset.compression: 'snappy' with dataset.parquet.columns is not implemented yet" \
-        in res.stderr
+    assert "dataset.parquet.read_mode: 'file' is not accepted; expected one of: default, " \
+        "row_group" in res.stderr
     assert not any(tmp_path.iterdir())
     with pytest.raises(ConfigError, match="dataset.parquet.read_mode"):
         load_config("demo", _over(tmp_path, "dataset.parquet.read_mode=file"))
+
+
+@needs_strace
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("codec", ["snappy", "zstd"])
+def test_compressed_columns_are_recorded_and_their_chunks_read_as_pyarrow_does(tmp_path,
+                                                                              codec):
+    over = _over(tmp_path, dataset__num_samples_per_file=4000, dataset__num_files_train=2,
+                 dataset__parquet__row_group_size=1000, dataset__compression=codec,
+                 reader__read_threads=1, reader__batch_size=100, train__epochs=1)
+    assert run_cli(["generate", "demo", *over], ranks=2).returncode == 0
+    train = tmp_path / "data" / "train"
+    meta = pq.ParquetFile(next(train.iterdir())).metadata
+    assert meta.row_group(0).column(0).compression == codec.upper()
+    logs = _strace([mpiexec(), "-n", "1", sys.executable, "-P", "-m", "dlio_mpi", "run",
+                    "demo", *over, "workflow.generate_data=false"], tmp_path / "run")
+    script = ("import glob, pyarrow.parquet as pq\n"
+              f"for p in sorted(glob.glob('{train}/*.parquet')):\n"
+              "    f = pq.ParquetFile(p)\n"
+              "    for g in range(f.metadata.num_row_groups):\n"
+              f"        f.read_row_group(g, columns={READ!r})\n")
+    ref = _preads(_strace([sys.executable, "-c", script], tmp_path / "ref"), str(train))
+    # generation recorded where each chunk went: no footer read before training
+    assert _preads(logs, str(train)) == ref and sum(ref.values()) > 2 * (1 + 4)
 
 
 def test_generation_writes_every_column_with_its_type_in_row_groups(tmp_path):

@@ -309,7 +309,8 @@ class ParquetFormat(Format):
         self.options = options
         # recorded files: generation records each file's row (see the module)
         self.sizes_recorded = options.recorded
-        self.record_width = HEAD + 2 * options.groups if options.recorded else None
+        self.record_width = (HEAD + 2 * options.groups * max(len(options.cols), 1)
+                             if options.recorded else None)
 
     def native_read_note(self, cfg, read_mode: str) -> str:
         options = self.configure(cfg.dataset).options
@@ -346,10 +347,6 @@ class ParquetFormat(Format):
                                  dataset.num_samples_per_file,
                                  tuple((c.name, c.dtype, c.size) for c in columns),
                                  tuple(i for i, c in enumerate(columns) if c.read))
-        if columns and options.compression != "none":
-            raise ConfigError(f"dataset.compression: {options.compression!r} with "
-                              "dataset.parquet.columns is not implemented yet in dlio-mpi; "
-                              "accepted: none")
         if options.compression not in COMPRESSIONS:
             raise ConfigError(f"dataset.compression: {options.compression!r} is not "
                               "implemented yet in dlio-mpi for parquet (pyarrow has no such "
@@ -396,10 +393,12 @@ class ParquetFormat(Format):
 
         def fill(fd: int) -> None:
             found = _write_groups(fd, spec, seed, self.options.row_group_size,
-                                  self.options.compression)
+                                  self.options.compression, self.options.cols)
             size = os.fstat(fd).st_size
             try:
-                row.extend(self._record(path, size, spec.sample_bytes, found["rows"],
+                row.extend(self._column_row(found["metadata"], size, found["tail"],
+                                            spec.sample_bytes) if self.options.cols else
+                           self._record(path, size, spec.sample_bytes, found["rows"],
                                         found["tail"], found["offset"], found["length"]))
             except ValueError as exc:
                 import pyarrow as pa
@@ -586,6 +585,11 @@ class ParquetFormat(Format):
         its column chunks' offsets, their lengths] (group by group); ValueError when its
         rows or row groups are not those configured."""
         size, meta, tail, width = self._columns_metadata(path)
+        return np.array(self._column_row(meta, size, tail, width), dtype=np.int64)
+
+    def _column_row(self, meta, size: int, tail: bytes, width: int) -> list[int]:
+        """The record row of a file with columns whose metadata, size and last 8 bytes these
+        are (see _column_record)."""
         group, rows = min(self.options.row_group_size, self.options.samples), meta.num_rows
         want = [min(group, self.options.samples - g) for g in range(0, self.options.samples,
                                                                      group)]
@@ -595,8 +599,8 @@ class ParquetFormat(Format):
                              f"dlio-mpi reads row groups of {group} rows of "
                              f"dataset.num_samples_per_file={self.options.samples}")
         parts = np.array(_parts(meta), dtype=np.int64).reshape(-1, 2)
-        return np.array([size, width, int.from_bytes(tail[:4], "little"),
-                         *parts[:, 0].tolist(), *parts[:, 1].tolist()], dtype=np.int64)
+        return [size, width, int.from_bytes(tail[:4], "little"), *parts[:, 0].tolist(),
+                *parts[:, 1].tolist()]
 
     def _probe_columns(self, path: str) -> StoredRows:
         """A file of dataset.parquet.columns another tool wrote (its layout, if not the
@@ -632,7 +636,8 @@ def _write_groups(fd: int, spec: SampleSpec, seed: int, group_rows: int,
         writer.close()
         raw.flush()
     offsets, sizes, rows = _chunks(writer.writer.metadata)
-    return {"offset": offsets, "length": sizes, "rows": rows, "tail": sink.tail}
+    return {"offset": offsets, "length": sizes, "rows": rows, "tail": sink.tail,
+            "metadata": writer.writer.metadata}
 
 
 def _read_bytes(cols: Columns, read: tuple[int, ...]) -> int:
