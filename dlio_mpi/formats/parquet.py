@@ -314,10 +314,11 @@ class ParquetFormat(Format):
 
     def native_read_note(self, cfg, read_mode: str) -> str:
         options = self.configure(cfg.dataset).options
-        rows, per_file = options.row_group_size, cfg.dataset.num_samples_per_file
-        cols, read = options.cols, options.read
+        per_file = cfg.dataset.num_samples_per_file
+        rows, cols, read = min(options.row_group_size, per_file), options.cols, options.read
         chunks = (f", each its {len(read or cols)} of {len(cols)} column chunks of the "
-                  "columns read (dataset.parquet.columns[*].read), one read each" if cols else "")
+                  "columns read (dataset.parquet.columns[*].read), chunks less than 8 KiB "
+                  "apart read as one" if cols else "")
         return (f"the native C engine reads parquet by row group "
                 f"({rows} rows: {-(-per_file // rows)} in each file of "
                 f"{per_file} samples{chunks}), as pq.ParquetFile(path).read_row_group"

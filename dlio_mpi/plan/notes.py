@@ -10,6 +10,7 @@ from ..readers import (
     FRAMEWORK_LOADERS,
     torch_prefetch_factor,
 )
+from .units import number_text
 
 # What DLIO's pytorch and tensorflow readers do per read mode, for the plan's loader note
 _PATTERNS = {"file": "the whole file loaded for every sample",
@@ -176,8 +177,8 @@ def _columns_notes(cfg) -> list[str]:
     row = sum(column.row_bytes for column in ds.parquet.columns)
     read = [c for c in ds.parquet.columns if c.read] or list(ds.parquet.columns)
     told = ds.record_length_bytes
-    length = (f"; dataset.record_length_bytes={told:g} has no effect (MLPerf's DLIO fork "
-              "writes the columns and ignores it)" if told != row else "")
+    length = (f"; dataset.record_length_bytes={number_text(told)} has no effect (MLPerf's "
+              "DLIO fork writes the columns and ignores it)" if told != row else "")
     return [f"dataset.parquet.columns: a sample is a row of {len(ds.parquet.columns)} columns, "
             f"{row} bytes of values{length}; training reads {len(read)} of them, "
             f"{sum(c.row_bytes for c in read)} bytes a sample (only their column chunks)"]
