@@ -25,14 +25,12 @@ pytestmark = pytest.mark.timeout(300)
 
 SOURCE = Path(__file__).resolve().parents[1] / "configs" / "workload" / "mlperf"
 RELEASED = Path(__file__).parent / "data" / "dlio_2_0_0"
-# Run scaled down on 2 ranks, as shipped but for the overrides of _scaled
+# Run scaled down on 2 ranks, as shipped but for the overrides of _scaled (the parquet ones
+# with their dataset.parquet columns, row groups and read flags)
 RUNNABLE = ["unet3d_b200", "unet3d_h100", "retinanet_b200", "retinanet_h100",
-            "retinanet_mi355", "retinanet_datagen"]
-# FLIP to RUNNABLE when dataset.parquet's column schemas land (another change of issue 22's
-# series): until then each is refused on its first dataset.parquet key dlio-mpi lacks
-PENDING_PARQUET_SCHEMA = ["flux_b200", "flux_mi355", "flux_datagen", "dlrm_b200",
-                          "dlrm_mi355", "dlrm_datagen", "dlrm_parquet_h100",
-                          "dlrm_parquet_datagen", "parquet_selective_read_example"]
+            "retinanet_mi355", "retinanet_datagen", "flux_b200", "flux_mi355", "flux_datagen",
+            "dlrm_b200", "dlrm_mi355", "dlrm_datagen", "dlrm_parquet_h100",
+            "dlrm_parquet_datagen", "parquet_selective_read_example"]
 OBJECT_STORAGE = ["llama3_8b_checkpoint"]  # storage.storage_type s3
 OBJECT_STORAGE_REFUSAL = ("storage.storage_type: 's3' is object storage, which is not "
                           "implemented yet in dlio-mpi; accepted: local_fs, parallel_fs")
@@ -50,7 +48,7 @@ def test_the_copies_are_mlperf_s_bytes_as_recorded():
     record = _record()
     names = sorted(name for name, *_ in record)
     assert names == sorted(p.stem for p in SOURCE.glob("*.yaml"))
-    assert names == sorted(RUNNABLE + PENDING_PARQUET_SCHEMA + OBJECT_STORAGE)
+    assert names == sorted(RUNNABLE + OBJECT_STORAGE)
     installed = workload_dir().joinpath("mlperf")
     for name, _, digest, size in record:
         data = (SOURCE / f"{name}.yaml").read_bytes()
@@ -76,7 +74,7 @@ def test_list_workloads_shows_both():
     assert out == list_workloads()
     assert "unet3d_h100" in out and "demo" in out
     assert [n for n in out if n.startswith("mlperf/")] == sorted(
-        f"mlperf/{n}" for n in RUNNABLE + PENDING_PARQUET_SCHEMA + OBJECT_STORAGE)
+        f"mlperf/{n}" for n in RUNNABLE + OBJECT_STORAGE)
 
 
 def _files(name: str) -> tuple[int, int]:
@@ -113,17 +111,14 @@ def test_mlperf_workloads_run_scaled_down_on_two_ranks(name, tmp_path):
         summary = json.loads((tmp_path / "out" / "summary.json").read_text())
         steps = FILES * SAMPLES // RANKS // BATCH
         assert summary["dlio_mpi"]["steps_per_epoch"] == steps
-        # every sample read once: whole images, or at least RECORD bytes each
+        # every sample read once: whole images, or at least RECORD bytes each (parquet
+        # columns: the bytes of the columns read)
+        columns = cfg.dataset.parquet.columns
+        read = [c for c in columns if c.read] or columns
+        sample = sum(c.row_bytes for c in read) if columns else RECORD
         least = sum(f.stat().st_size for f in files) if _files(name)[1] == 1 else (
-            RANKS * steps * BATCH * RECORD)
+            RANKS * steps * BATCH * sample)
         assert summary["metric"]["train_bytes_read"] >= least
-
-
-@pytest.mark.parametrize("name", PENDING_PARQUET_SCHEMA)
-def test_parquet_column_workloads_are_refused_until_dataset_parquet_schemas_land(name):
-    # FLIP: when dlio-mpi reads dataset.parquet's columns, move these to RUNNABLE
-    message = error_of(f"mlperf/{name}")
-    assert message.startswith("unknown key 'dataset.parquet."), message
 
 
 def test_llama3_8b_checkpoint_is_refused_as_object_storage_before_any_io(tmp_path):
