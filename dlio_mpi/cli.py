@@ -197,9 +197,9 @@ def _pack(comm, cfg, source: str, overrides: list[str], folder: str,
 
 
 def _space_warnings(cfg, plan) -> tuple[str, ...]:
-    """validate: why `run` would refuse to generate the dataset or write the checkpoints on
-    the storage at hand (not enough free space), as warnings; the configuration itself is
-    valid."""
+    """validate: why `run` would refuse to generate the dataset, write the checkpoints or
+    fill the cache tier on the storage at hand (not enough free space), as warnings; the
+    configuration itself is valid."""
     from .data.generate import check_dataset_space
     from .errors import UserError
     from .run import data_root
@@ -214,6 +214,10 @@ def _space_warnings(cfg, plan) -> tuple[str, ...]:
         from .checkpoint.phase import space_warning
 
         warnings.append(space_warning(cfg, plan))
+    if cfg.reader.cache is not None and cfg.workflow.train:
+        from .tiers.cache import capacity_warning
+
+        warnings.append(capacity_warning(cfg.reader.cache))
     return tuple(w for w in warnings if w)
 
 

@@ -299,6 +299,20 @@ def test_a_capacity_above_the_free_space_is_refused_before_any_io(tmp_path):
     assert not (tmp_path / "data").exists() and not (tmp_path / "cache").exists()
 
 
+def test_validate_warns_of_a_capacity_above_the_free_space(tmp_path):
+    """What run refuses, validate warns of (exit 0, no I/O): the same message."""
+    res = run_cli(["validate", "demo", *_args(tmp_path, reader__cache__capacity_bytes=10**18),
+                   "--json"], ranks=1)
+    assert res.returncode == 0, res.stderr
+    [warning] = json.loads(res.stdout)["warnings"]
+    assert warning.startswith(f"run would refuse: reader.cache.capacity_bytes: {10**18} is "
+                              f"more than the free space of the cache folder {tmp_path / 'cache'}")
+    res = run_cli(["validate", "demo", *_args(tmp_path, reader__cache__capacity_bytes=4096),
+                   "--json"], ranks=1)
+    assert res.returncode == 0 and json.loads(res.stdout)["warnings"] == [], res.stderr
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "data").exists()
+
+
 def test_one_node_refused_its_cache_folder_stops_every_rank(tmp_path):
     """Emulated nodes: another job holds node 1's folder only; the ranks of both nodes agree
     and exit 2 with the one message, instead of node 0 going on alone."""

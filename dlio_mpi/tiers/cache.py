@@ -54,6 +54,7 @@ from ..ownership import (
     temporary_name,
 )
 from ..sampling.requests import ReadPlan
+from ..storage.filesystems import nearest_existing
 from ..storage.node_local import check_node_local, node_root
 
 CACHE_MANIFEST = "dlio_mpi_cache.json"
@@ -134,11 +135,7 @@ class CacheTier:
         wanted = self.opts.capacity_bytes
         if wanted is None:
             return free
-        if wanted > free:
-            raise UserError(
-                f"reader.cache.capacity_bytes: {wanted} is more than the free space of the "
-                f"cache folder {self.root} ({free} bytes); expected at most {free}, or leave "
-                "it unset to use the free space")
+        check_capacity(wanted, free, self.root)
         return int(wanted)
 
     def _remove_earlier(self) -> None:
@@ -380,6 +377,30 @@ class CacheTier:
         decisions = [(np.asarray(fills[r], dtype=np.int64), np.asarray(hits[r], dtype=np.int64))
                      for r in range(len(everyone))]
         return decisions, evictions
+
+
+def check_capacity(wanted: int, free: int, folder: str) -> None:
+    """Refuse a capacity_bytes above the cache folder's free space: its fills would run out
+    of room."""
+    if wanted > free:
+        raise UserError(
+            f"reader.cache.capacity_bytes: {wanted} is more than the free space of the cache "
+            f"folder {folder} ({free} bytes); expected at most {free}, or leave it unset to "
+            "use the free space")
+
+
+def capacity_warning(opts) -> str:
+    """validate: why `run` would refuse the cache's capacity_bytes on the storage at hand
+    ('' when it would not; the free space is the folder's file system's now, before the run
+    removes any copies of an earlier run of ours there)."""
+    if opts.capacity_bytes is None:
+        return ""
+    st = os.statvfs(nearest_existing(opts.folder))
+    try:
+        check_capacity(opts.capacity_bytes, st.f_bavail * st.f_frsize, opts.folder)
+    except UserError as exc:
+        return f"run would refuse: {exc}"
+    return ""
 
 
 def epoch_cache(before: dict, after: dict, plan: ReadPlan, requests: int) -> dict:
