@@ -132,14 +132,8 @@ def test_compressed_columns_are_recorded_and_their_chunks_read_as_pyarrow_does(t
     train = tmp_path / "data" / "train"
     meta = pq.ParquetFile(next(train.iterdir())).metadata
     assert meta.row_group(0).column(0).compression == codec.upper()
-    logs = _strace([mpiexec(), "-n", "1", sys.executable, "-P", "-m", "dlio_mpi", "run",
-                    "demo", *over, "workflow.generate_data=false"], tmp_path / "run")
-    script = ("import glob, pyarrow.parquet as pq\n"
-              f"for p in sorted(glob.glob('{train}/*.parquet')):\n"
-              "    f = pq.ParquetFile(p)\n"
-              "    for g in range(f.metadata.num_row_groups):\n"
-              f"        f.read_row_group(g, columns={READ!r})\n")
-    ref = _preads(_strace([sys.executable, "-c", script], tmp_path / "ref"), str(train))
+    logs = _strace_run(over, tmp_path / "run")
+    ref = _preads(_pyarrow_row_groups(train, tmp_path / "ref"), str(train))
     # generation recorded where each chunk went: no footer read before training
     assert _preads(logs, str(train)) == ref and sum(ref.values()) > 2 * (1 + 4)
 
@@ -221,14 +215,8 @@ def test_column_chunk_reads_match_pyarrow_reading_the_same_columns(tmp_path):
                  reader__batch_size=100, train__epochs=1)
     assert run_cli(["generate", "demo", *over], ranks=1).returncode == 0
     train = str(tmp_path / "data" / "train")
-    logs = _strace([mpiexec(), "-n", "1", sys.executable, "-P", "-m", "dlio_mpi", "run",
-                    "demo", *over, "workflow.generate_data=false"], tmp_path / "run")
-    script = ("import glob, pyarrow.parquet as pq\n"
-              f"for p in sorted(glob.glob('{train}/*.parquet')):\n"
-              "    f = pq.ParquetFile(p)\n"
-              "    for g in range(f.metadata.num_row_groups):\n"
-              f"        f.read_row_group(g, columns={READ!r})\n")
-    ref = _calls(_strace([sys.executable, "-c", script], tmp_path / "ref"), train)
+    logs = _strace_run(over, tmp_path / "run")
+    ref = _calls(_pyarrow_row_groups(train, tmp_path / "ref"), train)
     ours = _calls(logs, train)
     # the tail, then a group's chunks in 3 reads: label; sparse, flags and small; wide
     assert ref["reads"] == 2 * (1 + 4 * 3), ref
@@ -266,12 +254,7 @@ def test_files_the_fork_wrote_are_read_by_their_own_column_chunks(tmp_path):
                  reader__batch_size=100, train__epochs=1, workflow__generate_data="false")
     logs = _strace([mpiexec(), "-n", "1", sys.executable, "-P", "-m", "dlio_mpi", "run",
                     "demo", *over], tmp_path / "run")
-    script = ("import glob, pyarrow.parquet as pq\n"
-              f"for p in sorted(glob.glob('{train}/*.parquet')):\n"
-              "    f = pq.ParquetFile(p)\n"
-              "    for g in range(f.metadata.num_row_groups):\n"
-              f"        f.read_row_group(g, columns={READ!r})\n")
-    ref = _preads(_strace([sys.executable, "-c", script], tmp_path / "ref"), str(train))
+    ref = _preads(_pyarrow_row_groups(train, tmp_path / "ref"), str(train))
     ours = _preads(logs, str(train))
     # ours are pyarrow's reads (the tail, then each group's in a few), and the footers read
     # before training to find the chunks
@@ -280,6 +263,23 @@ def test_files_the_fork_wrote_are_read_by_their_own_column_chunks(tmp_path):
     sizes = {str(p): p.stat().st_size for p in train.iterdir()}
     assert all(n in (64 << 10, 8) and offset + n == sizes[path]
                for path, offset, n in (ours - ref).elements()), ours - ref
+
+
+def _strace_run(over: list[str], prefix) -> list:
+    """The system calls of a one-rank training run of the data generated with `over`."""
+    return _strace([mpiexec(), "-n", "1", sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
+                    *over, "workflow.generate_data=false"], prefix)
+
+
+def _pyarrow_row_groups(train, prefix) -> list:
+    """The system calls of pyarrow reading every row group of the files under `train`, only
+    the columns read (READ), as read_row_group(g, columns=...) does."""
+    script = ("import glob, pyarrow.parquet as pq\n"
+              f"for p in sorted(glob.glob('{train}/*.parquet')):\n"
+              "    f = pq.ParquetFile(p)\n"
+              "    for g in range(f.metadata.num_row_groups):\n"
+              f"        f.read_row_group(g, columns={READ!r})\n")
+    return _strace([sys.executable, "-c", script], prefix)
 
 
 def _preads(logs, folder: str) -> Counter:
@@ -315,8 +315,7 @@ def test_whole_file_reads_of_columns_match_pyarrows_read_table_of_them(tmp_path)
                  reader__read_mode="file_once", reader__batch_size=100, train__epochs=1)
     assert run_cli(["generate", "demo", *over], ranks=1).returncode == 0
     train = str(tmp_path / "data" / "train")
-    logs = _strace([mpiexec(), "-n", "1", sys.executable, "-P", "-m", "dlio_mpi", "run",
-                    "demo", *over, "workflow.generate_data=false"], tmp_path / "run")
+    logs = _strace_run(over, tmp_path / "run")
     script = ("import glob, pyarrow.parquet as pq\n"
               f"for p in sorted(glob.glob('{train}/*.parquet')):\n"
               f"    pq.read_table(p, columns={READ!r})\n")

@@ -478,15 +478,7 @@ class ParquetFormat(Format):
     def _metadata(self, path: str):
         """(size, pyarrow's metadata, last 8 bytes) of the parquet file at `path`, when it holds
         one fixed_size_binary column `data`; ValueError otherwise."""
-        import pyarrow.parquet as pq
-
-        with _core.open_regular(path) as fp:
-            size = os.fstat(fp.fileno()).st_size
-            try:
-                meta = pq.ParquetFile(fp).metadata
-            except Exception as exc:  # pyarrow's ArrowInvalid and friends
-                raise ValueError(f"is not a parquet file pyarrow can open ({exc})") from None
-            tail = os.pread(fp.fileno(), 8, max(size - 8, 0))
+        size, meta, tail = _read_footer(path)
         schema = meta.schema
         column = schema.column(0) if meta.num_columns else None
         if (meta.num_columns != 1 or column.name != COLUMN
@@ -565,16 +557,8 @@ class ParquetFormat(Format):
         """(size, pyarrow's metadata, last 8 bytes, row bytes) of a file that holds the
         columns of dataset.parquet.columns (names, types and sizes, in order); ValueError
         otherwise."""
-        import pyarrow.parquet as pq
-
         cols = self.options.cols
-        with _core.open_regular(path) as fp:
-            size = os.fstat(fp.fileno()).st_size
-            try:
-                meta = pq.ParquetFile(fp).metadata
-            except Exception as exc:  # pyarrow's ArrowInvalid and friends
-                raise ValueError(f"is not a parquet file pyarrow can open ({exc})") from None
-            tail = os.pread(fp.fileno(), 8, max(size - 8, 0))
+        size, meta, tail = _read_footer(path)
         width = sum(n * np.dtype(dtype).itemsize for _, dtype, n in cols)
         if not meta.schema.to_arrow_schema().equals(_schema(width, cols)):
             raise ValueError("does not hold the columns of dataset.parquet.columns (their "
@@ -762,3 +746,18 @@ class ReadTables:
                                  for k in range(3))
         return WholeFileReads(start, offset, length, length,
                               np.zeros(len(counts), dtype=np.int64), flags)
+
+
+def _read_footer(path: str):
+    """(size, pyarrow's metadata, last 8 bytes) of the parquet file at `path`, opened as the
+    engine opens (never blocking on a FIFO); ValueError when pyarrow cannot read it."""
+    import pyarrow.parquet as pq
+
+    with _core.open_regular(path) as fp:
+        size = os.fstat(fp.fileno()).st_size
+        try:
+            meta = pq.ParquetFile(fp).metadata
+        except Exception as exc:  # pyarrow's ArrowInvalid and friends
+            raise ValueError(f"is not a parquet file pyarrow can open ({exc})") from None
+        tail = os.pread(fp.fileno(), 8, max(size - 8, 0))
+    return size, meta, tail
