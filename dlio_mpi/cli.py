@@ -140,7 +140,7 @@ def _command(args, comm) -> int:
     cfg, source, overrides, hydra_record = check_all(
         comm, lambda: _load(args), expected=(ConfigError, UserError, OSError))
     if args.command == "validate":
-        from .plan.derive import derive_plan
+        from .plan.derive import derive_plan, derive_plan_everywhere
         from .plan.render import plan_record, render_plan
 
         ranks = comm.Get_size() if args.ranks is None else args.ranks
@@ -152,7 +152,7 @@ def _command(args, comm) -> int:
                 raise UserError(f"--ranks {ranks}: a plan needs at least 1 rank")
             return derive_plan(cfg, ranks, local_ranks=local_ranks)
 
-        plan = check_all(comm, plan_for_ranks)
+        plan = derive_plan_everywhere(comm, plan_for_ranks)
         if comm.Get_rank() == 0:
             from .plan.datasize import validate_warnings
 

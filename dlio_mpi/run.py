@@ -63,7 +63,7 @@ from .metrics.trace import RankTrace, trace_name
 from .mpi.pacing import Pacing, make_pacing
 from .mpi.topology import Topology, discover, emulated_ranks_per_node
 from .ownership import remove_quietly
-from .plan.derive import RunPlan, derive_plan
+from .plan.derive import RunPlan, derive_plan, derive_plan_everywhere
 from .plan.notes import resolve_read_mode
 from .plan.render import describe_plan
 from .readers import ReaderBackend, ReaderOptions, batches_in_flight, open_reader
@@ -101,8 +101,8 @@ def say(comm, *lines: str, out: OutputFolder | None = None) -> None:
 def prepare(comm, cfg, generating: bool = False) -> tuple[RunPlan, Topology]:
     """Find the nodes, validate what needs the rank count, agreeing on the outcome."""
     topo = discover(comm, check_all(comm, emulated_ranks_per_node))
-    plan = check_all(comm, lambda: derive_plan(cfg, comm.Get_size(), topo.ranks_per_node,
-                                               topo.nodes, topo.memory_bytes, generating))
+    plan = derive_plan_everywhere(comm, lambda: derive_plan(
+        cfg, comm.Get_size(), topo.ranks_per_node, topo.nodes, topo.memory_bytes, generating))
     return plan, topo
 
 

@@ -103,3 +103,35 @@ def test_each_rank_reads_the_recorded_footers_and_row_groups_of_its_samples(shar
     metric = summary["metric"]
     assert metric["train_bytes_transferred"] == metric["train_bytes_requested"] == transferred
     assert metric["train_bytes_read"] == payload
+
+
+def test_only_rank_0_learns_a_parquet_layout_the_others_take_it(shared_tmp, monkeypatch):
+    """A layout costs a whole file written through pyarrow (3 s for dlrm_b200's files):
+    rank 0 learns it and hands it on; the plans agree, and an error comes back on every rank."""
+    from mpi4py import MPI
+
+    from dlio_mpi.config import load_config
+    from dlio_mpi.errors import JobError
+    from dlio_mpi.formats import parquet
+    from dlio_mpi.plan.derive import derive_plan, derive_plan_everywhere
+
+    comm = MPI.COMM_WORLD
+    learned = []
+    original = parquet._learn_geometry
+    monkeypatch.setattr(parquet, "_learn_geometry",
+                        lambda *key: learned.append(key) or original(*key))
+    parquet._GEOMETRIES.clear()
+    rows = 1000 + comm.Get_size()  # a layout no other test learned
+    cfg = load_config("demo", workload_overrides(
+        shared_tmp, dataset__format="parquet", dataset__num_files_train=4,
+        dataset__num_samples_per_file=rows, dataset__parquet__row_group_size=64,
+        dataset__record_length_bytes=100))
+    plan = derive_plan_everywhere(comm, lambda: derive_plan(cfg, comm.Get_size()))
+    keys = [key for key in learned if key[1] == rows]
+    assert len(keys) == (1 if comm.Get_rank() == 0 else 0)
+    sizes = comm.allgather(plan.dataset_bytes)
+    assert len(set(sizes)) == 1 and sizes[0] > 4 * rows * 100
+    bad = load_config("demo", workload_overrides(
+        shared_tmp, dataset__format="parquet", reader__batch_size=10**6))
+    with pytest.raises(JobError, match="reader.batch_size"):
+        derive_plan_everywhere(comm, lambda: derive_plan(bad, comm.Get_size()))

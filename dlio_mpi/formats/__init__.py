@@ -47,5 +47,17 @@ def format_for(dataset) -> Format:
     return get_format(dataset.format).configure(dataset)
 
 
-__all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "UnitExtents", "format_for",
-           "get_format", "implemented_formats"]
+def learned_layouts() -> dict[str, dict]:
+    """Per format, what its layouts cost to learn so far (Format.learned_layouts)."""
+    return {name: learned for name, fmt in _REGISTRY.items()
+            if (learned := fmt.learned_layouts())}
+
+
+def adopt_layouts(learned: dict[str, dict]) -> None:
+    """Take what learned_layouts() returned on another rank."""
+    for name, layouts in learned.items():
+        _REGISTRY[name].adopt_layouts(layouts)
+
+
+__all__ = ["FileLayout", "Format", "SampleSpec", "StoredArray", "UnitExtents", "adopt_layouts",
+           "format_for", "get_format", "implemented_formats", "learned_layouts"]

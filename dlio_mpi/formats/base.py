@@ -251,6 +251,14 @@ class Format:
         """Byte layout of a file this format writes for `spec` (no I/O)."""
         raise NotImplementedError
 
+    def learned_layouts(self) -> dict:
+        """What layout() learned at a cost so far (parquet's layouts, learned by writing
+        probe tables), for rank 0 to hand to the other ranks (adopt_layouts); {} if nothing."""
+        return {}
+
+    def adopt_layouts(self, learned: dict) -> None:
+        """Take what another rank's learned_layouts() returned, so as not to learn it again."""
+
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         """Write one file (and its side files) with pseudo-random payload from `seed` through
         `staged`, which completes them on commit; return the data file's size."""

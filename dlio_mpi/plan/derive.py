@@ -5,12 +5,12 @@ on every rank, before anything is touched; `dlio-mpi validate` prints it."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..data.dataset import DatasetSplit, LayoutTable, describe_dataset
-from ..errors import UserError
-from ..formats import implemented_formats
+from ..errors import UserError, check_all, on_root
+from ..formats import adopt_layouts, implemented_formats, learned_layouts
 from ..mpi.topology import emulated_ranks_per_node, host_info, plan_topology
 from ..readers import engine_refusal
 from ..sampling.requests import READ_MODES
@@ -109,6 +109,23 @@ def _train_steps(cfg, train: DatasetSplit, ranks: int) -> int:
                 f"{cfg.reader.batch_size})")
         steps = cap
     return steps
+
+
+def derive_plan_everywhere(comm, derive: Callable[[], RunPlan]) -> RunPlan:
+    """`derive()` (a derive_plan call) on every rank, agreed as check_all agrees. Rank 0
+    derives first and hands what its formats learned at a cost (formats.learned_layouts:
+    parquet's layouts, each a whole file written through pyarrow) to the others, so that the
+    ranks of a node do not each pay that CPU time and memory; its errors come back below."""
+    if comm.Get_size() > 1:
+        def learn() -> dict:
+            try:
+                derive()
+            except (UserError, OSError, ValueError):
+                pass  # raised again, on every rank, by check_all
+            return learned_layouts()
+
+        adopt_layouts(on_root(comm, learn))
+    return check_all(comm, derive)
 
 
 def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int | None = None,
