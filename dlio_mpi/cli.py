@@ -154,10 +154,12 @@ def _command(args, comm) -> int:
 
         plan = derive_plan_everywhere(comm, plan_for_ranks)
         if comm.Get_rank() == 0:
+            from .config import is_given
             from .plan.datasize import validate_warnings
 
+            given = is_given(source, overrides, "dataset.record_length_bytes")
             record = plan_record(plan, cfg, warnings=_space_warnings(cfg, plan)
-                                 + validate_warnings(cfg, plan))
+                                 + validate_warnings(cfg, plan, given))
             print(json.dumps(record, indent=2) if args.json else render_plan(record))
         return 0
     if args.command == "pack":

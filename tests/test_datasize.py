@@ -86,6 +86,25 @@ def test_samples_per_file_and_batch_come_from_the_overrides(capsys):
     assert "Number of training samples: 5999\n" in out
 
 
+@pytest.mark.parametrize(("args", "record"), [
+    # no record_length_bytes: the columns as mlpstorage counts them (rules/utils.py @4234cd9b):
+    # float32 x (1 + 128 + 256 + 64 + 512) = 3,844 bytes, read: false columns included
+    ([], 3844),
+    # float64 and int64 count 8, uint8 and bool 1, float16 and every other dtype 4
+    (['dataset.parquet.columns=[{name: a, dtype: float64, size: 3}, {name: b, dtype: bool},'
+      ' {name: c, dtype: float16, size: 2}, {name: d, dtype: int64}]'], 24 + 1 + 8 + 8),
+    # given, it decides, as in mlpstorage, whatever the columns hold
+    (["dataset.record_length_bytes=512"], 512),
+])
+def test_a_parquet_workload_without_a_record_length_is_sized_by_its_columns(args, record,
+                                                                             capsys):
+    code, out, _ = _datasize(["mlperf/parquet_selective_read_example", "--accelerators=1",
+                              "--host-memory-gb=64", *args], capsys)
+    files = 5 * 64 * GIB // (1000 * record)  # 1,000 rows a file
+    assert code == 0 and f"(1000 x {record}-byte samples per file): {files} files" in out
+    assert f"Number of training files: {files}\n" in out
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["--accelerators", "0", "--host-memory-gb", "1"],
      "--accelerators 0: expected a whole number >= 1"),

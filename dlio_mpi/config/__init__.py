@@ -9,9 +9,9 @@ loader (YAML sources, aliases, overrides, cross-key checks).
 """
 
 from ..errors import ConfigError
-from .loader import ALIASES, DEFAULT_WORKLOAD, list_workloads, load_config, split_args
+from .loader import ALIASES, DEFAULT_WORKLOAD, is_given, list_workloads, load_config, split_args
 from .schema import Config, keys_set, support_notes
 from .timespec import TimeSpec
 
 __all__ = ["ALIASES", "DEFAULT_WORKLOAD", "Config", "ConfigError", "TimeSpec", "keys_set",
-           "list_workloads", "load_config", "split_args", "support_notes"]
+           "is_given", "list_workloads", "load_config", "split_args", "support_notes"]

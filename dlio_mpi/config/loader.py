@@ -559,16 +559,27 @@ def check_consistency(cfg: Config) -> None:
 def load_config(source: str, overrides: Sequence[str] = ()) -> Config:
     """The validated Config of `source` (YAML path, shipped name or `workload=NAME`) with
     `overrides` applied in order. Raises ConfigError with a one-line message."""
-    _refuse_repeated_overrides(overrides)
-    tree = normalize_aliases(read_source(source))
-    for text in overrides:
-        apply_override(tree, text)
-    normalize_aliases(tree)  # aliases inside mapping-valued overrides
+    tree = config_tree(source, overrides)
     refuse_object_storage(tree)
     cfg = build_section(Config, tree, "")
     check_support(cfg)
     check_consistency(cfg)
     return columns_decide_samples(cfg)
+
+
+def config_tree(source: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """The keys `source` and `overrides` give, merged, under their canonical names (no
+    defaults, not checked); ConfigError as load_config's."""
+    _refuse_repeated_overrides(overrides)
+    tree = normalize_aliases(read_source(source))
+    for text in overrides:
+        apply_override(tree, text)
+    return normalize_aliases(tree)  # aliases inside mapping-valued overrides
+
+
+def is_given(source: str, overrides: Sequence[str], dotted: str) -> bool:
+    """Do `source` and `overrides` give the key `dotted` (a canonical name), not its default?"""
+    return _is_given(config_tree(source, overrides), dotted)
 
 
 def columns_decide_samples(cfg: Config) -> Config:

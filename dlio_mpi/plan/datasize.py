@@ -10,7 +10,13 @@ mlpstorage/benchmarks/dlio.py, TrainingBenchmark.datasize, commit
 23aa82edc1f0d66a4ccae6181d66a2c18472aeac): each bound in whole files, rounded down (floor),
 the larger kept; the disk space is files x samples per file x record length. MLPerf rounds
 down, so its count can fall a file short of either bound; a closed submission must use
-exactly its number, so we print the same number rather than a rounded-up one."""
+exactly its number, so we print the same number rather than a rounded-up one.
+
+The record length is `record_length_bytes` where the workload gives it, even where parquet
+columns make the rows otherwise (dlrm_parquet_h100: 512 given, rows of 160); a parquet
+workload that gives none is sized by its columns as mlpstorage counts them (MLPERF_DTYPE_BYTES),
+and any other such workload by DLIO's default record length, where mlpstorage takes 0 and so
+only the steps' bound."""
 
 from __future__ import annotations
 
@@ -27,6 +33,9 @@ HOST_MEMORY_MULTIPLIER = 5    # the dataset is this many times the hosts' memory
 GIB = 1024 ** 3               # mlpstorage's "GB" of memory and of disk space
 FILES_PER_FOLDER = 10_000     # above this mlpstorage suggests subfolders
 RULE = "MLPerf Storage's dataset sizing rule (Rules.md 3.1.2)"
+# mlpstorage's bytes per value of a parquet column without record_length_bytes (same file):
+# these, and 4 for every other dtype (float16, int8 and int16 included)
+MLPERF_DTYPE_BYTES = {"float64": 8, "int64": 8, "uint8": 1, "bool": 1}
 
 
 @dataclass(frozen=True)
@@ -78,11 +87,21 @@ def required(accelerators: int, hosts: int, memory_bytes: float, batch_size: int
                   record_bytes, by_steps, by_memory)
 
 
-def sizing_for(cfg, accelerators: int, hosts: int, memory_bytes: float) -> Sizing:
+def record_bytes(cfg, record_given: bool = True) -> float:
+    """The record length the rule takes (see the module): `record_given` says whether the
+    workload gives dataset.record_length_bytes."""
+    ds = cfg.dataset
+    if record_given or ds.format != "parquet" or not ds.parquet.columns:
+        return ds.record_length_bytes
+    return sum(MLPERF_DTYPE_BYTES.get(c.dtype, 4) * c.size for c in ds.parquet.columns)
+
+
+def sizing_for(cfg, accelerators: int, hosts: int, memory_bytes: float,
+               record_given: bool = True) -> Sizing:
     """The rule applied to a configuration's batch, samples per file and record length."""
     ds = cfg.dataset
     return required(accelerators, hosts, memory_bytes, cfg.reader.batch_size,
-                    ds.num_samples_per_file, ds.record_length_bytes)
+                    ds.num_samples_per_file, record_bytes(cfg, record_given))
 
 
 def sizing_text(s: Sizing, source: str, overrides: list[str]) -> list[str]:
@@ -131,7 +150,7 @@ def _sets(override: str, key: str) -> bool:
 MLPERF_TRAINING_MODELS = ("unet3d", "resnet50", "cosmoflow", "retinanet", "flux", "dlrm")
 
 
-def validate_warnings(cfg, plan) -> tuple[str, ...]:
+def validate_warnings(cfg, plan, record_given: bool = True) -> tuple[str, ...]:
     """validate: the rule's warning when a run of an MLPerf Storage training model trains on
     fewer files than the rule asks for its ranks (the accelerators) and its nodes with the
     plan's memory (this host's MemTotal per node, emulated nodes included); empty when it
@@ -139,7 +158,7 @@ def validate_warnings(cfg, plan) -> tuple[str, ...]:
     if not cfg.workflow.train or "train" not in plan.splits or \
             cfg.model.name not in MLPERF_TRAINING_MODELS:
         return ()  # the rule sizes MLPerf Storage's training benchmarks, not any workload
-    s = sizing_for(cfg, plan.ranks, plan.nodes, plan.memory_bytes)
+    s = sizing_for(cfg, plan.ranks, plan.nodes, plan.memory_bytes, record_given)
     if plan.train_files >= s.files:
         return ()
     bound = (f"{HOST_MEMORY_MULTIPLIER} x the hosts' {plan.memory_bytes / GIB:.1f} GiB"
@@ -186,7 +205,7 @@ def _memory_gb(text: str) -> float:
 
 def main(argv: list[str]) -> int:
     """dlio-mpi datasize, in this process (no MPI); its exit status (2 for bad input)."""
-    from ..config import ConfigError, load_config, split_args
+    from ..config import ConfigError, is_given, load_config, split_args
 
     args = parser().parse_intermixed_args(argv)
     try:
@@ -195,6 +214,7 @@ def main(argv: list[str]) -> int:
         memory_gb = _memory_gb(args.host_memory_gb)
         source, overrides = split_args(args.args)
         cfg = load_config(source, overrides)
+        record_given = is_given(source, overrides, "dataset.record_length_bytes")
         if not cfg.workflow.train:
             raise UserError(f"{source}: workflow.train is false; the sizing rule is for "
                             "training workloads")
@@ -202,6 +222,7 @@ def main(argv: list[str]) -> int:
         print(f"dlio-mpi datasize: error: {exc}", file=sys.stderr, flush=True)
         return 2
     # mlpstorage's order: GiB per host, times the hosts
-    s = sizing_for(cfg, accelerators, hosts, memory_gb * 1024 * 1024 * 1024 * hosts)
+    s = sizing_for(cfg, accelerators, hosts, memory_gb * 1024 * 1024 * 1024 * hosts,
+                   record_given)
     print("\n".join(sizing_text(s, source, overrides)), flush=True)
     return 0
