@@ -350,5 +350,9 @@ def test_framework_loaders_read_the_columns_read_as_pyarrow_does(tmp_path, loade
     # of the same files (its chunk reads run on Arrow's I/O threads, which its per-thread
     # counters do not see: test_whole_file_reads_of_columns_... compares them under strace)
     native, real = runs["native"], runs["framework"]
+    # each load of a file delivers its 400 rows' read columns: tensorflow's, each of the 2
+    # ranks loads each of the 4 files once; pytorch's, a load for each of the 1,600 samples
+    loads = 2 * 4 if mode == "file_once" else 4 * 400
+    assert native["train_bytes_read"] == loads * 400 * READ_BYTES
     assert real["train_bytes_read"] == native["train_bytes_read"]
     assert real["train_file_opens"] == native["train_file_opens"] // 2  # footer, then chunks

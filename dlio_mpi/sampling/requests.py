@@ -221,7 +221,7 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
         return _unit_plan(ids, files, step_of, steps, samples_per_file, units, policy,
                           sample_delay_ns, sample_cpu_ns)
     lay = layouts.take(files)
-    per_file_payload = lay.sample_bytes * samples_per_file
+    per_file_payload = _delivered(layouts, lay, files) * samples_per_file
     whole = mode != "sample" or (samples_per_file == 1 and policy.access == "loader")
     if whole:
         owner, offset, length, expect, flags = _whole_file_accesses(files, lay, policy)
@@ -251,6 +251,13 @@ def plan_reads(shard: np.ndarray, steps: int, batch_size: int, samples_per_file:
                     np.ascontiguousarray(expect, dtype=np.int64), batch_payload, delay,
                     None if sample_delay_ns is None else
                     np.ascontiguousarray(sample_delay_ns[:len(ids)], dtype=np.int64), cpu)
+
+
+def _delivered(layouts, lay, files: np.ndarray) -> np.ndarray:
+    """What each sample of `files` delivers when its file is loaded whole: its bytes, or
+    where the files have read units that say less (parquet's columns marked read), that."""
+    units = layouts.units() if layouts.ragged else None
+    return lay.sample_bytes if units is None else units.of(files).sample_bytes
 
 
 def _unit_plan(ids: np.ndarray, files: np.ndarray, step_of: np.ndarray, steps: int,
