@@ -188,7 +188,8 @@ def test_a_full_file_system_during_generation_is_reported_once_and_cleaned(tmp_p
 
 
 @pytest.mark.parametrize("name", ["summary.json", "config.yaml", "per_epoch_stats.json",
-                                  "notes.txt", "dlio.log", "dlio_mpi_results.json"])
+                                  "notes.txt", "dlio.log", "dlio_mpi_results.json",
+                                  "0_output.json"])
 def test_foreign_files_in_the_output_folder_are_refused(tmp_path, name):
     over = workload_overrides(tmp_path, workflow__generate_data="true")
     out = tmp_path / "out"
@@ -376,7 +377,8 @@ def test_one_run_at_a_time_in_an_output_folder(tmp_path):
         holder.wait()
 
 
-@pytest.mark.parametrize("name", ["summary.json", "dlio_mpi_results.json", "a/b.log"])
+@pytest.mark.parametrize("name", ["summary.json", "dlio_mpi_results.json", "a/b.log",
+                                  "0_output.json", "3_per_epoch_stats.json"])
 def test_the_log_cannot_take_a_results_name(tmp_path, name):
     res = run_cli(["run", "demo", *workload_overrides(tmp_path, output__log_file=name)])
     refused(res, "output.log_file")
