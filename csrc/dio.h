@@ -146,6 +146,27 @@ void dio_shard_block(void *buf, size_t n, uint64_t seed, uint64_t block);
 int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                    int verify, dio_shard_stats *st, const char *path, dio_error *err);
 
+/* The chunk dio_shard_write and dio_shard_read use for a shard of nbytes asked to use
+ * `chunk` (0 = 64 MiB): whole pages, no more than the shard's. */
+size_t dio_shard_chunk(size_t chunk, int64_t nbytes);
+
+/* Asynchronous checkpoints' snapshot: put into dst the nbytes dio_shard_write(seed, chunk)
+ * would write, block by block a copy of `pattern` (the first dio_shard_chunk(chunk, nbytes)
+ * bytes of seed's payload stream: dio_shard_block(pattern, .., seed, 0)) with the block's
+ * stamp, so that the copy runs at memcpy's speed.  bytes_per_second > 0 paces it (sleeping
+ * after each block until its share of the time has passed: a device-to-host copy's speed).
+ * 0, or -EINVAL when the pattern is shorter than a block. */
+int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, size_t chunk,
+                       const void *pattern, size_t pattern_len, double bytes_per_second);
+
+/* Write nbytes of buf to fd at offset in calls of chunk bytes (0 = 64 MiB, whole pages), as
+ * dio_shard_write writes its blocks (odirect: O_DIRECT set on fd, buf and offset 4096-aligned,
+ * an unaligned tail written without it; do_fsync: fsync at the end, timed apart): the
+ * background writer of asynchronous checkpoints.  0 or -errno. */
+int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, size_t chunk,
+                     int odirect, int do_fsync, dio_shard_stats *st, const char *path,
+                     dio_error *err);
+
 /* syncfs(2): flush everything written to the file system holding fd.  0 or -errno. */
 int dio_syncfs(int fd);
 

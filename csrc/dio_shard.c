@@ -54,7 +54,7 @@ static void *shard_buffer(size_t chunk)
     return p;
 }
 
-static size_t chunk_of(size_t chunk, int64_t nbytes)
+size_t dio_shard_chunk(size_t chunk, int64_t nbytes)
 {
     if (chunk == 0)
         chunk = DEFAULT_CHUNK;
@@ -110,7 +110,7 @@ int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_
         return dio_fail(err, EINVAL, path, "shard write %s: invalid extent (offset %lld, "
                         "%lld bytes%s)", path, (long long)offset, (long long)nbytes,
                         odirect ? ", O_DIRECT needs a 4096-aligned offset" : "");
-    chunk = chunk_of(chunk, nbytes);
+    chunk = dio_shard_chunk(chunk, nbytes);
     if (!(buf = shard_buffer(chunk)))
         return dio_fail(err, ENOMEM, path, "shard write %s: cannot allocate %zu bytes", path,
                         chunk);
@@ -148,6 +148,72 @@ int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_
     return 0;
 }
 
+int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, size_t chunk,
+                       const void *pattern, size_t pattern_len, double bytes_per_second)
+{
+    unsigned char *out = dst;
+    int64_t done = 0, t0 = dio_now_ns();
+    uint64_t k = 0;
+    chunk = dio_shard_chunk(chunk, nbytes);
+    if (nbytes < 0 || pattern_len < chunk)
+        return -EINVAL;
+    while (done < nbytes) {
+        size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
+        memcpy(out + done, pattern, n);
+        stamp(out + done, n, seed, k);
+        done += (int64_t)n;
+        k++;
+        if (bytes_per_second > 0) /* the copy's share of time so far */
+            dio_sleep_until_ns(t0 + (int64_t)((double)done / bytes_per_second * 1e9), 0);
+    }
+    return 0;
+}
+
+int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, size_t chunk,
+                     int odirect, int do_fsync, dio_shard_stats *st, const char *path,
+                     dio_error *err)
+{
+    unsigned char *from = (unsigned char *)buf;
+    int64_t done = 0, t0;
+    int rc = 0;
+    if (!path)
+        path = "";
+    dio_clear_error(err);
+    memset(st, 0, sizeof *st);
+    if (offset < 0 || nbytes < 0 ||
+        (odirect && (offset % 4096 || (uintptr_t)buf % 4096)))
+        return dio_fail(err, EINVAL, path, "checkpoint write %s: invalid extent (offset %lld, "
+                        "%lld bytes%s)", path, (long long)offset, (long long)nbytes,
+                        odirect ? ", O_DIRECT needs 4096-aligned offsets and memory" : "");
+    chunk = dio_shard_chunk(chunk, nbytes);
+    if (odirect && (rc = set_direct(fd, 1)) < 0)
+        return dio_fail(err, -rc, path, "checkpoint write %s: O_DIRECT refused: %s", path,
+                        strerror(-rc));
+    t0 = dio_now_ns();
+    while (done < nbytes) {
+        size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
+        if (odirect && n % 4096 && (rc = set_direct(fd, 0)) < 0) /* the unaligned tail */
+            break;
+        if ((rc = move_all(fd, from + done, n, n, (off_t)(offset + done), 1, &st->calls)) < 0)
+            break;
+        done += (int64_t)n;
+    }
+    st->io_ns = dio_now_ns() - t0;
+    st->bytes = done;
+    if (rc == 0 && do_fsync) {
+        t0 = dio_now_ns();
+        if (fsync(fd) != 0)
+            rc = -errno;
+        st->sync_ns = dio_now_ns() - t0;
+        st->syncs = 1;
+    }
+    if (rc < 0)
+        return dio_fail(err, -rc, path, "%s %s at offset %lld: %s",
+                        done < nbytes ? "pwrite" : "fsync", path,
+                        (long long)(offset + done), strerror(-rc));
+    return 0;
+}
+
 int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                    int verify, dio_shard_stats *st, const char *path, dio_error *err)
 {
@@ -161,7 +227,7 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t
     memset(st, 0, sizeof *st);
     if (offset < 0 || nbytes < 0)
         return dio_fail(err, EINVAL, path, "shard read %s: invalid extent", path);
-    chunk = chunk_of(chunk, nbytes);
+    chunk = dio_shard_chunk(chunk, nbytes);
     if (!(buf = shard_buffer(chunk)))
         return dio_fail(err, ENOMEM, path, "shard read %s: cannot allocate %zu bytes", path,
                         chunk);

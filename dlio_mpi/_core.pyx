@@ -83,6 +83,12 @@ cdef extern from "dio.h" nogil:
                         int odirect, int do_fsync, dio_shard_stats *st, const char *path,
                         dio_error *err)
     void dio_shard_block(void *buf, size_t n, uint64_t seed, uint64_t block)
+    size_t dio_shard_chunk(size_t chunk, int64_t nbytes)
+    int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, size_t chunk,
+                           const void *pattern, size_t pattern_len, double bytes_per_second)
+    int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, size_t chunk,
+                         int odirect, int do_fsync, dio_shard_stats *st, const char *path,
+                         dio_error *err)
     int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                        int verify, dio_shard_stats *st, const char *path, dio_error *err)
     int dio_stop_on_signals()
@@ -455,6 +461,57 @@ def shard_block(buffer, seed, uint64_t block):
             dio_shard_block(view.buf, <size_t>view.len, s, block)
     finally:
         PyBuffer_Release(&view)
+
+
+def shard_chunk(size_t chunk, int64_t nbytes):
+    """The chunk write_shard and read_shard use for a shard of nbytes asked for `chunk`."""
+    return dio_shard_chunk(chunk, nbytes)
+
+
+def shard_snapshot(buffer, seed, const unsigned char[::1] pattern, size_t chunk=0,
+                   double bytes_per_second=0):
+    """Fill the writable `buffer` with the shard of seed as write_shard(chunk) writes it, by
+    copying `pattern` (shard_block(pattern, seed, 0) of shard_chunk(chunk, len(buffer)) bytes
+    or more) block by block with each block's stamp (dio_shard_snapshot); bytes_per_second
+    > 0 paces the copy."""
+    cdef Py_buffer view
+    cdef uint64_t s = <uint64_t>(seed & U64_MASK)
+    cdef size_t plen = pattern.shape[0]
+    cdef const unsigned char *p = &pattern[0] if plen else NULL
+    cdef int rc
+    PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+    try:
+        with nogil:
+            rc = dio_shard_snapshot(view.buf, <int64_t>view.len, s, chunk, p, plen,
+                                    bytes_per_second)
+    finally:
+        PyBuffer_Release(&view)
+    if rc < 0:
+        raise ValueError(f"shard_snapshot: a pattern of {plen} bytes is shorter than a block "
+                         f"of the shard ({dio_shard_chunk(chunk, len(buffer))} bytes)")
+
+
+def write_buffer(int fd, int64_t offset, buffer, size_t chunk=0, bint odirect=False,
+                 bint fsync=False, path=""):
+    """Write `buffer` to fd at offset as write_shard writes (dio_buffer_write: calls of
+    chunk bytes, O_DIRECT and a final fsync when asked); returns the stats as write_shard's.
+    Releases the GIL: the background writer of asynchronous checkpoints runs it in a thread."""
+    cdef Py_buffer view
+    cdef dio_error err
+    cdef dio_shard_stats st
+    cdef bytes bpath = _fspath(path)
+    cdef const char *cpath = bpath
+    cdef int rc
+    _clear(&err)
+    PyObject_GetBuffer(buffer, &view, PyBUF_ANY_CONTIGUOUS)
+    try:
+        with nogil:
+            rc = dio_buffer_write(fd, offset, view.buf, <int64_t>view.len, chunk, odirect,
+                                  fsync, &st, cpath, &err)
+    finally:
+        PyBuffer_Release(&view)
+    _check(rc, &err)
+    return _shard_stats(&st)
 
 
 def read_shard(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, int verify=1,

@@ -31,6 +31,7 @@ from .checkpoint.phase import (
     open_checkpointer,
     run_checkpoint_only,
 )
+from .checkpoint.results import CheckpointRecord
 from .checkpoint.schedule import Due, Schedule, after_epoch, steps_due
 from .config import TimeSpec
 from .data.catalog import SplitFiles, locate_split
@@ -316,12 +317,22 @@ class Checkpoints:
 
     checkpointer: Checkpointer
     records: list = field(default_factory=list)
+    dues: list = field(default_factory=list)  # every save's Due, by its index - 1
 
     def save(self, due: Due, out: OutputFolder) -> None:
-        """Collective: save the checkpoint `due` now (the run's next save)."""
-        record = self.checkpointer.save(due.checkpoint_id, len(self.records) + 1)
-        self.records.append((due, record))
-        say(self.checkpointer.comm, announce(record), out=out)
+        """Collective: save the checkpoint `due` now (the run's next save); with
+        checkpoint.async_write its write goes on after this returns."""
+        self.dues.append(due)
+        self._done(self.checkpointer.save(due.checkpoint_id, len(self.dues)), out)
+
+    def finish(self, out: OutputFolder) -> None:
+        """Collective: wait for an asynchronous save's write still under way."""
+        self._done(self.checkpointer.finish(), out)
+
+    def _done(self, records: list[CheckpointRecord], out: OutputFolder) -> None:
+        for record in records:
+            self.records.append((self.dues[record.index - 1], record))
+            say(self.checkpointer.comm, announce(record), out=out)
 
 
 def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputFolder,
@@ -351,6 +362,8 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
                 if epoch < next_eval:
                     continue
                 next_eval += cfg.evaluation.epochs_between_evals
+                if checkpoints is not None:  # an evaluation waits for a save's write
+                    checkpoints.finish(out)
             due = schedule.in_epoch(epoch) if schedule and phase.name == "train" else []
             by_step = {d.step: d for d in due}
             summary = run_phase_epoch(
@@ -370,6 +383,8 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
                     checkpoints.save(last, out)
         if stop:
             break
+    if checkpoints is not None:  # the run ends when the last save is written
+        checkpoints.finish(out)
     # Closed only on success: on an error the job aborts at once, without waiting for reads
     # in flight (a stuck one would otherwise hold the abort back).
     described = {phase.name: phase.reader.describe() for phase in phases}
@@ -695,6 +710,8 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     with contextlib.ExitStack() as held:
         if cache is not None:
             held.callback(cache.release)  # the cache folder's lock, however the run ends
+        if checkpoints is not None:  # an async save's write waited for, however it ends
+            held.callback(checkpoints.checkpointer.close)
         if cfg.workflow.train and cfg.storage.stage_in is not None and plan.splits:
             staged, stage = run_stage_in(comm, cfg, plan, topo, out, tracer)
             held.callback(stage.release)  # the stage folder's lock, however the run ends

@@ -18,20 +18,21 @@ from __future__ import annotations
 
 import os
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .. import _core, progress
 from ..errors import JobError, UserError, check_all, on_root
-from ..ownership import FolderLock
+from ..ownership import FolderLock, remove_quietly
 from ..storage.filesystems import apply_striping, nearest_existing
+from .async_write import AsyncSaver
 from .file_per_rank import FilePerRank
 from .folder import CheckpointFolder
-from .results import CheckpointRecord, gather_record
+from .results import CheckpointRecord, gather_async, gather_record
 from .schedule import Schedule
 from .shared_file import SharedFile
 from .sizing import CheckpointLayout
-from .writer import CheckpointWriter, IoStats
+from .writer import AsyncFile, CheckpointWriter, IoStats
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,21 @@ def _pt_save(ctx: WriterContext) -> CheckpointWriter:
 
 WRITERS: dict[str, Callable[[WriterContext], CheckpointWriter]] = {
     "file_per_rank": _file_per_rank, "shared": _shared, "pt_save": _pt_save}
+
+
+@dataclass
+class PendingSave:
+    """An asynchronous save whose write is under way, on this rank's clock."""
+
+    index: int
+    checkpoint_id: str
+    names: list[str]
+    files: list[AsyncFile]
+    start_ns: int       # the snapshot's start, after the barrier
+    stall_ns: int       # the step loop's stall: the wait for the previous write, the snapshot
+    snapshot_ns: int
+    waited_ns: int      # of the stall, waiting for the previous save's write
+    snapshot_bytes: int
 
 
 def writer_name(ck) -> str:
@@ -125,6 +141,13 @@ class Checkpointer:
         self.striping: dict | None = None  # what storage.lustre did to the folder
         self.lock: FolderLock | None = None  # rank 0's, on the folder (run.py holds it)
         self.saves = 0
+        self.saver: AsyncSaver | None = None  # checkpoint.async_write's
+        if ck.async_write:
+            sizes = [f.nbytes for f in self.writer.async_files(0, "", self.shard)]
+            self.saver = AsyncSaver(sizes, self.writer.chunk, ck.odirect, ck.fsync,
+                                    ck.snapshot_bytes_per_second)
+        self.pending: PendingSave | None = None
+        self.save_ids: list[str] = []  # the run's saves in order (the next one's patterns)
 
     # -------------------------------------------------------------- before any I/O
     def prepare(self, schedule: Schedule) -> list[str]:
@@ -153,9 +176,17 @@ class Checkpointer:
 
         removed, self.striping = on_root(self.comm, make_way)
         # pt_save keeps its tensors all run, as DLIO allocates them at start: made and filled
-        # here, outside the first save's time
+        # here, outside the first save's time; async_write's snapshot buffer likewise
         check_all(self.comm, lambda: self.writer.allocate(self.shard))
+        self.save_ids = schedule.save_ids()
+        if self.saver is not None:
+            first = self._seeds(self.save_ids[0]) if self.save_ids else []
+            check_all(self.comm, lambda: self.saver.allocate(first))
         return removed
+
+    def _seeds(self, checkpoint_id: str) -> list[int]:
+        return [f.seed for f in self.writer.async_files(checkpoint_number(checkpoint_id),
+                                                        checkpoint_id, self.shard)]
 
     def _check_complete(self, cid: str) -> None:
         listed = self.folder.body["checkpoints"].get(cid)
@@ -166,13 +197,26 @@ class Checkpointer:
                             "of an earlier run of this workload in checkpoint_folder")
 
     # -------------------------------------------------------------- save and load
-    def save(self, checkpoint_id: str, index: int) -> CheckpointRecord:
-        """Collective: write this rank's share of checkpoint `checkpoint_id` (the run's
-        save number `index`), list it complete when every rank's files are in."""
+    def save(self, checkpoint_id: str, index: int) -> list[CheckpointRecord]:
+        """Collective: save checkpoint `checkpoint_id` (the run's save number `index`);
+        the records of the saves complete now: this one, or with async_write the previous
+        one (whose write this save waited for; this one's write goes on in the background)."""
+        if self.saver is None:
+            return [self._save_now(checkpoint_id, index)]
+        return self._save_async(checkpoint_id, index)
+
+    def _begin(self, checkpoint_id: str) -> list[str]:
+        """Collective: list `checkpoint_id` begun in the manifest; its files' names (rank 0)."""
         shards = [self.layout.shard(r) for r in range(self.comm.Get_size())] \
             if self.comm.Get_rank() == 0 else []
         names = self.writer.file_names(shards)
         on_root(self.comm, lambda: self.folder.begin(checkpoint_id, names))
+        return names
+
+    def _save_now(self, checkpoint_id: str, index: int) -> CheckpointRecord:
+        """Write this rank's share, list the checkpoint complete when every rank's files are
+        in."""
+        names = self._begin(checkpoint_id)
         try:
             record = self._timed("save", index, checkpoint_id, lambda: self.writer.save(
                 checkpoint_number(checkpoint_id), checkpoint_id, self.shard))
@@ -182,6 +226,94 @@ class Checkpointer:
             raise
         self.saves += 1
         return record
+
+    def _save_async(self, checkpoint_id: str, index: int) -> list[CheckpointRecord]:
+        """Wait for the previous write, snapshot this rank's share, open its files and write
+        them in the background (async_write.py)."""
+        stall_start = _core.now_ns()
+        done = self.finish()
+        waited = _core.now_ns() - stall_start
+        names = self._begin(checkpoint_id)
+        files = self.writer.async_files(checkpoint_number(checkpoint_id), checkpoint_id,
+                                        self.shard)
+        later = self.save_ids[self.save_ids.index(checkpoint_id) + 1:] \
+            if checkpoint_id in self.save_ids else []
+        self.comm.Barrier()
+        start = _core.now_ns()
+
+        def snapshot() -> tuple[int, int]:
+            nbytes = self.saver.snapshot(files)
+            snapped = _core.now_ns()
+            self.writer.open_async(files)
+            return nbytes, snapped
+
+        try:
+            nbytes, snapped = check_all(self.comm, snapshot)
+        except JobError:
+            self._abandon(checkpoint_id, files)
+            raise
+        self.saver.start(files, self._seeds(later[0]) if later else [])
+        end = _core.now_ns()
+        self.pending = PendingSave(index, checkpoint_id, names, files, start,
+                                   end - stall_start, snapped - start, waited, nbytes)
+        self.saves += 1
+        return done
+
+    def finish(self) -> list[CheckpointRecord]:
+        """Collective: wait for the asynchronous save under way, if any, give its files their
+        names and list it complete; its record ([] when none was under way)."""
+        p, self.pending = self.pending, None
+        if p is None:
+            return []
+        wait_start = _core.now_ns()
+        written = self.saver.wait()
+        wait_end = _core.now_ns()
+
+        def close() -> None:
+            if written.error is not None:
+                raise written.error
+            self.writer.close_async(p.files)
+
+        try:
+            check_all(self.comm, close)
+            self.writer.publish_async(p.files)
+            on_root(self.comm, lambda: self.folder.complete(p.checkpoint_id, p.names))
+        except JobError:
+            self._abandon(p.checkpoint_id, p.files)
+            raise
+        st = written.stats
+        record = gather_record(self.comm, "save", p.index, p.checkpoint_id, st.bytes,
+                               p.start_ns, written.end_ns, st.syncs, st.sync_ns,
+                               self.clock_offset_ns)
+        overlap = max(0, min(written.end_ns, wait_start) - written.start_ns)
+        figures = gather_async(self.comm, p.stall_ns, p.snapshot_ns, p.waited_ns,
+                               written.end_ns - written.start_ns, overlap,
+                               wait_end - wait_start, p.snapshot_bytes)
+        return [replace(record, asynchronous=figures)]
+
+    def _abandon(self, checkpoint_id: str, files: list[AsyncFile]) -> None:
+        """Collective, after an agreed failure: no file of the save stays, nor its listing."""
+        check_all(self.comm, lambda: self.writer.discard_async(files))
+        on_root(self.comm, lambda: self.folder.abandon(checkpoint_id))
+
+    def close(self) -> None:
+        """This rank alone, however the run ends: the background write waited for, a save
+        left under way (the run failed) removed, the snapshot buffer freed."""
+        if self.saver is None:
+            return
+        self.saver.wait()
+        if self.pending is not None:
+            files, self.pending = self.pending.files, None
+            for f in files:
+                if f.fd >= 0:
+                    os.close(f.fd)
+                    f.fd = -1
+            if self.comm.Get_rank() == 0 or not self.writer.collective:
+                remove_quietly([f.tmp for f in files])
+        self.saver.close()
+
+    def describe_async(self) -> dict | None:
+        return self.saver.describe() if self.saver is not None else None
 
     def load(self, checkpoint_id: str, index: int) -> CheckpointRecord:
         """Collective: read back the share this rank restores (its own, or its shifted

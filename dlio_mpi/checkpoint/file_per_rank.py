@@ -15,7 +15,7 @@ import os
 from .. import _core
 from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
 from .sizing import RankShard
-from .writer import CheckpointWriter, IoStats
+from .writer import AsyncFile, CheckpointWriter, IoStats
 
 
 def shard_seed(checkpoint: int, rank: int, file: int) -> int:
@@ -80,3 +80,38 @@ class FilePerRank(CheckpointWriter):
             finally:
                 os.close(fd)
         return stats
+
+    # ---- asynchronous saves: each rank its own files, renamed by it when whole
+    def async_files(self, checkpoint: int, checkpoint_id: str, shard: RankShard
+                    ) -> list[AsyncFile]:
+        files = []
+        for index, (name, nbytes) in enumerate(shard.files):
+            final = self.path(checkpoint_id, name)
+            files.append(AsyncFile(shard_seed(checkpoint, shard.rank, index), nbytes, 0,
+                                   temporary_name(final, self.tag), final))
+        return files
+
+    def open_async(self, files: list[AsyncFile]) -> None:
+        try:
+            for f in files:
+                f.fd = create_exclusive(f.tmp)
+        except BaseException:
+            self.discard_async(files)
+            raise
+
+    def close_async(self, files: list[AsyncFile]) -> None:
+        try:
+            for f in files:
+                os.close(f.fd)
+                f.fd = -1
+                rename_noreplace(f.tmp, f.final)  # refused if a file is there: not ours
+        except BaseException:
+            self.discard_async(files)
+            raise
+
+    def discard_async(self, files: list[AsyncFile]) -> None:
+        for f in files:
+            if f.fd >= 0:
+                os.close(f.fd)
+                f.fd = -1
+        remove_quietly([f.tmp for f in files])

@@ -65,8 +65,16 @@ def announce(record: CheckpointRecord) -> str:
     """One line per save or load, as rank 0 prints it."""
     verb = "saved" if record.kind == "save" else "loaded"
     sync = f", fsync {record.sync_seconds:.2f} s" if record.syncs else ""
-    return (f"checkpoint {record.checkpoint_id} {verb}: {record.bytes / GB:.3f} GiB in "
+    line = (f"checkpoint {record.checkpoint_id} {verb}: {record.bytes / GB:.3f} GiB in "
             f"{record.seconds:.3f} s = {record.GB_per_second:.3f} GiB/s (slowest rank{sync})")
+    a = record.asynchronous
+    if a is not None:
+        line += (f"; asynchronously: training stalled {a['stall_seconds']:.3f} s (snapshot "
+                 f"{a['snapshot_seconds']:.3f} s, waiting for the previous write "
+                 f"{a['waited_for_previous_seconds']:.3f} s), the write took "
+                 f"{a['write_seconds']:.3f} s, {a['overlapped_seconds']:.3f} s of it beside "
+                 "training")
+    return line
 
 
 def _sleep(seconds: float) -> int:
@@ -91,14 +99,21 @@ def run_checkpoint_only(comm, cfg, ckpt: Checkpointer, say) -> tuple[list[Checkp
     rng = np.random.default_rng([cfg.train.seed, comm.Get_rank(), 0xC4])
     sleeps = iter(spec.draw(rng, len(saves) + len(loads)).tolist())
     records: list[CheckpointRecord] = []
-    for kind, ids in (("save", saves), ("load", loads)):
-        for index, cid in enumerate(ids, start=1):
-            stop = comm.allreduce(_sleep(next(sleeps)), op=MPI.MAX)
-            if stop:
-                return records, stop
-            record = ckpt.save(cid, index) if kind == "save" else ckpt.load(cid, index)
+
+    def done(new: list[CheckpointRecord]) -> None:
+        for record in new:
             say(announce(record))
             records.append(record)
+
+    for kind, ids in (("save", saves), ("load", loads)):
+        for index, cid in enumerate(ids, start=1):
+            # with async_write the sleep (the training between checkpoints) overlaps the write
+            stop = comm.allreduce(_sleep(next(sleeps)), op=MPI.MAX)
+            if stop:
+                done(ckpt.finish())
+                return records, stop
+            done(ckpt.save(cid, index) if kind == "save" else [ckpt.load(cid, index)])
+        done(ckpt.finish())  # the loads read complete checkpoints; the run ends written
     return records, 0
 
 
@@ -120,6 +135,7 @@ def describe_checkpoints(cfg, ckpt: Checkpointer, records: list[CheckpointRecord
                         topo.memory_bytes // max(topo.nodes, 1), topo.nodes,
                         any(r.kind == "load" for r in records))},
         "sizing": layout.summary(),
+        "async_write": ckpt.describe_async(),
         "records": [r.to_json() for r in records],
     }
 

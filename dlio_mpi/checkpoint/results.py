@@ -31,6 +31,8 @@ class CheckpointRecord:
     sync_seconds: float = 0.0  # the slowest rank's time in them
     start_ns: int = 0    # the earliest start, on rank 0's monotonic clock
     end_ns: int = 0      # the latest end
+    # checkpoint.async_write's figures of a save (AsyncFigures.to_json), None when synchronous
+    asynchronous: dict | None = None
 
     @property
     def GB_per_second(self) -> float:  # noqa: N802 - DLIO's unit in the name
@@ -44,7 +46,8 @@ class CheckpointRecord:
                 "duration_seconds": self.seconds, "throughput_GB_per_second":
                 self.GB_per_second, "syncs": self.syncs, "sync_seconds": self.sync_seconds,
                 "rank_seconds": {"min": float(times.min()), "median": float(np.median(times)),
-                                 "max": float(times.max())} if len(times) else None}
+                                 "max": float(times.max())} if len(times) else None,
+                **({"async": self.asynchronous} if self.asynchronous is not None else {})}
 
 
 def gather_record(comm, kind: str, index: int, checkpoint_id: str, nbytes: int,
@@ -65,6 +68,27 @@ def gather_record(comm, kind: str, index: int, checkpoint_id: str, nbytes: int,
                             max(span, max(own)), own, sum(p[3] for p in parts),
                             max(p[4] for p in parts) / 1e9, min(p[1] for p in parts),
                             max(p[2] for p in parts))
+
+
+def gather_async(comm, stall_ns: int, snapshot_ns: int, waited_ns: int, write_ns: int,
+                 overlap_ns: int, finish_wait_ns: int, snapshot_bytes: int) -> dict:
+    """Collective: an asynchronous save's figures over the ranks (summary.json's per-save
+    "async"): the slowest rank's stall (its wait for the previous write, then the snapshot),
+    snapshot, write and wait for the write; the least time a rank's write overlapped
+    training, of the ranks that wrote any; the snapshot bytes of all ranks."""
+    parts = np.array(comm.allgather((stall_ns, snapshot_ns, waited_ns, write_ns, overlap_ns,
+                                     finish_wait_ns, snapshot_bytes)), dtype=np.int64)
+    slowest = parts.max(axis=0) / 1e9
+    snapshot_s = float(slowest[1])
+    writers = parts[parts[:, 6] > 0]
+    return {"stall_seconds": float(slowest[0]), "snapshot_seconds": snapshot_s,
+            "waited_for_previous_seconds": float(slowest[2]),
+            "write_seconds": float(slowest[3]),
+            "overlapped_seconds": float(writers[:, 4].min() / 1e9) if len(writers) else 0.0,
+            "waited_for_write_seconds": float(slowest[5]),
+            "snapshot_bytes": int(parts[:, 6].sum()),
+            "snapshot_GiB_per_second_per_rank": float(parts[:, 6].max() / GB / snapshot_s)
+            if snapshot_s > 0 else 0.0}
 
 
 def _one_host(comm) -> bool:

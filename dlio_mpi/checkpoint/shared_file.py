@@ -28,7 +28,7 @@ from ..ownership import remove_quietly, rename_noreplace, temporary_name
 from ..readers.base import drop_cached_pages
 from .file_per_rank import shard_seed
 from .sizing import EXTENSION, RankShard
-from .writer import CheckpointWriter, IoStats
+from .writer import AsyncFile, CheckpointWriter, IoStats
 
 CHUNK = 64 << 20  # bytes per rank and round
 ALIGN = 1 << 20  # a rank's share starts at a multiple of this with O_DIRECT
@@ -138,6 +138,47 @@ class SharedFile(CheckpointWriter):
         return IoStats(bytes=read, files=1, calls=len(blocks),
                        verified=sum(n if k % 64 == 0 else min(16, n)
                                     for k, (_, n, _) in enumerate(blocks)))
+
+    # ---- asynchronous saves: created collectively, each rank writing its share at its
+    # offset on its own descriptor (as with O_DIRECT: MPI-IO from a second thread is unsafe
+    # under Open MPI), renamed by rank 0 when every rank's share is in
+    def async_files(self, checkpoint: int, checkpoint_id: str, shard: RankShard
+                    ) -> list[AsyncFile]:
+        final = os.path.join(self.folder, checkpoint_id, NAME)
+        return [AsyncFile(shard_seed(checkpoint, shard.rank, 0), shard.nbytes,
+                          self.starts[shard.rank], temporary_name(final, self.tag), final)]
+
+    def open_async(self, files: list[AsyncFile]) -> None:
+        from mpi4py import MPI
+
+        (f,) = files
+        open_shared(self.comm, f.tmp, self.hints,
+                    MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL).Close()
+        f.fd = os.open(f.tmp, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+
+    def close_async(self, files: list[AsyncFile]) -> None:
+        for f in files:
+            if f.fd >= 0:
+                os.close(f.fd)
+                f.fd = -1
+
+    def publish_async(self, files: list[AsyncFile]) -> None:
+        (f,) = files
+
+        def complete() -> None:
+            try:
+                rename_noreplace(f.tmp, f.final)  # refused if a file is there: not ours
+            except BaseException:
+                remove_quietly([f.tmp])
+                raise
+
+        on_root(self.comm, complete)
+
+    def discard_async(self, files: list[AsyncFile]) -> None:
+        self.close_async(files)
+        self.comm.Barrier()
+        if self.comm.Get_rank() == 0:
+            remove_quietly([f.tmp for f in files])
 
     @staticmethod
     def _posix(path: str, flags: int, move) -> dict:

@@ -1,9 +1,14 @@
 """The checkpoint writers' protocol: what the checkpointer knows of a writer (file_per_rank,
-shared, pt_save), every hook declared with its default, and what a save or load moved."""
+shared, pt_save), every hook declared with its default, and what a save or load moved.
+
+Asynchronous saves (checkpoint.async_write, checkpoint/async_write.py) ask a writer for the
+files of a save (async_files), to open them under temporary names (open_async), and, once the
+background writer has written them from the snapshot, to close them and give them their final
+names (close_async, then publish_async, collective) or to remove them (discard_async)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .sizing import RankShard
 
@@ -28,6 +33,20 @@ class IoStats:
         self.files += 1
 
 
+@dataclass
+class AsyncFile:
+    """One file an asynchronous save writes from the snapshot: `nbytes` of the shard of `seed`
+    at `offset` of the file, written under `tmp` (descriptor `fd` once opened) and renamed to
+    `final` when whole."""
+
+    seed: int
+    nbytes: int
+    offset: int
+    tmp: str
+    final: str
+    fd: int = field(default=-1, compare=False)
+
+
 class CheckpointWriter:
     """Saves and loads one rank's share of each checkpoint."""
 
@@ -47,4 +66,30 @@ class CheckpointWriter:
 
     def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
              drop_cache: bool = False) -> IoStats:
+        raise NotImplementedError
+
+    # ---- asynchronous saves (None of these: async_write is refused for the writer)
+    chunk: int = 0  # the block its shards are stamped in (0: the C core's 64 MiB)
+
+    def async_files(self, checkpoint: int, checkpoint_id: str, shard: RankShard
+                    ) -> list[AsyncFile]:
+        """The files of `shard` (a rank's) of checkpoint number `checkpoint`, no I/O."""
+        raise NotImplementedError
+
+    def open_async(self, files: list[AsyncFile]) -> None:
+        """Create and open `files` under their temporary names (collective where the writer
+        is); nothing under a final name."""
+        raise NotImplementedError
+
+    def close_async(self, files: list[AsyncFile]) -> None:
+        """Close the files this rank has written whole, renaming those it renames itself."""
+        raise NotImplementedError
+
+    def publish_async(self, files: list[AsyncFile]) -> None:
+        """Collective, after every rank's close_async: the final names the ranks share."""
+        return None
+
+    def discard_async(self, files: list[AsyncFile]) -> None:
+        """Close and remove this rank's temporaries of an abandoned save (collective where
+        the writer is)."""
         raise NotImplementedError

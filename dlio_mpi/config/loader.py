@@ -20,6 +20,7 @@ import yaml
 
 from ..formats import get_format, implemented_formats
 from ..ownership import read_regular
+from ..plan.units import number_text
 from .schema import (
     OBJECT_STORAGE,
     PARQUET_CODECS,
@@ -553,6 +554,14 @@ def check_consistency(cfg: Config) -> None:
         raise ConfigError("checkpoint.odirect: true does not combine with checkpoint_mechanism "
                           "pt_save (torch.save writes through the page cache); expected false, "
                           "or checkpoint_mechanism native")
+    if ck.async_write and ck.checkpoint_mechanism == "pt_save":
+        raise ConfigError("checkpoint.async_write: true with checkpoint_mechanism pt_save is not "
+                          "implemented yet; expected false, or checkpoint_mechanism native")
+    if ck.snapshot_bytes_per_second and not ck.async_write:
+        raise ConfigError(f"checkpoint.snapshot_bytes_per_second: "
+                          f"{number_text(ck.snapshot_bytes_per_second)} paces the snapshot of "
+                          "checkpoint.async_write: true, which is false; expected 0, or "
+                          "async_write: true")
 
 
 # --------------------------------------------------------------------------- entry point

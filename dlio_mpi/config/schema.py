@@ -775,6 +775,13 @@ class Checkpoint:
     layout: str = key("file_per_rank", "str", choices=("file_per_rank", "shared"))
     odirect: bool = key(False, "bool")  # O_DIRECT writes and restores (file_per_rank)
     mpiio_hints: tuple[tuple[str, str], ...] = key((), "hints")  # layout shared
+    # ours: asynchronous saves (checkpoint/async_write.py): the step loop stalls only for a
+    # snapshot of the rank's share into host memory, written in the background while training
+    # goes on; the next save, an evaluation or the run's end waits for the write
+    async_write: bool = key(False, "bool")
+    # ours: the snapshot copy's pace (bytes/s; a device-to-host copy over PCIe); 0: as fast
+    # as memcpy
+    snapshot_bytes_per_second: float = key(0, "number", minimum=0)
 
 
 # --------------------------------------------------------------------------- output, metric, ...

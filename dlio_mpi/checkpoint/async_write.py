@@ -1,0 +1,142 @@
+"""checkpoint.async_write: asynchronous saves, as torch DCP's async_save and DeepSpeed's
+asynchronous checkpointing stage a checkpoint in host memory and write it while training goes
+on.
+
+At a save the step loop stalls only for the snapshot: the rank's share copied into a host
+buffer (the C core's dio_shard_snapshot: each block a copy of a pattern, the first block of
+the file's payload stream, with the block's stamp, so that the bytes are exactly those a
+synchronous save writes and a restore checks them alike), paced by
+checkpoint.snapshot_bytes_per_second where given (a device-to-host copy over PCIe). A
+background thread then writes the snapshot through the C core (dio_buffer_write: large calls,
+O_DIRECT and fsync as configured; the GIL released, no MPI call in the thread) and, while the
+steps go on, makes the patterns of the next save. The next save, an evaluation, a restore or
+the run's end waits for the write (Checkpointer.finish).
+
+The snapshot buffer (the share's bytes, each file's part aligned to 2 MiB, advised to huge
+pages) and the patterns (one block per file) are allocated and touched once before training,
+outside any timing; their bytes are reported and checked against the nodes' memory before any
+I/O (plan/checks.py check_snapshot_memory)."""
+
+from __future__ import annotations
+
+import mmap
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .. import _core
+from .writer import AsyncFile, IoStats
+
+ALIGN = 2 << 20  # each file's part of the snapshot starts at a multiple of this
+
+
+def snapshot_bytes(sizes: list[int], chunk: int) -> tuple[int, int]:
+    """(snapshot buffer, patterns) bytes of a rank whose files have `sizes`."""
+    return (sum(-(-n // ALIGN) * ALIGN for n in sizes),
+            sum(_core.shard_chunk(chunk, n) for n in sizes))
+
+
+@dataclass
+class Written:
+    """What the background writer did for one save, on this rank's clock."""
+
+    stats: IoStats = field(default_factory=IoStats)
+    start_ns: int = 0
+    end_ns: int = 0
+    error: BaseException | None = None
+
+
+class AsyncSaver:
+    """This rank's snapshot buffer, patterns and background writer (one save at a time)."""
+
+    def __init__(self, sizes: list[int], chunk: int, odirect: bool, fsync: bool,
+                 bytes_per_second: float = 0.0) -> None:
+        self.sizes, self.chunk = list(sizes), chunk
+        self.odirect, self.fsync, self.rate = odirect, fsync, bytes_per_second
+        self.buffer_bytes, self.pattern_bytes = snapshot_bytes(self.sizes, chunk)
+        self._map: mmap.mmap | None = None
+        self.parts: list[np.ndarray] = []
+        self.patterns: list[np.ndarray] = []
+        self.pattern_seeds: list[int | None] = []
+        self.allocate_seconds = 0.0
+        self._thread: threading.Thread | None = None
+        self._written: Written | None = None
+
+    def allocate(self, first_seeds: list[int]) -> None:
+        """Map and touch the snapshot buffer, and make the first save's patterns."""
+        start = _core.now_ns()
+        self._map = mmap.mmap(-1, max(self.buffer_bytes, mmap.PAGESIZE))
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            self._map.madvise(mmap.MADV_HUGEPAGE)
+        whole = np.frombuffer(self._map, dtype=np.uint8)
+        whole[:] = 0  # every page touched now, not in the first snapshot
+        at = 0
+        for n in self.sizes:
+            self.parts.append(whole[at:at + n])
+            at += -(-n // ALIGN) * ALIGN
+            self.patterns.append(np.empty(_core.shard_chunk(self.chunk, n), dtype=np.uint8))
+            self.pattern_seeds.append(None)
+        self._make_patterns(first_seeds)
+        self.allocate_seconds = (_core.now_ns() - start) / 1e9
+
+    def _make_patterns(self, seeds: list[int]) -> None:
+        for i, seed in enumerate(seeds):
+            if self.pattern_seeds[i] != seed:
+                _core.shard_block(self.patterns[i], seed, 0)
+                self.pattern_seeds[i] = seed
+
+    def snapshot(self, files: list[AsyncFile]) -> int:
+        """Copy the shard of `files` into the buffer (the stall); its bytes."""
+        self._make_patterns([f.seed for f in files])  # made ahead but for the first save
+        for part, pattern, f in zip(self.parts, self.patterns, files):
+            _core.shard_snapshot(part, f.seed, pattern, self.chunk, self.rate)
+        return sum(f.nbytes for f in files)
+
+    def start(self, files: list[AsyncFile], next_seeds: list[int]) -> None:
+        """Write `files` (opened) from the buffer in a thread, then make `next_seeds`'
+        patterns; returns at once."""
+        written = self._written = Written(start_ns=_core.now_ns())
+
+        def write() -> None:
+            try:
+                for part, f in zip(self.parts, files):
+                    written.stats.add(_core.write_buffer(f.fd, f.offset, part, self.chunk,
+                                                         self.odirect, self.fsync, f.tmp))
+            except BaseException as exc:  # told at finish, agreed by every rank there
+                written.error = exc
+            written.end_ns = _core.now_ns()
+            if written.error is None and next_seeds:
+                self._make_patterns(next_seeds)
+
+        self._thread = threading.Thread(target=write, name="dlio-mpi checkpoint writer",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def pending(self) -> bool:
+        return self._thread is not None
+
+    def wait(self) -> Written:
+        """Wait for the write started last; what it did (its error in .error)."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        written, self._written = self._written, None
+        return written if written is not None else Written()
+
+    def describe(self) -> dict:
+        return {"snapshot_buffer_bytes": self.buffer_bytes,
+                "pattern_bytes": self.pattern_bytes,
+                "allocate_seconds": round(self.allocate_seconds, 6),
+                "snapshot_bytes_per_second": self.rate or None}
+
+    def close(self) -> None:
+        self.wait()
+        self.parts, self.patterns = [], []
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a view still held: freed with it
+                pass
+            self._map = None
