@@ -162,9 +162,7 @@ def check_batch_memory(cfg, plan_bytes: int, steps: int, ranks: int, ranks_per_n
     refuse when even batches of the mean size cannot fit in a node's memory."""
     if not cfg.reader.keep_data or steps == 0:
         return
-    rd = cfg.reader
-    slots = batches_in_flight(rd.data_loader, rd.prefetch_size, rd.read_threads) + 1
-    batch = plan_bytes // (steps * ranks)
+    slots, batch = _batch_buffers(cfg, plan_bytes, steps, ranks)
     if slots * batch * ranks_per_node > node_memory:
         raise UserError(
             f"reader.prefetch_size={cfg.reader.prefetch_size}, reader.batch_size="
@@ -174,11 +172,37 @@ def check_batch_memory(cfg, plan_bytes: int, steps: int, ranks: int, ranks_per_n
             f"; lower them, or read without keeping the data (reader.keep_data: false)")
 
 
-def _memory(per_rank: int, ranks_per_node: int, node_memory: int) -> str:
+def _batch_buffers(cfg, plan_bytes: int, steps: int, ranks: int) -> tuple[int, int]:
+    """(batch buffers a rank holds, their mean bytes); (0, 0) when it keeps no data."""
+    rd = cfg.reader
+    if not rd.keep_data or steps == 0:
+        return 0, 0
+    slots = batches_in_flight(rd.data_loader, rd.prefetch_size, rd.read_threads) + 1
+    return slots, plan_bytes // (steps * ranks)
+
+
+def check_snapshot_memory(cfg, snapshot: int, plan_bytes: int, steps: int, ranks: int,
+                          ranks_per_node: int, node_memory: int) -> None:
+    """checkpoint.async_write keeps a snapshot of each rank's share (`snapshot` bytes with
+    its patterns, the largest rank's) in memory all run, beside the reader's batch buffers:
+    refuse, before any I/O, when a node's ranks would need more than 80 % of its memory."""
+    slots, batch = _batch_buffers(cfg, plan_bytes, steps, ranks)
+    per_rank = snapshot + slots * batch
+    if per_rank * ranks_per_node > 0.8 * node_memory:
+        raise UserError(
+            f"checkpoint.async_write: true keeps a snapshot of each rank's share of a "
+            f"checkpoint in memory ({size_text(snapshot)} for the largest share) beside "
+            f"{slots} batch buffers of about {size_text(batch)}: "
+            f"{_memory(per_rank, ranks_per_node, node_memory, 'more than 80 % of')}; "
+            "expected async_write: false, more ranks (smaller shares), or smaller batches")
+
+
+def _memory(per_rank: int, ranks_per_node: int, node_memory: int,
+            more: str = "more than") -> str:
     """'X per rank[, Y for the N ranks of a node], more than the node's Z of memory'."""
     node = f", {size_text(per_rank * ranks_per_node)} for the {ranks_per_node} ranks of a node" \
         if ranks_per_node > 1 else ""
-    return (f"{size_text(per_rank)} per rank{node}, more than the node's {size_text(node_memory)} "
+    return (f"{size_text(per_rank)} per rank{node}, {more} the node's {size_text(node_memory)} "
             f"of memory")
 
 

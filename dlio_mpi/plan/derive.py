@@ -24,6 +24,7 @@ from .checks import (
     check_reader_fits,
     check_shape_memory,
     check_sizes,
+    check_snapshot_memory,
     check_tensor_memory,
     check_whole_file_reads,
 )
@@ -192,6 +193,9 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
     checkpoint = _checkpoint_plan(cfg, ranks, steps)
     if checkpoint is not None and checkpoint["writer"] == "pt_save":
         check_tensor_memory(checkpoint, max(local_ranks, node[0]), node[1])
+    if checkpoint is not None and checkpoint["snapshot_bytes_per_rank"]:
+        check_snapshot_memory(cfg, checkpoint["snapshot_bytes_per_rank"], epoch_bytes, steps,
+                              ranks, max(local_ranks, node[0]), node[1])
     return RunPlan(
         ranks=ranks, format=fmt, read_mode=mode, train_files=files, train_samples=samples,
         samples_per_rank=steps * cfg.reader.batch_size, steps_per_epoch=steps,
@@ -201,6 +205,19 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         notes=plan_notes(cfg, library_read) + unused_hints_note(cfg, splits, ranks),
         library_read=library_read, splits=splits, layouts=layouts,
         checkpoint=checkpoint)
+
+
+def _snapshot_bytes(cfg, ranks: int) -> int:
+    """checkpoint.async_write's memory on the rank with the largest: its snapshot buffer and
+    patterns (checkpoint/async_write.py)."""
+    from ..checkpoint.async_write import snapshot_bytes
+    from ..checkpoint.sizing import checkpoint_layout
+
+    layout = checkpoint_layout(cfg, ranks)
+    # a shared file's share is one part; file_per_rank's files each one (the C core's block)
+    shares = ([[layout.shard(r).nbytes] for r in range(ranks)] if cfg.checkpoint.layout ==
+              "shared" else [[n for _, n in layout.shard(r).files] for r in range(ranks)])
+    return max(sum(snapshot_bytes(sizes, 0)) for sizes in shares) if shares else 0
 
 
 def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
@@ -231,6 +248,8 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
                 + (f"{pause.mean:g} s" if pause is not None else "1 s (DLIO's default)"))
     return {**sizing, "writer": writer_name(ck), "layout": ck.layout,
             "odirect": bool(ck.odirect), "fsync": bool(ck.fsync),
+            "async_write": bool(ck.async_write),
+            "snapshot_bytes_per_rank": _snapshot_bytes(cfg, ranks) if ck.async_write else 0,
             "folder": ck.checkpoint_folder, "saves": saves, "loads": loads, "when": when,
             "bytes_written": saves * sizing["total_bytes"],
             "restore_methods": restore_methods(ck) if loads else []}

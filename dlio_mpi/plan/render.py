@@ -222,6 +222,14 @@ def render_plan(r: Mapping) -> str:
                      f"{'on' if ck['fsync'] else 'off'}"
                      + (" (dlio-mpi's default, as MLPerf Storage requires; DLIO's is off and "
                         "its fsync never happens)" if ck["fsync"] else "") + restore)
+        if ck.get("async_write"):
+            lines.append(
+                "checkpoints     asynchronous (checkpoint.async_write): training stalls for a "
+                "snapshot of the rank's share into host memory "
+                f"({size_text(ck['snapshot_bytes_per_rank'])} held all run by the largest "
+                "share, patterns included), written in the "
+                "background; the next save, an evaluation, a restore or the run's end waits "
+                "for the write")
     lines += r["storage"]
     lines.extend(f"note            {note}" for note in r["notes"])
     lines.extend(f"warning         {warning}" for warning in r["warnings"])
