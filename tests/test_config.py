@@ -251,6 +251,12 @@ def test_type_conversions():
      "checkpoint.layout: shared writes one file through MPI-IO, which torch.save cannot"),
     (["checkpoint.odirect=true", "checkpoint.checkpoint_mechanism=pt_save"],
      "checkpoint.odirect: true does not combine with checkpoint_mechanism pt_save"),
+    (["checkpoint.async_write=true", "checkpoint.checkpoint_mechanism=pt_save"],
+     "checkpoint.async_write: true with checkpoint_mechanism pt_save is not implemented yet"),
+    (["checkpoint.snapshot_bytes_per_second=1e9"], "checkpoint.snapshot_bytes_per_second: "
+     "1000000000 paces the snapshot of checkpoint.async_write: true, which is false"),
+    (["checkpoint.async_write=true", "checkpoint.snapshot_bytes_per_second=-1"],
+     "checkpoint.snapshot_bytes_per_second: expected a number >= 0"),
     (["checkpoint.checkpoint_mechanism=tf_save"], "checkpoint.checkpoint_mechanism: 'tf_save' "
                                                   "is not implemented yet"),
     (["checkpoint.checkpoint_mechanism_classname=my.Ckpt"],
@@ -926,6 +932,33 @@ def test_plans_past_memory_are_refused_with_the_figures():
     assert derive_plan(load_config("demo", ["reader.prefetch_size=1000", "reader.keep_data=false",
                                             "dataset.record_length_bytes_stdev=0"]),
                        2, ranks_per_node=2, nodes=1, memory_bytes=2**30).steps_per_epoch == 8
+
+
+
+def test_an_async_snapshot_past_memory_is_refused_with_the_figures():
+    """checkpoint.async_write holds each rank's share in memory beside the batch buffers:
+    shares of 600 MiB (a flat model under ZeRO 3: each rank writes model_size_bytes) with a
+    64 MiB pattern and 3 buffers of 2 MiB are refused on nodes of 2 ranks and 1 GiB (80 %:
+    819 MiB); shares of 200 MiB fit."""
+    from dlio_mpi.errors import UserError
+    from dlio_mpi.plan.derive import derive_plan
+
+    over = ["workflow.checkpoint=true", "model.parallelism.zero_stage=3",
+            "checkpoint.async_write=true", "dataset.record_length_bytes_stdev=0"]
+    cfg = load_config("demo", [*over, f"model.model_size_bytes={600 * 2**20}"])
+    with pytest.raises(UserError) as info:
+        derive_plan(cfg, 4, ranks_per_node=2, nodes=2, memory_bytes=2 * 2**30)
+    assert str(info.value).startswith(
+        "checkpoint.async_write: true keeps a snapshot of each rank's share of a checkpoint in "
+        "memory (664.0 MiB for the largest share) beside 3 batch buffers of about 2.0 MiB: "
+        "670.0 MiB per rank, 1.3 GiB for the 2 ranks of a node, more than 80 % of the node's "
+        "1.0 GiB of memory; expected async_write: false"), str(info.value)
+    fits = load_config("demo", [*over, f"model.model_size_bytes={200 * 2**20}"])
+    plan = derive_plan(fits, 4, ranks_per_node=2, nodes=2, memory_bytes=2 * 2**30)
+    assert plan.checkpoint["snapshot_bytes_per_rank"] == 200 * 2**20 + 64 * 2**20
+    sync = load_config("demo", over[:2] + [f"model.model_size_bytes={600 * 2**20}"])
+    assert derive_plan(sync, 4, ranks_per_node=2, nodes=2,
+                       memory_bytes=2 * 2**30).checkpoint["snapshot_bytes_per_rank"] == 0
 
 
 ODD_VALUES = ["-1", "0", "1e30", "99999999999999999999999", "x", "[1e30]", "{a: 1}", "null",
