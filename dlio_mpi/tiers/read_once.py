@@ -22,29 +22,30 @@ interconnect carries the shuffle (as the large climate training runs at NERSC di
 
 from __future__ import annotations
 
-import errno
-import mmap
 import os
-import stat
 import threading
 
 import numpy as np
 
 from .. import _core
 from ..data.catalog import SplitFiles
-from ..errors import describe
-from ..mpi.topology import emulated_ranks_per_node
 from ..readers.base import BatchStats, ReaderBackend, ReaderOptions
 from ..sampling.requests import ReadPlan
+from .staging import (
+    StagingFailed,
+    anonymous_memory,
+    padded,
+    rank_nodes,
+    read_whole,
+    sample_places,
+    staging_record,
+    timed_staging,
+    verify_samples,
+)
 
-CHUNK = 64 << 20  # bytes per read call while staging
 # test hook: each delivered sample checked against a pread of its file (slow; tests only)
 VERIFY_ENV = "DLIO_MPI_TEST_VERIFY_EXCHANGE"
-ALIGN = 4096      # of each file's place in memory (O_DIRECT reads land there)
-
-
-class StagingFailed(RuntimeError):
-    """A rank's staging read failed: fatal for the job at once (cli.main aborts it)."""
+__all__ = ["ReadOnceReader", "StagingFailed"]
 
 
 class ReadOnceReader(ReaderBackend):
@@ -58,22 +59,18 @@ class ReadOnceReader(ReaderBackend):
         self.odirect = options.odirect
         self.verify = bool(os.environ.get(VERIFY_ENV))
         all_files = np.arange(files.count, dtype=np.int64)
-        lay = files.layouts.take(all_files)
-        self.sizes = lay.size.astype(np.int64)
-        self.data_offset, self.sample_step = lay.data_offset, lay.sample_step
-        self.sample_bytes = lay.sample_bytes
+        self.layout = files.layouts.take(all_files)
+        self.sizes = self.layout.size.astype(np.int64)
         self.owner = all_files % self.size
         # each file's place in its owner's memory: its owner's earlier files, padded
-        padded = (self.sizes + ALIGN - 1) // ALIGN * ALIGN
+        places = padded(self.sizes)
         self.base = np.zeros(files.count, dtype=np.int64)
         for r in range(self.size):
             mine = np.flatnonzero(self.owner == r)
-            self.base[mine] = np.cumsum(padded[mine]) - padded[mine]
-        held = int(padded[self.owner == self.rank].sum())
-        self._map = mmap.mmap(-1, max(held, ALIGN))  # page-aligned, for O_DIRECT reads
-        self.memory = np.frombuffer(self._map, dtype=np.uint8)
-        self.memory[::4096] = 0  # faulted in before the staging clock
-        self.node = self._nodes()
+            self.base[mine] = np.cumsum(places[mine]) - places[mine]
+        held = int(places[self.owner == self.rank].sum())
+        self._map, self.memory = anonymous_memory(held)  # page-aligned, for O_DIRECT reads
+        self.node = rank_nodes(comm, MPI)
         self.staging = self._stage(held)
         self.lat_ns = np.zeros(0, dtype=np.int64)
         self.request_trace = None  # output.trace: step spans only
@@ -91,66 +88,15 @@ class ReadOnceReader(ReaderBackend):
         self.exchanged = {"bytes": 0, "bytes_from_other_ranks": 0,
                           "bytes_from_other_nodes": 0, "seconds": 0.0, "steps": 0}
 
-    def _nodes(self) -> np.ndarray:
-        """The node of every rank (its shared-memory group's first rank, or emulated nodes of
-        DLIO_MPI_RANKS_PER_NODE ranks)."""
-        local = self.comm.Split_type(self.MPI.COMM_TYPE_SHARED)
-        first = local.allreduce(self.rank, op=self.MPI.MIN)
-        local_rank = local.Get_rank()
-        local.Free()
-        per = emulated_ranks_per_node()
-        key = (first, local_rank // per) if per else (first, 0)
-        keys = self.comm.allgather(key)
-        numbering = {k: i for i, k in enumerate(sorted(set(keys)))}
-        return np.array([numbering[k] for k in keys], dtype=np.int64)
-
     def _stage(self, held: int) -> dict:
-        """Read this rank's files into memory, once; timed from a barrier to a barrier."""
-        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECT if self.odirect else 0)
+        """Read this rank's files (file f on rank f mod P) into their places in memory,
+        once; timed from a barrier to a barrier."""
         mine = np.flatnonzero(self.owner == self.rank).tolist()
-        self.comm.Barrier()
-        began = _core.now_ns()
-        try:
-            read = self._read_files(mine, flags)
-        except OSError as exc:
-            # not an error the ranks agree on (check_all around the backend's opening): the
-            # others are reading or waiting in the barrier, so this rank aborts the job now
-            raise StagingFailed(describe(exc)) from exc
-        self.comm.Barrier()
-        seconds = (_core.now_ns() - began) / 1e9
-        total = self.comm.allreduce(read)
-        per_node = np.zeros(int(self.node.max()) + 1, dtype=np.int64)
-        np.add.at(per_node, self.node, np.array(self.comm.allgather(held), dtype=np.int64))
-        return {"files": int(len(self.sizes)), "opens": int(len(self.sizes)),
-                "bytes_read": int(total), "seconds": round(seconds, 6),
-                "GiB_per_second": round(total / 2**30 / seconds, 6) if seconds > 0 else 0.0,
-                "memory_bytes_per_rank_max": int(self.comm.allreduce(held, op=self.MPI.MAX)),
-                "memory_bytes_per_node": per_node.tolist()}
-
-    def _read_files(self, mine: list[int], flags: int) -> int:
-        """Read files `mine` whole into their places in memory; the bytes read."""
-        read = 0
-        for f in mine:
-            path, size, at = self.files.path(f), int(self.sizes[f]), int(self.base[f])
-            fd = os.open(path, flags)  # O_NONBLOCK: a FIFO in its place cannot block
-            try:
-                _refuse_irregular(fd, path)
-                done = 0
-                while done < size:
-                    want = min(CHUNK, size - done)
-                    if self.odirect:
-                        want = (want + ALIGN - 1) // ALIGN * ALIGN
-                    got = os.preadv(fd, [memoryview(self._map)[at + done:at + done + want]],
-                                    done)
-                    if got <= 0:
-                        raise OSError(5, f"{path} ends at {done} bytes, before its "
-                                         f"{size} bytes: it changed since its size was taken",
-                                      path)
-                    done += got
-            finally:
-                os.close(fd)
-            read += min(done, size)
-        return read
+        read, seconds = timed_staging(self.comm, lambda: sum(
+            read_whole(self.files.path(f), int(self.sizes[f]), self._map, int(self.base[f]),
+                       self.odirect) for f in mine))
+        return staging_record(self.comm, self.MPI, self.node, len(self.sizes), len(mine),
+                              read, seconds, held)
 
     # ------------------------------------------------------------------ an epoch
     def prepare_epoch(self, plan: ReadPlan) -> None:
@@ -160,11 +106,8 @@ class ReadOnceReader(ReaderBackend):
         batch = everyone.shape[1] // max(steps, 1)
         spf = self.files.split.samples_per_file
         ids = everyone[:, :steps * batch].reshape(self.size, steps, batch)
-        file = ids // spf
-        where = (self.base[file] + self.data_offset[file]
-                 + (ids % spf) * self.sample_step[file])
-        length = self.sample_bytes[file]
-        owner = self.owner[file]
+        where, length = sample_places(self.layout, self.base, spf, ids)
+        owner = self.owner[ids // spf]
         self._steps = []
         for s in range(steps):
             # what I send: the samples each rank's batch s needs from me, in its batch order
@@ -257,24 +200,9 @@ class ReadOnceReader(ReaderBackend):
         ex["seconds"] += (ready - began) / 1e9
         ex["steps"] += 1
         if self.verify:
-            self._verify(self._arriving[s], into)
+            verify_samples(self.files, self.layout, self._arriving[s], into, "read_once")
         self.batch = into  # the batch's bytes (what a consumer would take)
         return BatchStats(ready, got, 0)
-
-    def _verify(self, samples: np.ndarray, into: np.ndarray) -> None:
-        """Each delivered sample equals its bytes in its file (VERIFY_ENV)."""
-        spf, put = self.files.split.samples_per_file, 0
-        for sid in samples.tolist():
-            f, k = divmod(sid, spf)
-            n = int(self.sample_bytes[f])
-            at = int(self.data_offset[f] + k * self.sample_step[f])
-            with open(self.files.path(f), "rb") as fp:
-                fp.seek(at)
-                want = fp.read(n)
-            if into[put:put + n].tobytes() != want:
-                raise RuntimeError(f"read_once: sample {sid} arrived with other bytes than "
-                                   f"{self.files.path(f)} holds at offset {at}")
-            put += n
 
     def _join(self) -> None:
         """Stop the exchange thread at the next step boundary and wait for it (every rank
@@ -317,16 +245,6 @@ class ReadOnceReader(ReaderBackend):
         self.xcomm.Free()
         self.memory = None
         self._map.close()
-
-
-def _refuse_irregular(fd: int, path: str) -> None:
-    """A FIFO, device or folder in place of a data file, named (pread would say "Illegal
-    seek", naming nothing)."""
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        what = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
-        raise OSError(errno.EINVAL, f"{path} is {what}, not a regular file", path)
 
 
 def _displacements(counts: np.ndarray) -> np.ndarray:
