@@ -21,17 +21,17 @@ from .units import number_text, size_text
 def access_order_refusal(cfg) -> str | None:
     """reader.access_order sorted reorders the plan's reads per batch: refused where no
     planned read per batch goes to storage in the plan's order (the framework loaders read as
-    their own samplers and workers decide; read_once reads every file before the epochs)."""
+    their own samplers and workers decide; reader.staging reads every file before the epochs)."""
     if cfg.reader.access_order != "sorted":
         return None
     if cfg.reader.engine == "framework":
         return ("reader.access_order: sorted with reader.engine framework is not implemented "
                 "yet (the real loader orders its own reads); accepted: reader.access_order "
                 "shuffled, or reader.engine native")
-    if cfg.reader.staging == "read_once":
-        return ("reader.access_order: sorted with reader.staging read_once is not implemented "
-                "yet (the files are read once, whole, before the first epoch: there are no "
-                "reads per batch to order); accepted: reader.access_order shuffled, or "
+    if cfg.reader.staging != "none":
+        return (f"reader.access_order: sorted with reader.staging {cfg.reader.staging} is not "
+                "implemented yet (the files are read whole before the first epoch: there are "
+                "no reads per batch to order); accepted: reader.access_order shuffled, or "
                 "reader.staging none")
     return None
 
@@ -112,19 +112,31 @@ def _largest_sample(split: DatasetSplit) -> int:
     return int(np.prod(split.dims.astype(np.int64), axis=1).max())  # two int32 dims each
 
 
-def check_read_once_memory(cfg, ranks: int, nodes: int, node_memory: int) -> None:
-    """reader.staging: read_once holds the dataset in the nodes' memory: refuse, before any
-    I/O, a dataset (as generated) whose share per node would not fit 80 % of a node's."""
-    ds = cfg.dataset
+def check_staging_memory(cfg, ranks_per_node: int, nodes: int, node_memory: int) -> None:
+    """reader.staging holds the dataset (as generated) in the nodes' memory: read_once a
+    node's share of it, replicated a copy on every rank (ranks per node x the dataset, none
+    with reader.keep_data false, which reads into one buffer). Refused, before any I/O, where
+    that is more than 80 % of a node's memory."""
+    rd, ds = cfg.reader, cfg.dataset
+    if rd.staging == "none" or (rd.staging == "replicated" and not rd.keep_data):
+        return
     per_file = ds.num_samples_per_file * ds.record_length_bytes
     files = ds.num_files_train + (ds.num_files_eval if cfg.workflow.evaluation else 0)
-    per_node = -(-files // nodes) * per_file
+    if rd.staging == "replicated":
+        per_node = ranks_per_node * files * per_file
+        held = (f"a copy of the dataset in every rank's memory, about {size_text(per_node)} "
+                f"per node ({ranks_per_node} rank(s) of a node each holding {files} files of "
+                f"about {size_text(per_file)})")
+        other = ("fewer ranks per node, reader.keep_data: false (every file read, none kept), "
+                 "or reader.staging: none")
+    else:
+        per_node = -(-files // nodes) * per_file
+        held = (f"the dataset in the nodes' memory, about {size_text(per_node)} per node "
+                f"({files} files of about {size_text(per_file)} over {nodes} node(s))")
+        other = "more nodes, or reader.staging: none"
     if per_node > 0.8 * node_memory:
-        raise UserError(f"reader.staging: read_once keeps the dataset in the nodes' memory, "
-                        f"about {size_text(per_node)} per node ({files} files of about "
-                        f"{size_text(per_file)} over {nodes} node(s)), more than 80 % of a node's "
-                        f"{size_text(node_memory)}; expected a dataset that fits, more nodes, or "
-                        "reader.staging: none")
+        raise UserError(f"reader.staging: {rd.staging} keeps {held}, more than 80 % of a "
+                        f"node's {size_text(node_memory)}; expected a dataset that fits, {other}")
 
 
 def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:

@@ -20,11 +20,11 @@ from .checks import (
     access_order_refusal,
     check_batch_memory,
     check_measurable,
-    check_read_once_memory,
     check_reader_fits,
     check_shape_memory,
     check_sizes,
     check_snapshot_memory,
+    check_staging_memory,
     check_tensor_memory,
     check_whole_file_reads,
 )
@@ -149,8 +149,8 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
     if cfg.storage.stage_in is not None and cfg.workflow.train:
         check_folders(cfg.storage.stage_in.to,
                       os.path.join(cfg.storage.storage_root, cfg.dataset.data_folder))
-    if cfg.reader.staging == "read_once" and cfg.workflow.train:
-        check_read_once_memory(cfg, ranks, nodes, memory_bytes // nodes)
+    if cfg.workflow.train:
+        check_staging_memory(cfg, ranks_per_node, nodes, memory_bytes // nodes)
     mode = resolve_read_mode(cfg)
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")

@@ -4,7 +4,8 @@ registry, as IOR's aiori and fio's ioengines, behind one protocol (base.py).
 The step loop, metrics and summary use only the ReaderBackend protocol. One REGISTRY holds
 the backends by the configuration value that chooses them (backend_key): `reader.file_access`
 with reader.engine native, `reader.data_loader` with framework (the real loader), the
-format's library where the C engine cannot read its files, `reader.staging` read_once. Each
+format's library where the C engine cannot read its files, `reader.staging` (read_once,
+replicated). Each
 entry carries its own limits (refuse, IOR's check_params); engine_refusal asks the chosen one.
 Backends are imported when opened, so that one's dependencies (torch) cost the others nothing
 (tensorflow is imported only by readers/tf_loader.py)."""
@@ -133,7 +134,7 @@ def loader_cost_refusal(cfg, library_reason: str = "") -> str | None:
     access = ALIASES.get(rd.file_access, rd.file_access)
     why = [what for what, bad in ((f"reader.engine {rd.engine}", rd.engine != "native"),
                                   (f"reader.file_access {rd.file_access}", access != "multi"),
-                                  ("reader.staging read_once", rd.staging == "read_once"),
+                                  (f"reader.staging {rd.staging}", rd.staging != "none"),
                                   ("a format its library reads", bool(library_reason))) if bad]
     if not keys or not why:
         return None
@@ -153,9 +154,9 @@ def _cache_refusal(cfg, library_reason: str) -> str | None:
             "reader.file_access: multi)")
 
 
-def _read_once_limits(cfg, library_reason: str) -> str | None:
-    """reader.staging read_once stages files whose samples sit at extents, for the native
-    engine's reads."""
+def _staging_limits(cfg, library_reason: str) -> str | None:
+    """reader.staging (read_once, replicated) stages files whose samples sit at extents, for
+    the native engine's reads."""
     rd = cfg.reader
     access = ALIASES.get(rd.file_access, rd.file_access)
     why = [what for what, bad in (
@@ -167,7 +168,7 @@ def _read_once_limits(cfg, library_reason: str) -> str | None:
          get_format(cfg.dataset.format).unit_extents is not None)) if bad]
     if not why:
         return None
-    return ("reader.staging: read_once is not implemented yet with "
+    return (f"reader.staging: {rd.staging} is not implemented yet with "
             f"{', '.join(why)}; it stages files whose samples sit at extents "
             "(reader.engine: native, reader.file_access: multi, no reader.cache)")
 
@@ -248,13 +249,14 @@ def _framework_reads(cfg, loader: dict) -> str | None:
 # The reader backends, by the configuration value that chooses them (backend_key):
 # reader.file_access with reader.engine native, the format's library where the C engine
 # cannot read its files at their offsets, reader.data_loader with reader.engine framework,
-# reader.staging read_once.
+# reader.staging read_once and replicated.
 REGISTRY: dict[str, Backend] = {
     "multi": Backend("dlio_mpi.readers.native", "NativeReader"),
     "shared": Backend("dlio_mpi.readers.mpiio", "SharedReader", _cache_refusal),
     "collective": Backend("dlio_mpi.readers.mpiio", "CollectiveReader", _cache_refusal),
     "h5py": Backend("dlio_mpi.readers.h5py_reader", "H5pyReader", _library_limits),
-    "read_once": Backend("dlio_mpi.tiers.read_once", "ReadOnceReader", _read_once_limits),
+    "read_once": Backend("dlio_mpi.tiers.read_once", "ReadOnceReader", _staging_limits),
+    "replicated": Backend("dlio_mpi.tiers.replicated", "ReplicatedReader", _staging_limits),
     **{name: Backend(*loader["backend"], _framework_limits)
        for name, loader in FRAMEWORK_LOADERS.items()},
 }
@@ -265,8 +267,8 @@ def backend_key(engine: str, data_loader: str, file_access: str,
     """The REGISTRY key of the backend reading for (reader.engine, reader.data_loader,
     reader.file_access); `library`: the library reading the format's files with engine
     native where the C engine cannot read them at their file offsets."""
-    if staging == "read_once":
-        return "read_once"
+    if staging != "none":  # reader.staging: read_once, replicated
+        return staging
     if engine == "framework":
         return data_loader
     if library is not None:
