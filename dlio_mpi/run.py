@@ -229,11 +229,8 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
     if cache is not None:
         reader.attach_cache(cache, name, files)
     staged = reader.staging
-    if staged is not None:  # reader.staging: read_once read the files once, just now
-        say(comm, f"staging ({name}, read_once): {staged['files']} file(s), "
-                  f"{staged['bytes_read'] / 2**20:.1f} MiB read once in {staged['seconds']:.2f} s "
-                  f"({staged['GiB_per_second']:.2f} GiB/s), up to "
-                  f"{max(staged['memory_bytes_per_node']) / 2**20:.1f} MiB of memory per node")
+    if staged is not None:  # reader.staging (read_once, replicated) read the files just now
+        say(comm, staging_line(name, rd.staging, staged))
     if train:
         return Phase(name, split, files, reader,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
@@ -242,6 +239,21 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
                      pacing, policy, cache)
     return Phase(name, split, files, reader, ShuffleSpec(), plan.eval_steps_per_epoch,
                  rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing, policy, cache)
+
+
+def staging_line(name: str, how: str, staged: dict) -> str:
+    """The line saying what reader.staging `how` read for phase `name` (describe()'s
+    "staging")."""
+    read = f"{staged['bytes_read'] / 2**20:.1f} MiB read"
+    if how == "replicated":
+        read += (f" (every one of {staged['copies']} ranks reading all "
+                 f"{staged['dataset_bytes'] / 2**20:.1f} MiB"
+                 + ("" if staged["kept"] else ", keeping none") + ")")
+    else:
+        read += " once"
+    return (f"staging ({name}, {how}): {staged['files']} file(s), {read} in "
+            f"{staged['seconds']:.2f} s ({staged['GiB_per_second']:.2f} GiB/s), up to "
+            f"{max(staged['memory_bytes_per_node']) / 2**20:.1f} MiB of memory per node")
 
 
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,

@@ -141,6 +141,13 @@ def reader_text(cfg, library_read: str = "") -> str:
         return ("reader.staging read_once: every file read once into the ranks' memory before "
                 "the first epoch (file f on rank f mod ranks), each step's samples delivered "
                 "from there by one MPI_Alltoallv")
+    if rd.staging == "replicated":
+        return ("reader.staging replicated: every rank reads every file once into its own "
+                "memory before the first epoch (ranks x the dataset's bytes from the file "
+                "system at start-up, none after), " + (
+                    "each step's samples copied from the rank's copy" if rd.keep_data else
+                    "keeping none (reader.keep_data false: one reused buffer), so the steps "
+                    "run with batches of no bytes"))
     if rd.cache is not None:
         return (f"engine native: the native C engine (threads, prefetch ring, pread) with the "
                 f"access pattern of DLIO's {rd.data_loader} reader, through a node-local cache "
