@@ -126,15 +126,15 @@ def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = 
         "warnings": list(warnings),
     }
     # Further top-level entries go here, one line each.
-    record["reader"] = (reader_text(cfg, plan.library_read) if uses_data and cfg.workflow.train
-                        else None)
+    record["reader"] = (reader_text(cfg, plan.library_read, plan) if uses_data
+                        and cfg.workflow.train else None)
     record["checkpoint"] = dict(plan.checkpoint) if plan.checkpoint is not None else None
     return record
 
 
-def reader_text(cfg, library_read: str = "") -> str:
+def reader_text(cfg, library_read: str = "", plan: RunPlan | None = None) -> str:
     """What reads the training data: the engine, the backend and the access (`library_read`:
-    RunPlan.library_read)."""
+    RunPlan.library_read; `plan` the bytes reader.staging replicated reads)."""
     rd = cfg.reader
     access = ALIASES.get(rd.file_access, rd.file_access)
     if rd.staging == "read_once":
@@ -142,12 +142,7 @@ def reader_text(cfg, library_read: str = "") -> str:
                 "the first epoch (file f on rank f mod ranks), each step's samples delivered "
                 "from there by one MPI_Alltoallv")
     if rd.staging == "replicated":
-        return ("reader.staging replicated: every rank reads every file once into its own "
-                "memory before the first epoch (ranks x the dataset's bytes from the file "
-                "system at start-up, none after), " + (
-                    "each step's samples copied from the rank's copy" if rd.keep_data else
-                    "keeping none (reader.keep_data false: one reused buffer), so the steps "
-                    "run with batches of no bytes"))
+        return _replicated_text(rd, plan)
     if rd.cache is not None:
         return (f"engine native: the native C engine (threads, prefetch ring, pread) with the "
                 f"access pattern of DLIO's {rd.data_loader} reader, through a node-local cache "
@@ -164,6 +159,23 @@ def reader_text(cfg, library_read: str = "") -> str:
                "shared": "MPI-IO independent reads", "collective": "MPI-IO collective reads"}
     return (f"engine native: {backend[access]}, reader.file_access {rd.file_access}, with the "
             f"access pattern of DLIO's {rd.data_loader} reader")
+
+
+def _replicated_text(rd, plan: RunPlan | None) -> str:
+    """reader.staging replicated: what every rank reads at start-up and keeps."""
+    storm = ""
+    if plan is not None:
+        storm = (f" ({plan.ranks} x {size_text(plan.dataset_bytes)} = "
+                 f"{size_text(plan.ranks * plan.dataset_bytes)})")
+    shared = ("; without reader.odirect the node's ranks after the first may find the files in "
+              "the page cache" if not rd.odirect and plan is not None
+              and plan.ranks_per_node > 1 else "")
+    return ("reader.staging replicated: every rank reads every file once into its own memory "
+            "before the first epoch: ranks x the dataset's bytes from the file system at "
+            f"start-up{storm}, none after; " + (
+                "each step's samples copied from the rank's copy" if rd.keep_data else
+                "keeping none (reader.keep_data false: one reused buffer), so the steps run "
+                "with batches of no bytes") + shared)
 
 
 def describe_plan(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
