@@ -90,7 +90,7 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         epoch=epoch, block_start_ns=block_start, block_end_ns=block_end,
         stamps=np.ascontiguousarray(table[:, :BYTES]), planned_compute_ns=planned[:done],
         step_bytes=table[:, BYTES].copy(), step_read_ops=table[:, OPS].copy(),
-        payload_bytes=int(plan.batch_payload[:done].sum()),
+        payload_bytes=int(plan.batch_payload[:done].sum()) if reader.delivers_samples else 0,
         opens=after["opens"] - before["opens"], closes=after["closes"] - before["closes"],
         stats=after["stats"] - before["stats"], requests=requests,
         lat_ns=reader.lat_ns[:requests].copy(), sample_ids=plan.sample_ids[:done * per_step],

@@ -262,6 +262,9 @@ class ReaderBackend:
     request_trace: RequestTrace | None = None
     cache_attached: bool = False  # reader.cache: attach_cache gave it the tier's copies
     staging: dict | None = None   # reader.staging: what the backend staged when opened
+    # False: the batches carry no sample bytes (reader.staging replicated with
+    # reader.keep_data false kept none), so the epoch's delivered bytes are none
+    delivers_samples: bool = True
 
     def prepare_epoch(self, plan: ReadPlan) -> None:
         """Work before the epoch's clock starts (buffers, dropping pages)."""

@@ -47,7 +47,7 @@ class ReplicatedReader(ReaderBackend):
         from mpi4py import MPI
 
         self.MPI, self.comm, self.files = MPI, comm, files
-        self.keep = options.keep_data
+        self.keep = self.delivers_samples = options.keep_data
         self.odirect = options.odirect
         self.verify = bool(os.environ.get(VERIFY_ENV)) and self.keep
         self.layout = files.layouts.take(np.arange(files.count, dtype=np.int64))
