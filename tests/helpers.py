@@ -49,15 +49,46 @@ def run_cli_opens(args: list[str], ranks: int, log: Path, env: dict | None = Non
     """Run `dlio-mpi ARGS` on `ranks` MPI ranks (with `env` added to the environment), under
     `strace -f` writing to `log` when strace is installed; the result and every path the job
     opened (openat), None without strace."""
+    res, text = run_cli_strace(args, ranks, log, ["-e", "trace=openat"], env, timeout)
+    if text is None:
+        return res, None
+    return res, re.findall(r'openat\(AT_FDCWD, "([^"]+)"', text)
+
+
+def run_cli_strace(args: list[str], ranks: int, log: Path, strace_args: list[str],
+                   env: dict | None = None, timeout: float = 240
+                   ) -> tuple[subprocess.CompletedProcess, str | None]:
+    """Run `dlio-mpi ARGS` on `ranks` MPI ranks under `strace -f -qq STRACE_ARGS` writing
+    to `log` when strace is installed; the result and the log's text (one line a system
+    call, led by the thread's id), None without strace or when the job failed."""
     cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", *args]
     traced = shutil.which("strace") is not None
     if traced:
-        cmd = ["strace", "-f", "-qq", "-e", "trace=openat", "-o", str(log), *cmd]
+        cmd = ["strace", "-f", "-qq", *strace_args, "-o", str(log), *cmd]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                          env={**os.environ, **(env or {})})
     if not traced or res.returncode != 0:
         return res, None
-    return res, re.findall(r'openat\(AT_FDCWD, "([^"]+)"', log.read_text())
+    return res, log.read_text()
+
+
+def strace_calls(text: str) -> list[tuple[int, str]]:
+    """The system calls of a `strace -f` log as (thread id, call as one line), the halves of
+    calls other threads' calls interrupted ("<unfinished ...>", "<... resumed>") joined."""
+    calls, pending = [], {}
+    for line in text.splitlines():
+        tid, _, call = line.partition(" ")
+        if not tid.isdigit():
+            continue
+        call = call.lstrip()
+        if call.endswith("<unfinished ...>"):
+            pending[int(tid)] = call[:-len("<unfinished ...>")].rstrip()
+            continue
+        resumed = re.match(r"<\.\.\. \w+ resumed>\s*(.*)", call)
+        if resumed:
+            call = pending.pop(int(tid), "") + resumed.group(1)
+        calls.append((int(tid), call))
+    return calls
 
 
 def rank_pids(marker: str) -> list[int]:
