@@ -337,9 +337,17 @@ class Checkpoints:
         self.dues.append(due)
         self._done(self.checkpointer.save(due.checkpoint_id, len(self.dues)), out)
 
-    def finish(self, out: OutputFolder) -> None:
-        """Collective: wait for an asynchronous save's write still under way."""
-        self._done(self.checkpointer.finish(), out)
+    def finish(self, out: OutputFolder, final: bool = False) -> None:
+        """Collective: wait for an asynchronous save's write still under way; complete the
+        drains done (all of them, waited for, when `final`)."""
+        self._done(self.checkpointer.finish(final), out)
+
+    def hold_locks(self, out: OutputFolder) -> None:
+        """Rank 0: the checkpoint folder's lock, and drain.to's, held till the run ends."""
+        ckpt = self.checkpointer
+        for lock in (ckpt.lock, ckpt.drainer.lock if ckpt.drainer is not None else None):
+            if lock is not None:
+                out.hold(lock)
 
     def _done(self, records: list[CheckpointRecord], out: OutputFolder) -> None:
         for record in records:
@@ -395,8 +403,8 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
                     checkpoints.save(last, out)
         if stop:
             break
-    if checkpoints is not None:  # the run ends when the last save is written
-        checkpoints.finish(out)
+    if checkpoints is not None:  # the run ends when the last save is written and drained
+        checkpoints.finish(out, final=True)
     # Closed only on success: on an error the job aborts at once, without waiting for reads
     # in flight (a stuck one would otherwise hold the abort back).
     described = {phase.name: phase.reader.describe() for phase in phases}
@@ -704,7 +712,7 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     if cfg.workflow.checkpoint:  # its folder made ready (or refused) before any other I/O
         checkpoints = Checkpoints(open_checkpointer(
             comm, cfg, plan, topo, out.tag, lambda line: say(comm, line, out=out)))
-        on_root(comm, lambda: out.hold(checkpoints.checkpointer.lock))  # till the run ends
+        on_root(comm, lambda: checkpoints.hold_locks(out))  # till the run ends
     cache = None
     if cfg.workflow.train and cfg.reader.cache is not None:  # claimed before other I/O too
         cache = CacheTier(comm, cfg.reader.cache, topo, out.tag, root)

@@ -26,10 +26,12 @@ from ..errors import JobError, UserError, check_all, on_root
 from ..ownership import FolderLock, remove_quietly
 from ..storage.filesystems import apply_striping, nearest_existing
 from .async_write import AsyncSaver
+from .drain import Drainer
 from .file_per_rank import FilePerRank
 from .folder import CheckpointFolder
 from .results import CheckpointRecord, gather_async, gather_record
 from .schedule import Schedule
+from .shared_file import NAME as SHARED_NAME
 from .shared_file import SharedFile
 from .sizing import CheckpointLayout
 from .writer import AsyncFile, CheckpointWriter, IoStats
@@ -148,6 +150,16 @@ class Checkpointer:
                                     ck.snapshot_bytes_per_second)
         self.pending: PendingSave | None = None
         self.save_ids: list[str] = []  # the run's saves in order (the next one's patterns)
+        self.drainer: Drainer | None = None  # checkpoint.drain's
+        self.restorer = self.writer  # where restores read: the fast tier, or drain.to
+        if ck.drain is not None:
+            shared = self.writer_name == "shared"
+            self.drainer = Drainer(comm, ck.drain, self.root, SHARED_NAME if shared else None,
+                                   self.writer.starts if shared else [], tag, ck.fsync,
+                                   clock_offset_ns)
+            if ck.drain.restore_from == "pfs":
+                self.restorer = WRITERS[self.writer_name](WriterContext(
+                    comm, ck.drain.to, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes))
 
     # -------------------------------------------------------------- before any I/O
     def prepare(self, schedule: Schedule) -> list[str]:
@@ -157,22 +169,32 @@ class Checkpointer:
         loaded without being saved are ours and complete, and give the folder storage.lustre's
         layout. Returns the earlier checkpoints removed."""
 
+        drain = self.cfg.checkpoint.drain
+
         def make_way() -> list[str]:
             self.folder = CheckpointFolder(self.root, self.tag)
-            for cid in schedule.load_ids():
-                if not schedule.saved(cid):
-                    self._check_complete(cid)
+            if drain is None or drain.restore_from == "fast_tier":
+                for cid in schedule.load_ids():
+                    if not schedule.saved(cid):
+                        _check_complete(self.folder, cid)
             in_the_way = in_the_way_of(self.root, schedule)
             self.folder.check_clear(in_the_way)
-            check_checkpoint_space(self.folder, schedule.saves, in_the_way,
-                                   self.layout.total_bytes)
+            # drain.keep last or none: the fast tier holds a few checkpoints at once
+            held = schedule.saves if drain is None or drain.keep == "all" else \
+                min(schedule.saves, 3)
+            check_checkpoint_space(self.folder, held, in_the_way, self.layout.total_bytes)
+            drain_way = self.drainer.check(schedule, self.layout.total_bytes,
+                                           _check_complete) if self.drainer else []
             lustre = self.cfg.storage.lustre  # the folder's default layout, as the data's
             striping = apply_striping(lustre, self.root) if lustre is not None else None
             os.makedirs(self.root, exist_ok=True)  # nothing written before the checks
             # one job at a time: another's checkpoints are never removed under it
             self.lock = FolderLock(self.root, "checkpoints")
             self.lock.acquire()
-            return self.folder.clear(in_the_way), striping
+            removed = self.folder.clear(in_the_way)
+            if self.drainer is not None:
+                removed += [os.path.join(drain.to, cid) for cid in self.drainer.claim(drain_way)]
+            return removed, striping
 
         removed, self.striping = on_root(self.comm, make_way)
         # pt_save keeps its tensors all run, as DLIO allocates them at start: made and filled
@@ -188,22 +210,47 @@ class Checkpointer:
         return [f.seed for f in self.writer.async_files(checkpoint_number(checkpoint_id),
                                                         checkpoint_id, self.shard)]
 
-    def _check_complete(self, cid: str) -> None:
-        listed = self.folder.body["checkpoints"].get(cid)
-        if listed is None or not listed.get("complete"):
-            raise UserError(f"checkpoint.num_checkpoints_read: {os.path.join(self.root, cid)} "
-                            "is not a complete checkpoint of an earlier dlio-mpi run; expected "
-                            "num_checkpoints_read <= num_checkpoints_write, or the checkpoints "
-                            "of an earlier run of this workload in checkpoint_folder")
 
     # -------------------------------------------------------------- save and load
     def save(self, checkpoint_id: str, index: int) -> list[CheckpointRecord]:
         """Collective: save checkpoint `checkpoint_id` (the run's save number `index`);
         the records of the saves complete now: this one, or with async_write the previous
         one (whose write this save waited for; this one's write goes on in the background)."""
+        done = self.drainer.poll() if self.drainer is not None else []
+        self._let_go(done)
         if self.saver is None:
-            return [self._save_now(checkpoint_id, index)]
-        return self._save_async(checkpoint_id, index)
+            started = _core.now_ns()
+            record = self._save_now(checkpoint_id, index)
+            self._drain(index, checkpoint_id, started)
+            return done + [record]
+        return done + self._save_async(checkpoint_id, index)
+
+    def _drain(self, index: int, checkpoint_id: str, started_ns: int) -> None:
+        """Collective: checkpoint.drain's copy of a checkpoint now complete on the fast tier
+        (`started_ns`: this rank's start of its save)."""
+        if self.drainer is not None:
+            names = self.writer.file_names([self.layout.shard(r) for r in range(
+                self.comm.Get_size())]) if self.comm.Get_rank() == 0 else []
+            self.drainer.start(index, checkpoint_id, self.shard, names, started_ns)
+
+    def _let_go(self, drained: list[CheckpointRecord]) -> None:
+        """Collective: drain.keep applied to the fast tier once checkpoints are drained (rank
+        0 removes them as clear() removes ours, a changed one left as it is, with a note)."""
+        keep = self.cfg.checkpoint.drain.keep if self.drainer is not None else "all"
+        complete = [r.checkpoint_id for r in drained if r.drain and r.drain["complete"]]
+        if keep == "all" or not complete:
+            return
+
+        def remove() -> None:
+            for old in self.drainer.fast_copies_to_remove(keep):
+                self.drainer.drained.remove(old)
+                try:
+                    self.folder.clear([old])
+                except (UserError, OSError) as exc:
+                    progress.write(f"checkpoint.drain.keep: {keep}: {old} left on the fast "
+                                   f"tier ({exc})")
+
+        on_root(self.comm, remove)
 
     def _begin(self, checkpoint_id: str) -> list[str]:
         """Collective: list `checkpoint_id` begun in the manifest; its files' names (rank 0)."""
@@ -231,7 +278,7 @@ class Checkpointer:
         """Wait for the previous write, snapshot this rank's share, open its files and write
         them in the background (async_write.py)."""
         stall_start = _core.now_ns()
-        done = self.finish()
+        done = self._finish_save()
         waited = _core.now_ns() - stall_start
         names = self._begin(checkpoint_id)
         files = self.writer.async_files(checkpoint_number(checkpoint_id), checkpoint_id,
@@ -259,9 +306,20 @@ class Checkpointer:
         self.saves += 1
         return done
 
-    def finish(self) -> list[CheckpointRecord]:
-        """Collective: wait for the asynchronous save under way, if any, give its files their
-        names and list it complete; its record ([] when none was under way)."""
+    def finish(self, final: bool = False) -> list[CheckpointRecord]:
+        """Collective: the asynchronous save under way, if any, waited for and completed;
+        checkpoint.drain's drains done by every rank completed (all of them waited for when
+        `final`: the run's end, or restores that read drain.to). Their records."""
+        done = self._finish_save()
+        if self.drainer is not None:
+            drains = self.drainer.finish_all() if final else self.drainer.poll()
+            self._let_go(drains)
+            done += drains
+        return done
+
+    def _finish_save(self) -> list[CheckpointRecord]:
+        """Wait for the asynchronous save under way, if any, give its files their names and
+        list it complete, then start its drain; its record ([] when none was under way)."""
         p, self.pending = self.pending, None
         if p is None:
             return []
@@ -289,6 +347,7 @@ class Checkpointer:
         figures = gather_async(self.comm, p.stall_ns, p.snapshot_ns, p.waited_ns,
                                written.end_ns - written.start_ns, overlap,
                                wait_end - wait_start, p.snapshot_bytes)
+        self._drain(p.index, p.checkpoint_id, p.start_ns)
         return [replace(record, asynchronous=figures)]
 
     def _abandon(self, checkpoint_id: str, files: list[AsyncFile]) -> None:
@@ -298,7 +357,10 @@ class Checkpointer:
 
     def close(self) -> None:
         """This rank alone, however the run ends: the background write waited for, a save
-        left under way (the run failed) removed, the snapshot buffer freed."""
+        left under way (the run failed) removed, the snapshot buffer freed; drains not
+        completed stopped and their temporaries removed."""
+        if self.drainer is not None:
+            self.drainer.close()
         if self.saver is None:
             return
         self.saver.wait()
@@ -312,13 +374,31 @@ class Checkpointer:
                 remove_quietly([f.tmp for f in files])
         self.saver.close()
 
+    def describe_drain(self, records: list[CheckpointRecord]) -> dict | None:
+        """summary.json's dlio_mpi.checkpoint.drain: where and how, the drains' bandwidth and
+        time to durable (means), and the run's end's wait for the last ones."""
+        if self.drainer is None:
+            return None
+        d = self.cfg.checkpoint.drain
+        drains = [r for r in records if r.kind == "drain" and r.drain and r.drain["complete"]]
+        out = {"to": d.to, "keep": d.keep, "restore_from": d.restore_from,
+               "odirect": d.odirect, "buffer_bytes": d.buffer_bytes,
+               "drained": len(drains),
+               "final_wait_seconds": self.drainer.waited_ns / 1e9}
+        if drains:
+            out |= {"GiB_per_second_mean": sum(r.GB_per_second for r in drains) / len(drains),
+                    "durable_seconds_mean": sum(r.drain["durable_seconds"] for r in drains)
+                    / len(drains),
+                    "durable_seconds_max": max(r.drain["durable_seconds"] for r in drains)}
+        return out
+
     def describe_async(self) -> dict | None:
         return self.saver.describe() if self.saver is not None else None
 
     def load(self, checkpoint_id: str, index: int) -> CheckpointRecord:
         """Collective: read back the share this rank restores (its own, or its shifted
         neighbour's) with the page cache defeated, checking the bytes."""
-        return self._timed("load", index, checkpoint_id, lambda: self.writer.load(
+        return self._timed("load", index, checkpoint_id, lambda: self.restorer.load(
             checkpoint_number(checkpoint_id), checkpoint_id, self.source, drop_cache=True))
 
     def _timed(self, kind: str, index: int, checkpoint_id: str,
@@ -349,6 +429,16 @@ class Checkpointer:
                              stats.syncs, stats.sync_ns, self.clock_offset_ns)
 
 
+def _check_complete(folder: CheckpointFolder, cid: str) -> None:
+    """Refuse a restore of `cid` from `folder` when it is not a complete checkpoint of ours."""
+    listed = folder.body["checkpoints"].get(cid)
+    if listed is None or not listed.get("complete"):
+        raise UserError(f"checkpoint.num_checkpoints_read: {os.path.join(folder.root, cid)} "
+                        "is not a complete checkpoint of an earlier dlio-mpi run; expected "
+                        "num_checkpoints_read <= num_checkpoints_write, or the checkpoints "
+                        "of an earlier run of this workload in that folder")
+
+
 def _process_io(field: str) -> int:
     """This process's `field` of /proc/self/io (rchar, wchar: bytes read or written by its
     system calls, every thread's); -1 where the kernel does not say."""
@@ -373,9 +463,11 @@ def in_the_way_of(root: str, schedule: Schedule) -> list[str]:
 
 
 def check_checkpoint_space(folder: CheckpointFolder, saves: int, replaced: list[str],
-                           checkpoint_bytes: int) -> None:
+                           checkpoint_bytes: int, key: str = "checkpoint.checkpoint_folder"
+                           ) -> None:
     """Refuse up front when the checkpoint folder's file system has less room than the run's
-    `saves` checkpoints take (all are kept), less those of ours they replace."""
+    `saves` checkpoints take (all kept, or as many as it holds at once), less those of ours
+    they replace."""
     need = saves * checkpoint_bytes - folder.listed_bytes(replaced)
     where = nearest_existing(folder.root)
     try:
@@ -384,7 +476,7 @@ def check_checkpoint_space(folder: CheckpointFolder, saves: int, replaced: list[
         return  # making the folder says why
     free = st.f_bavail * st.f_frsize
     if need > free:
-        raise UserError(f"checkpoint.checkpoint_folder: the run's {saves:,} "
+        raise UserError(f"{key}: the run's {saves:,} "
                         f"checkpoint(s) take {need / 2**30:,.2f} GiB ({need:,} bytes), but the "
                         f"file system of {folder.root} has {free / 2**30:,.2f} GiB free (at "
                         f"{where}); free space, choose another folder, or write fewer or "

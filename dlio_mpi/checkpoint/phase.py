@@ -63,10 +63,15 @@ def space_warning(cfg, plan) -> str | None:
 
 def announce(record: CheckpointRecord) -> str:
     """One line per save or load, as rank 0 prints it."""
-    verb = "saved" if record.kind == "save" else "loaded"
+    verb = {"save": "saved", "load": "loaded", "drain": "drained"}[record.kind]
     sync = f", fsync {record.sync_seconds:.2f} s" if record.syncs else ""
     line = (f"checkpoint {record.checkpoint_id} {verb}: {record.bytes / GB:.3f} GiB in "
             f"{record.seconds:.3f} s = {record.GB_per_second:.3f} GiB/s (slowest rank{sync})")
+    if record.drain is not None:
+        d = record.drain
+        line += (
+            f"; durable {d['durable_seconds']:.3f} s after its save began, in {d['to']}"
+            if d["complete"] else "; cut short by a stop: not drained")
     a = record.asynchronous
     if a is not None:
         line += (f"; asynchronously: training stalled {a['stall_seconds']:.3f} s (snapshot "
@@ -110,10 +115,12 @@ def run_checkpoint_only(comm, cfg, ckpt: Checkpointer, say) -> tuple[list[Checkp
             # with async_write the sleep (the training between checkpoints) overlaps the write
             stop = comm.allreduce(_sleep(next(sleeps)), op=MPI.MAX)
             if stop:
-                done(ckpt.finish())
+                done(ckpt.finish(final=True))
                 return records, stop
             done(ckpt.save(cid, index) if kind == "save" else [ckpt.load(cid, index)])
-        done(ckpt.finish())  # the loads read complete checkpoints; the run ends written
+        # the loads read complete checkpoints, drained (no drain beside their reads); the
+        # run ends written
+        done(ckpt.finish(final=True))
     return records, 0
 
 
@@ -136,6 +143,7 @@ def describe_checkpoints(cfg, ckpt: Checkpointer, records: list[CheckpointRecord
                         any(r.kind == "load" for r in records))},
         "sizing": layout.summary(),
         "async_write": ckpt.describe_async(),
+        "drain": ckpt.describe_drain(records),
         "records": [r.to_json() for r in records],
     }
 

@@ -21,7 +21,7 @@ GB = 2**30
 class CheckpointRecord:
     """One save or load of one checkpoint, over all ranks."""
 
-    kind: str            # "save" or "load"
+    kind: str            # "save", "load" or "drain" (checkpoint.drain's copy)
     index: int           # 1, 2, ... within its kind
     checkpoint_id: str   # its folder: global_epoch<E>_step<S>
     bytes: int           # all ranks
@@ -31,8 +31,14 @@ class CheckpointRecord:
     sync_seconds: float = 0.0  # the slowest rank's time in them
     start_ns: int = 0    # the earliest start, on rank 0's monotonic clock
     end_ns: int = 0      # the latest end
-    # checkpoint.async_write's figures of a save (AsyncFigures.to_json), None when synchronous
+    # checkpoint.async_write's figures of a save (results.gather_async), None when synchronous
     asynchronous: dict | None = None
+    drain: dict | None = None  # a drain's (kind "drain"): complete, durable_seconds, to
+
+    def with_drain(self, figures: dict) -> CheckpointRecord:
+        from dataclasses import replace
+
+        return replace(self, drain=figures)
 
     @property
     def GB_per_second(self) -> float:  # noqa: N802 - DLIO's unit in the name
@@ -47,7 +53,8 @@ class CheckpointRecord:
                 self.GB_per_second, "syncs": self.syncs, "sync_seconds": self.sync_seconds,
                 "rank_seconds": {"min": float(times.min()), "median": float(np.median(times)),
                                  "max": float(times.max())} if len(times) else None,
-                **({"async": self.asynchronous} if self.asynchronous is not None else {})}
+                **({"async": self.asynchronous} if self.asynchronous is not None else {}),
+                **({"drain": self.drain} if self.drain is not None else {})}
 
 
 def gather_record(comm, kind: str, index: int, checkpoint_id: str, nbytes: int,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import fields, replace
@@ -457,6 +458,8 @@ def path_keys(cfg: Config) -> list[tuple[str, str]]:
         keys.append(("storage.stage_in.to", st.stage_in.to))
     if rd.cache is not None:
         keys.append(("reader.cache.folder", rd.cache.folder))
+    if cfg.checkpoint.drain is not None:
+        keys.append(("checkpoint.drain.to", cfg.checkpoint.drain.to))
     return keys
 
 
@@ -557,11 +560,30 @@ def check_consistency(cfg: Config) -> None:
     if ck.async_write and ck.checkpoint_mechanism == "pt_save":
         raise ConfigError("checkpoint.async_write: true with checkpoint_mechanism pt_save is not "
                           "implemented yet; expected false, or checkpoint_mechanism native")
+    _check_drain(ck)
     if ck.snapshot_bytes_per_second and not ck.async_write:
         raise ConfigError(f"checkpoint.snapshot_bytes_per_second: "
                           f"{number_text(ck.snapshot_bytes_per_second)} paces the snapshot of "
                           "checkpoint.async_write: true, which is false; expected 0, or "
                           "async_write: true")
+
+
+def _check_drain(ck) -> None:
+    """checkpoint.drain: a folder of its own, and restores that find what they read."""
+    drain = ck.drain
+    if drain is None:
+        return
+    fast, pfs = (os.path.abspath(p) for p in (ck.checkpoint_folder, drain.to))
+    if fast == pfs or pfs.startswith(fast + os.sep) or fast.startswith(pfs + os.sep):
+        raise ConfigError(f"checkpoint.drain.to: {drain.to!r} is checkpoint_folder "
+                          f"({ck.checkpoint_folder!r}) or holds it or lies in it; expected a "
+                          "folder of its own (on the parallel file system)")
+    if drain.keep != "all" and drain.restore_from == "fast_tier" and \
+            ck.num_checkpoints_read > 0:
+        raise ConfigError(f"checkpoint.drain.keep: {drain.keep} removes drained checkpoints "
+                          "from checkpoint_folder, where checkpoint.drain.restore_from: "
+                          "fast_tier would read them back; expected keep: all, or "
+                          "restore_from: pfs")
 
 
 # --------------------------------------------------------------------------- entry point

@@ -744,6 +744,28 @@ class Ksm:
 
 
 @dataclass(frozen=True)
+class Drain:
+    """Ours: each checkpoint, once written to checkpoint_folder (the fast tier: a burst
+    buffer, node-local NVMe), copied in the background to `to` (the parallel file system)
+    by the C copy engine (checkpoint/drain.py)."""
+
+    to: str = key("", "str")
+    # which checkpoints stay on the fast tier once drained: all, the last one, none
+    keep: str = key("all", "str", choices=("all", "last", "none"))
+    restore_from: str = key("fast_tier", "str", choices=("fast_tier", "pfs"))
+    odirect: bool = key(False, "bool")  # read the fast tier's files and write the copies so
+    buffer_bytes: int = key(64 << 20, "int", minimum=4096)  # bytes per read and write call
+
+    def __post_init__(self) -> None:
+        if not self.to.strip():
+            raise ConfigError("checkpoint.drain.to: expected the folder to drain checkpoints "
+                              "to (on the parallel file system)")
+        if self.buffer_bytes % 4096:
+            raise ConfigError(f"checkpoint.drain.buffer_bytes: expected a multiple of 4096 "
+                              f"(direct I/O's alignment), got {self.buffer_bytes}")
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     checkpoint_folder: str = key("./checkpoints", "str")
     checkpoint_after_epoch: int = key(1, "int", minimum=0)
@@ -781,6 +803,7 @@ class Checkpoint:
     # snapshot of the rank's share into host memory, written in the background while training
     # goes on; the next save, an evaluation or the run's end waits for the write
     async_write: bool = key(False, "bool")
+    drain: Drain | None = section(Drain, optional=True)  # ours
     # ours: the snapshot copy's pace (bytes/s; a device-to-host copy over PCIe); 0: as fast
     # as memcpy
     snapshot_bytes_per_second: float = key(0, "number", minimum=0)

@@ -249,9 +249,13 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
     return {**sizing, "writer": writer_name(ck), "layout": ck.layout,
             "odirect": bool(ck.odirect), "fsync": bool(ck.fsync),
             "async_write": bool(ck.async_write),
+            "drain": None if ck.drain is None else {
+                "to": ck.drain.to, "keep": ck.drain.keep, "restore_from": ck.drain.restore_from,
+                "odirect": ck.drain.odirect, "buffer_bytes": ck.drain.buffer_bytes},
             "snapshot_bytes_per_rank": _snapshot_bytes(cfg, ranks) if ck.async_write else 0,
             "folder": ck.checkpoint_folder, "saves": saves, "loads": loads, "when": when,
             "bytes_written": saves * sizing["total_bytes"],
+            "bytes_drained": saves * sizing["total_bytes"] if ck.drain is not None else 0,
             "restore_methods": restore_methods(ck) if loads else []}
 
 

@@ -236,11 +236,23 @@ def render_plan(r: Mapping) -> str:
         restore = (f"; restores defeat the page cache by {' + '.join(ck['restore_methods'])}"
                    if ck["restore_methods"] else "")
         lines.append(f"checkpoints     {ck['when']}; {ck['saves']:,} checkpoint(s) "
-                     f"({size_text(ck['bytes_written'])}, all kept) in {ck['folder']}: {writer}, "
+                     f"({size_text(ck['bytes_written'])}, {_kept(ck)}) in {ck['folder']}: "
+                     f"{writer}, "
                      f"O_DIRECT {'on' if ck['odirect'] else 'off'}, fsync "
                      f"{'on' if ck['fsync'] else 'off'}"
                      + (" (dlio-mpi's default, as MLPerf Storage requires; DLIO's is off and "
                         "its fsync never happens)" if ck["fsync"] else "") + restore)
+        if ck.get("drain"):
+            d = ck["drain"]
+            kept = {"all": "all kept there", "last": "the last drained kept there",
+                    "none": "each removed there once drained"}[d["keep"]]
+            lines.append(
+                f"checkpoints     drained to {d['to']} in the background (checkpoint.drain: C "
+                f"copy engine, {size_text(d['buffer_bytes'])} calls, O_DIRECT "
+                f"{'on' if d['odirect'] else 'off'}, fsync {'on' if ck['fsync'] else 'off'}) "
+                f"once complete in {ck['folder']} ({kept}); restores read "
+                f"{'the drained copies' if d['restore_from'] == 'pfs' else ck['folder']}; the "
+                "run ends when every drain is complete")
         if ck.get("async_write"):
             lines.append(
                 "checkpoints     asynchronous (checkpoint.async_write): training stalls for a "
@@ -253,6 +265,13 @@ def render_plan(r: Mapping) -> str:
     lines.extend(f"note            {note}" for note in r["notes"])
     lines.extend(f"warning         {warning}" for warning in r["warnings"])
     return "\n".join(lines)
+
+
+def _kept(ck: dict) -> str:
+    """Which checkpoints the checkpoint folder keeps."""
+    keep = (ck.get("drain") or {}).get("keep", "all")
+    return {"all": "all kept", "last": "the last drained kept",
+            "none": "each removed once drained"}[keep]
 
 
 def _generation(plan: RunPlan) -> dict:

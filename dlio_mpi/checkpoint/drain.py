@@ -1,0 +1,286 @@
+"""checkpoint.drain: each checkpoint, once complete in checkpoint_folder (the fast tier: a
+burst buffer, node-local NVMe), copied in the background to drain.to (the parallel file
+system), as DataWarp's stage-out, Lustre's HSM/PCC or an asynchronous checkpoint's second
+level do; training goes on meanwhile.
+
+- Who copies what: each rank its own part of the checkpoint (file_per_rank and pt_save: its
+  files, whole; shared: its share's byte range of the one file, created by rank 0), in a
+  thread of its own through the C copy engine (_core.Copier, stage-in's: one aligned buffer
+  of drain.buffer_bytes, read and write calls of that size, O_DIRECT on both sides with
+  drain.odirect), each copy fsynced (checkpoint.fsync) and renamed to its final name only
+  when every rank's part is in. Drains queue in the order the checkpoints completed.
+- Ownership: drain.to is claimed as checkpoint_folder is (its lock file for the run, its
+  manifest of the checkpoints drained into it, exclusive temporaries, in-the-way checks and
+  room for every save checked before any I/O).
+- Completion is collective: at each save, evaluation and the run's end the ranks agree on
+  the drains every rank has finished (Drainer.poll), list them complete and apply drain.keep
+  to the fast tier's copies (all: kept; last: the previously drained ones removed; none:
+  this one removed), only ever a checkpoint fully drained. The run ends when every drain is
+  (Drainer.finish_all: the wait reported).
+- A drain cut short (a stop signal, between two calls; out of room; a rank failing) leaves
+  the fast tier's copy; its copy on drain.to, temporaries and listing, is removed as a failed
+  save's is, so nothing there looks complete and a rerun is not blocked. A failure ends the
+  job with the agreed error; a stop ends the drain and the run as the stop does."""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+from dataclasses import dataclass, field
+
+from .. import _core
+from ..errors import JobError, check_all, describe, on_root
+from ..ownership import (
+    FolderLock,
+    create_exclusive,
+    remove_quietly,
+    rename_noreplace,
+    temporary_name,
+)
+from .folder import CheckpointFolder
+from .results import CheckpointRecord, gather_record
+from .sizing import RankShard
+
+SLICE = 256 << 20  # bytes copied between two looks at the stop signal and at close()
+
+
+@dataclass
+class Piece:
+    """Bytes [offset, offset + length) of `src` into the same offsets of `tmp` (length None:
+    the whole file), renamed to `final` by this rank (`own`) or by rank 0 (a shared file)."""
+
+    src: str
+    tmp: str
+    final: str
+    offset: int = 0
+    length: int | None = None
+    own: bool = True
+
+
+@dataclass
+class DrainJob:
+    """One checkpoint's drain on this rank (this rank's clock)."""
+
+    index: int
+    checkpoint_id: str
+    names: list[str]
+    pieces: list[Piece]
+    save_start_ns: int
+    start_ns: int = 0
+    end_ns: int = 0
+    bytes: int = 0
+    syncs: int = 0
+    sync_ns: int = 0
+    outcome: str = ""  # "" under way, "ok", "stopped", or the error's message
+    error: BaseException | None = field(default=None, repr=False)
+
+
+class Drainer:
+    """This rank's drains of the run's checkpoints (collective calls but `close`)."""
+
+    def __init__(self, comm, opts, fast_root: str, shared_file: str | None, starts: list[int],
+                 tag: str, fsync: bool, clock_offset_ns: int = 0) -> None:
+        self.comm, self.opts, self.fast_root, self.tag = comm, opts, fast_root, tag
+        self.root = opts.to
+        self.shared_file, self.starts = shared_file, starts  # the shared layout's file
+        self.fsync, self.clock_offset_ns = fsync, clock_offset_ns
+        self.folder: CheckpointFolder | None = None  # rank 0's, of drain.to
+        self.lock: FolderLock | None = None
+        self.jobs: list[DrainJob] = []      # started, not yet completed by all ranks
+        self._todo: collections.deque[DrainJob] = collections.deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.drained: list[str] = []        # completed, in order (rank 0's keep policy)
+        self.waited_ns = 0                  # finish_all's wait for the last drains
+
+    # ----------------------------------------------------------------- before any I/O
+    def check(self, schedule, checkpoint_bytes: int, check_complete) -> list[str]:
+        """Rank 0, before any I/O: refuse what is in the way on drain.to and is not ours, and
+        too little room there for every save; `check_complete(folder, cid)` for checkpoints
+        restored from drain.to without being saved. Returns what is in the way (ours)."""
+        from .checkpointer import check_checkpoint_space, in_the_way_of
+
+        self.folder = CheckpointFolder(self.root, self.tag)
+        if self.opts.restore_from == "pfs":
+            for cid in schedule.load_ids():
+                if not schedule.saved(cid):
+                    check_complete(self.folder, cid)
+        in_the_way = in_the_way_of(self.root, schedule)
+        self.folder.check_clear(in_the_way)
+        check_checkpoint_space(self.folder, schedule.saves, in_the_way, checkpoint_bytes,
+                               "checkpoint.drain.to")
+        return in_the_way
+
+    def claim(self, in_the_way: list[str]) -> list[str]:
+        """Rank 0, after every check: drain.to made, locked for the run and cleared of our
+        earlier checkpoints in the way (returned)."""
+        os.makedirs(self.root, exist_ok=True)
+        self.lock = FolderLock(self.root, "checkpoint drain")
+        self.lock.acquire()
+        return self.folder.clear(in_the_way)
+
+    # ----------------------------------------------------------------- drains
+    def start(self, index: int, checkpoint_id: str, shard: RankShard, names: list[str],
+              save_start_ns: int) -> None:
+        """Collective, once checkpoint `checkpoint_id` is complete on the fast tier: list it
+        begun on drain.to and queue this rank's part of its copy."""
+        on_root(self.comm, lambda: self.folder.begin(checkpoint_id, names))
+        pieces = self._pieces(checkpoint_id, shard)
+        if self.shared_file is not None:  # rank 0 creates the one copy the ranks write into
+            on_root(self.comm, lambda: os.close(create_exclusive(pieces[0].tmp)))
+        job = DrainJob(index, checkpoint_id, names, pieces, save_start_ns)
+        self.jobs.append(job)
+        with self._cv:
+            self._todo.append(job)
+            self._cv.notify()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="dlio-mpi drain",
+                                            daemon=True)
+            self._thread.start()
+
+    def _pieces(self, checkpoint_id: str, shard: RankShard) -> list[Piece]:
+        def at(root: str, name: str) -> str:
+            return os.path.join(root, checkpoint_id, name)
+
+        if self.shared_file is not None:
+            final = at(self.root, self.shared_file)
+            return [Piece(at(self.fast_root, self.shared_file), temporary_name(final, self.tag),
+                          final, self.starts[shard.rank], shard.nbytes, own=False)]
+        return [Piece(at(self.fast_root, name), temporary_name(at(self.root, name), self.tag),
+                      at(self.root, name)) for name in shard.names]
+
+    def _work(self) -> None:
+        copier = _core.Copier(self.opts.buffer_bytes)
+        while True:
+            with self._cv:
+                while not self._todo and not self._closing:
+                    self._cv.wait()
+                if not self._todo:
+                    return
+                job = self._todo[0]
+            job.start_ns = _core.now_ns()
+            try:
+                stopped = any(self._copy(copier, piece, job) for piece in job.pieces)
+                job.outcome = "stopped" if stopped else "ok"
+            except BaseException as exc:  # told at poll, agreed by every rank there
+                job.error, job.outcome = exc, describe(exc)
+            job.end_ns = _core.now_ns()
+            with self._cv:
+                self._todo.popleft()
+                self._cv.notify_all()
+
+    def _copy(self, copier, piece: Piece, job: DrainJob) -> bool:
+        """One piece; True when a stop signal cut it short."""
+        direct = os.O_DIRECT if self.opts.odirect else 0
+        src = os.open(piece.src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | direct)
+        try:
+            if piece.own:
+                dst = create_exclusive(piece.tmp)
+            else:
+                dst = os.open(piece.tmp, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            try:
+                if direct:  # the copy engine clears it for an unaligned last piece
+                    _set_direct(dst)
+                end = piece.offset + (os.fstat(src).st_size if piece.length is None
+                                      else piece.length)
+                at = piece.offset
+                while at < end:
+                    if _core.stop_signal() or self._closing:
+                        return True
+                    n = min(SLICE, end - at)
+                    copier.copy(src, dst, at, n, piece.src, piece.tmp)
+                    at += n
+                    job.bytes += n
+                if self.fsync:
+                    started = _core.now_ns()
+                    os.fsync(dst)
+                    job.syncs, job.sync_ns = job.syncs + 1, job.sync_ns + _core.now_ns() - started
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        return False
+
+    # ----------------------------------------------------------------- completion
+    def poll(self) -> list[CheckpointRecord]:
+        """Collective: complete the drains every rank has finished; their records."""
+        with self._cv:
+            finished = len(self.jobs) - len(self._todo)
+        ready = min(self.comm.allgather(finished))
+        done, self.jobs = self.jobs[:ready], self.jobs[ready:]
+        return [self._complete(job) for job in done]
+
+    def finish_all(self) -> list[CheckpointRecord]:
+        """Collective: wait for every drain, complete them (the run's end)."""
+        started = _core.now_ns()
+        with self._cv:
+            while self._todo:
+                self._cv.wait()
+        self.waited_ns = max(self.comm.allgather(_core.now_ns() - started))
+        return self.poll()
+
+    def _complete(self, job: DrainJob) -> CheckpointRecord:
+        outcomes = self.comm.allgather(job.outcome)
+        failed = [(rank, o) for rank, o in enumerate(outcomes) if o not in ("ok", "stopped")]
+        if failed or "stopped" in outcomes:
+            self._abandon(job)
+            if failed:
+                raise JobError("; ".join(sorted({o for _, o in failed})))
+        else:
+            try:
+                check_all(self.comm, lambda: [rename_noreplace(p.tmp, p.final)
+                                              for p in job.pieces if p.own])
+                if self.shared_file is not None:
+                    on_root(self.comm, lambda: rename_noreplace(job.pieces[0].tmp,
+                                                                job.pieces[0].final))
+                on_root(self.comm, lambda: self.folder.complete(job.checkpoint_id, job.names))
+            except JobError:
+                self._abandon(job)
+                raise
+        record = gather_record(self.comm, "drain", job.index, job.checkpoint_id, job.bytes,
+                               job.start_ns, job.end_ns, job.syncs, job.sync_ns,
+                               self.clock_offset_ns)
+        durable = max(self.comm.allgather(job.end_ns - job.save_start_ns)) / 1e9
+        drained = "stopped" not in outcomes
+        if drained and self.comm.Get_rank() == 0:
+            self.drained.append(job.checkpoint_id)
+        return record.with_drain({"complete": drained, "durable_seconds": durable,
+                                  "to": os.path.join(self.root, job.checkpoint_id)})
+
+    def _abandon(self, job: DrainJob) -> None:
+        """No copy of `job` stays on drain.to, nor its listing (the fast tier's is kept)."""
+        check_all(self.comm, lambda: remove_quietly([p.tmp for p in job.pieces if p.own]))
+        on_root(self.comm, lambda: self.folder.abandon(job.checkpoint_id))
+
+    def fast_copies_to_remove(self, keep: str) -> list[str]:
+        """Rank 0: the fast tier's drained checkpoints drain.keep lets go of (none: every
+        one drained; last: all but the last drained; all: none)."""
+        if keep == "none":
+            return list(self.drained)
+        if keep == "last":
+            return self.drained[:-1]
+        return []
+
+    def close(self) -> None:
+        """This rank alone, however the run ends: drains not begun dropped, the one under
+        way stopped after its current call, this rank's temporaries of drains not completed
+        removed (a shared copy's by rank 0)."""
+        with self._cv:
+            self._closing = True
+            while len(self._todo) > (1 if self._thread is not None else 0):
+                self._todo.pop()
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+        for job in self.jobs:
+            remove_quietly([p.tmp for p in job.pieces if p.own or self.comm.Get_rank() == 0])
+        self.jobs = []
+
+
+def _set_direct(fd: int) -> None:
+    import fcntl
+
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+
