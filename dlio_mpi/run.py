@@ -405,6 +405,7 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
             break
     if checkpoints is not None:  # the run ends when the last save is written and drained
         checkpoints.finish(out, final=True)
+        stop = stop or agreed_stop(comm)  # a signal that cut a drain short
     # Closed only on success: on an error the job aborts at once, without waiting for reads
     # in flight (a stuck one would otherwise hold the abort back).
     described = {phase.name: phase.reader.describe() for phase in phases}

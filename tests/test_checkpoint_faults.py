@@ -181,3 +181,88 @@ def test_two_jobs_sharing_a_checkpoint_folder_one_is_refused(tmp_path):
     c = subprocess.run(_command(tmp_path / "c", folder), capture_output=True, text=True,
                        timeout=120)
     assert c.returncode == 0, c.stderr
+
+
+def _drained(folder) -> dict:
+    return _complete(folder)
+
+
+def _bytes_in(folder) -> int:
+    """The bytes of `folder`'s files (a drain's copies under their temporary names)."""
+    try:
+        with os.scandir(folder) as entries:
+            return sum(e.stat().st_size for e in entries)
+    except FileNotFoundError:
+        return 0
+
+
+def test_a_drain_out_of_room_ends_the_job_keeps_the_fast_tier_and_leaves_no_copy(tmp_path,
+                                                                                small_fs):
+    """checkpoint.drain to a small tmpfs that someone else fills after the first drain: the
+    second drain runs out of room; the job ends naming the file, the fast tier keeps both
+    checkpoints complete, and drain.to holds only the first, complete."""
+    fast, pfs = tmp_path / "fast", small_fs / "pfs"
+    job = subprocess.Popen(_command(tmp_path, fast, "checkpoint.time_between_checkpoints=3",
+                                    f"checkpoint.drain={{to: {pfs}, keep: all}}"),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while _bytes_in(pfs / "global_epoch1_step1") != 2 * SHARE:  # copied, 3 s before save 2
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.05)
+        st = os.statvfs(small_fs)
+        with open(small_fs / "someone_elses_file", "wb") as fp:
+            fp.write(b"\0" * (st.f_bavail * st.f_frsize - 2 * MiB))
+        out, err = job.communicate(timeout=60)
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise
+    assert job.returncode == 2, (out, err)
+    second = pfs / "global_epoch1_step2"
+    assert "No space left on device" in err and str(second) in err, err
+    assert err.count("dlio-mpi: error") == 1, err
+    assert _complete(fast) == {"global_epoch1_step1": True, "global_epoch1_step2": True}
+    assert _drained(pfs) == {"global_epoch1_step1": True}
+    assert not second.exists()  # its copy and temporaries removed
+    assert sorted(os.listdir(pfs)) == ["dlio_mpi_checkpoints.json", "global_epoch1_step1"]
+    assert (small_fs / "someone_elses_file").exists()
+
+
+def test_a_stop_signal_cuts_a_drain_short_the_fast_tier_kept_and_a_rerun_works(tmp_path):
+    """SIGTERM (a scheduler's time limit) during a drain of 2 x 768 MiB: the drain stops
+    after its current call, the job ends as a stopped run does (128 + 15), the fast tier's
+    checkpoint stays complete, drain.to holds nothing that looks complete, and the next run
+    drains into it."""
+    fast, pfs = tmp_path / "fast", tmp_path / "pfs"
+    settings = [s for s in _settings(tmp_path, fast, writes=1)
+                if not s.startswith("model.model_size_bytes")]
+    command = _dlio_mpi(2, "run", "llama_7b", *settings, "model.model_size_bytes=805306368",
+                        "checkpoint.time_between_checkpoints=0",
+                        f"checkpoint.drain={{to: {pfs}, buffer_bytes: 4194304}}")
+    job = subprocess.Popen(command,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        copy = pfs / "global_epoch1_step1"
+        while not _bytes_in(copy):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.01)
+        os.killpg(job.pid, signal.SIGTERM)
+        out, err = job.communicate(timeout=60)
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise
+    assert job.returncode == 128 + signal.SIGTERM, (out, err)
+    assert _complete(fast) == {"global_epoch1_step1": True}
+    assert _drained(pfs) == {}
+    assert not copy.exists()
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    drains = [r for r in summary["dlio_mpi"]["checkpoint"]["records"] if r["kind"] == "drain"]
+    assert [d["drain"]["complete"] for d in drains] == [False]
+    res = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert _drained(pfs) == {"global_epoch1_step1": True}

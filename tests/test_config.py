@@ -451,7 +451,7 @@ ACTING = {
     "checkpoint.num_checkpoints_write", "checkpoint.num_checkpoints_read",
     "checkpoint.recovery_rank_shift", "checkpoint.rank_sync", "checkpoint.checkpoint_mechanism",
     "checkpoint.layout", "checkpoint.odirect", "checkpoint.mpiio_hints",
-    "checkpoint.async_write", "checkpoint.snapshot_bytes_per_second",
+    "checkpoint.async_write", "checkpoint.snapshot_bytes_per_second", "checkpoint.drain",
     # the framework engine (issue 9, readers/torch_loader.py); the plan notes the last two
     # with reader.engine native
     "reader.engine", "reader.pin_memory", "reader.multiprocessing_context",
@@ -521,7 +521,8 @@ def test_values_not_implemented_yet_are_refused(override, accepted):
 
 
 PATH_KEYS = ("storage.storage_root", "dataset.data_folder", "checkpoint.checkpoint_folder",
-             "output.folder", "output.log_file", "storage.stage_in.to", "reader.cache.folder")
+             "output.folder", "output.log_file", "storage.stage_in.to", "reader.cache.folder",
+             "checkpoint.drain.to")
 
 
 @pytest.mark.parametrize("storage_type", ["local_fs", "parallel_fs"])
@@ -541,7 +542,8 @@ def test_every_path_key_of_the_schema_refuses_a_url():
     named = {k for k in schema_keys() if k.rpartition(".")[2] in (
         "to", "folder", "data_folder", "checkpoint_folder", "log_file", "storage_root")}
     assert named == set(PATH_KEYS)
-    cfg = load_config("demo", ["storage.stage_in.to=/x", "reader.cache.folder=/y"])
+    cfg = load_config("demo", ["storage.stage_in.to=/x", "reader.cache.folder=/y",
+                              "checkpoint.drain={to: /z}"])
     assert {k for k, _ in path_keys(cfg)} == set(PATH_KEYS)
 
 

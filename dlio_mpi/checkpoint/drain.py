@@ -4,7 +4,8 @@ system), as DataWarp's stage-out, Lustre's HSM/PCC or an asynchronous checkpoint
 level do; training goes on meanwhile.
 
 - Who copies what: each rank its own part of the checkpoint (file_per_rank and pt_save: its
-  files, whole; shared: its share's byte range of the one file, created by rank 0), in a
+  files, whole; shared: the one file, created by rank 0, cut at the page boundaries below
+  the ranks' shares: each rank its share's range, give or take a page), in a
   thread of its own through the C copy engine (_core.Copier, stage-in's: one aligned buffer
   of drain.buffer_bytes, read and write calls of that size, O_DIRECT on both sides with
   drain.odirect), each copy fsynced (checkpoint.fsync) and renamed to its final name only
@@ -42,6 +43,7 @@ from .folder import CheckpointFolder
 from .results import CheckpointRecord, gather_record
 from .sizing import RankShard
 
+PAGE = 4096  # a shared file's parts start at multiples of this (O_DIRECT's alignment)
 SLICE = 256 << 20  # bytes copied between two looks at the stop signal and at close()
 
 
@@ -144,10 +146,13 @@ class Drainer:
         def at(root: str, name: str) -> str:
             return os.path.join(root, checkpoint_id, name)
 
-        if self.shared_file is not None:
-            final = at(self.root, self.shared_file)
+        if self.shared_file is not None:  # the file cut at page boundaries (O_DIRECT)
+            final, r = at(self.root, self.shared_file), shard.rank
+            start = self.starts[r] // PAGE * PAGE
+            end = (self.starts[r + 1] // PAGE * PAGE if r + 1 < len(self.starts)
+                   else self.starts[r] + shard.nbytes)
             return [Piece(at(self.fast_root, self.shared_file), temporary_name(final, self.tag),
-                          final, self.starts[shard.rank], shard.nbytes, own=False)]
+                          final, start, end - start, own=False)]
         return [Piece(at(self.fast_root, name), temporary_name(at(self.root, name), self.tag),
                       at(self.root, name)) for name in shard.names]
 

@@ -121,6 +121,9 @@ def run_checkpoint_only(comm, cfg, ckpt: Checkpointer, say) -> tuple[list[Checkp
         # the loads read complete checkpoints, drained (no drain beside their reads); the
         # run ends written
         done(ckpt.finish(final=True))
+        stop = comm.allreduce(_core.stop_signal(), op=MPI.MAX)  # one that cut a drain short
+        if stop:
+            return records, stop
     return records, 0
 
 

@@ -1,0 +1,119 @@
+"""checkpoint.drain under mpiexec -n 2 and -n 3, in-process: every checkpoint, once complete on
+the fast tier, is copied to drain.to byte for byte (both layouts, with and without O_DIRECT,
+synchronous and asynchronous saves), listed complete there, and restored from there with
+restore_from: pfs; drain.keep leaves the fast tier the checkpoints it says; what is in
+drain.to's way and not ours is refused before any I/O."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+
+import pytest
+
+pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(180)]
+
+MiB = 2**20
+IDS = ["global_epoch1_step1", "global_epoch1_step2", "global_epoch1_step3"]
+
+
+def _comm():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _run(folder, drain: str, reads: int = 0, **values):
+    """A checkpoint-only run: 3 saves of a few MiB (ZeRO 3: every rank writes a share of a
+    length that is no multiple of a page), drained to folder/pfs, then `reads` restores."""
+    from dlio_mpi.config import load_config
+    from dlio_mpi.run import run
+
+    settings = {"workflow.train": "false", "workflow.generate_data": "false",
+                "workflow.checkpoint": "true", "model.model_size_bytes": 3 * MiB + 12345,
+                "model.parallelism.zero_stage": 3,
+                "checkpoint.checkpoint_folder": str(folder / "fast"),
+                "checkpoint.drain": f"{{to: {folder / 'pfs'}, {drain}}}",
+                "output.folder": str(folder / "out"), "checkpoint.num_checkpoints_write": 3,
+                "checkpoint.num_checkpoints_read": reads,
+                "checkpoint.time_between_checkpoints": 0.1, **values}
+    cfg = load_config("demo", [f"{k}={v}" for k, v in settings.items()])
+    return run(_comm(), cfg)
+
+
+def _digests(folder) -> dict[str, str]:
+    out = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if not name.startswith("dlio_mpi"):
+                path = os.path.join(root, name)
+                with open(path, "rb") as fp:
+                    out[os.path.relpath(path, folder)] = hashlib.sha256(fp.read()).hexdigest()
+    return out
+
+
+def _complete(folder) -> dict[str, bool]:
+    body = json.loads((folder / "dlio_mpi_checkpoints.json").read_text())
+    return {cid: entry["complete"] for cid, entry in body["checkpoints"].items()}
+
+
+@pytest.mark.parametrize(("layout", "odirect", "asynchronous"), [
+    ("file_per_rank", False, False), ("file_per_rank", True, True),
+    ("shared", False, True), ("shared", True, False)])
+def test_every_checkpoint_is_drained_byte_for_byte(shared_tmp, layout, odirect, asynchronous):
+    comm = _comm()
+    summary = _run(shared_tmp, f"odirect: {str(odirect).lower()}",
+                   **{"checkpoint.layout": layout,
+                      "checkpoint.async_write": str(asynchronous).lower()})
+    comm.Barrier()
+    fast, pfs = _digests(shared_tmp / "fast"), _digests(shared_tmp / "pfs")
+    assert fast and pfs == fast  # keep: all
+    assert {f.split(os.sep)[0] for f in pfs} == set(IDS)
+    assert _complete(shared_tmp / "pfs") == dict.fromkeys(IDS, True)
+    assert _complete(shared_tmp / "fast") == dict.fromkeys(IDS, True)
+    records = summary["dlio_mpi"]["checkpoint"]["records"]
+    saves = {r["checkpoint_id"]: r for r in records if r["kind"] == "save"}
+    drains = {r["checkpoint_id"]: r for r in records if r["kind"] == "drain"}
+    assert sorted(drains) == IDS
+    for cid, drain in drains.items():
+        if layout == "shared":  # the whole file, with the gaps between aligned shares
+            size = os.path.getsize(shared_tmp / "fast" / cid / "shared_model_optim_states.pt")
+            assert drain["bytes"] == size >= saves[cid]["bytes"]
+        else:
+            assert drain["bytes"] == saves[cid]["bytes"]  # every rank's files, once
+        assert drain["drain"]["complete"] and drain["drain"]["to"].endswith(cid)
+        # durable after the save's own time and the copy's
+        assert drain["drain"]["durable_seconds"] >= drain["duration_seconds"]
+        assert drain["syncs"] == comm.size  # each rank syncs its copy
+    described = summary["dlio_mpi"]["checkpoint"]["drain"]
+    assert described["drained"] == 3 and described["GiB_per_second_mean"] > 0
+
+
+@pytest.mark.parametrize(("keep", "left"), [("last", IDS[-1:]), ("none", [])])
+def test_keep_leaves_the_fast_tier_what_it_says_and_restores_read_the_drained(shared_tmp, keep,
+                                                                             left):
+    comm = _comm()
+    summary = _run(shared_tmp, f"keep: {keep}, restore_from: pfs", reads=2)
+    comm.Barrier()
+    assert sorted(e for e in os.listdir(shared_tmp / "fast") if e.startswith("global")) == left
+    assert sorted(_complete(shared_tmp / "fast")) == left
+    assert _complete(shared_tmp / "pfs") == dict.fromkeys(IDS, True)
+    loads = [r for r in summary["dlio_mpi"]["checkpoint"]["records"] if r["kind"] == "load"]
+    assert [r["checkpoint_id"] for r in loads] == IDS[:2]  # read, and checked, from pfs
+    assert all(r["bytes"] > 0 for r in loads)
+
+
+def test_what_is_in_drain_to_s_way_and_not_ours_is_refused_before_any_io(shared_tmp):
+    from dlio_mpi.errors import JobError
+
+    comm = _comm()
+    if comm.rank == 0:
+        os.makedirs(shared_tmp / "pfs" / IDS[1])
+        (shared_tmp / "pfs" / IDS[1] / "mine").write_text("the user's")
+    comm.Barrier()
+    with pytest.raises(JobError, match=f"{shared_tmp / 'pfs' / IDS[1]}"):
+        _run(shared_tmp, "keep: all")
+    assert not (shared_tmp / "fast").exists()  # nothing written on either tier
+    assert sorted(os.listdir(shared_tmp / "pfs")) == [IDS[1]]
+    assert (shared_tmp / "pfs" / IDS[1] / "mine").read_text() == "the user's"
