@@ -187,15 +187,21 @@ def remove_dataset(args: list[str]) -> None:
 # ------------------------------------------------------------------------------- overhead
 
 
+def _overhead_args(work: Path, name: str) -> list[str]:
+    """`overhead`'s case (4 KiB samples, batch 4, 1 read thread: storage out of the way) in
+    DIR/NAME-data, its output in DIR/NAME-out; no computation_time (each run gives its own)."""
+    return ["demo", *overrides(
+        dataset__data_folder=work / f"{name}-data", output__folder=work / f"{name}-out",
+        dataset__format="indexed_binary", dataset__num_files_train=8,
+        dataset__num_samples_per_file=2000, dataset__record_dims="[4096]",
+        dataset__record_length_bytes_stdev=0, reader__batch_size=4, reader__read_threads=1,
+        reader__file_shuffle="off", reader__sample_shuffle="seed", train__epochs=3)]
+
+
 def bench_overhead(work: Path) -> dict:
     """AU and the emulator's overhead per step with storage out of the way, beside the C probe."""
-    data, out = work / "overhead-data", work / "overhead-out"
-    common = ["demo", *overrides(
-        dataset__data_folder=data, output__folder=out, dataset__format="indexed_binary",
-        dataset__num_files_train=8, dataset__num_samples_per_file=2000,
-        dataset__record_dims="[4096]", dataset__record_length_bytes_stdev=0,
-        reader__batch_size=4, reader__read_threads=1, reader__file_shuffle="off",
-        reader__sample_shuffle="seed", train__epochs=3)]
+    common = _overhead_args(work, "overhead")
+    out = work / "overhead-out"
     dlio(["generate", *common])
     probe = build(work, "step_probe.c", "mpicc")
     results = {}
@@ -1116,6 +1122,213 @@ def bench_formats(work: Path) -> dict:
     return {"sample_bytes": FORMAT_SAMPLE, "runs": runs, "targets": FORMAT_TARGETS}
 
 
+# ------------------------------------------------------------------------------- parquet
+
+
+PARQUET_WORKLOAD = "mlperf/dlrm_mi355"  # 200 typed columns, 40 read: 160 of 761 bytes a row
+PARQUET_FILES, PARQUET_ROWS = 32, 12288  # 2 row groups of 6,144 rows a file: 338 MiB
+PARQUET_RANKS = 2
+PARQUET_STEP_S = 0.000375                # dlrm's step (issue 22's target: overhead < 20 us)
+PARQUET_TARGET_US = 20.0
+PARQUET_CASES = {  # label: (batch a rank, computation_time, epochs)
+    "dlrm": (18432, PARQUET_STEP_S, 12),    # the workload's batch: 10 steps an epoch
+    "no_compute": (18432, 0, 12),           # the same, its read cost per step
+    "batch1024": (1024, PARQUET_STEP_S, 4),  # 1/18 of it: reading keeps up with the steps
+}
+
+
+def _parquet_args(work: Path, label: str) -> tuple[list[str], Path]:
+    """The scaled dlrm workload's overrides for one case of PARQUET_CASES (its batch, compute
+    and epochs; generation ignores them), and the case's output folder."""
+    batch, compute_s, epochs = PARQUET_CASES.get(label, PARQUET_CASES["dlrm"])
+    out = work / f"parquet-out-{label}"
+    return [PARQUET_WORKLOAD, *overrides(
+        dataset__data_folder=work / "parquet-data", output__folder=out,
+        dataset__num_files_train=PARQUET_FILES, dataset__num_samples_per_file=PARQUET_ROWS,
+        reader__batch_size=batch, reader__read_threads=1, train__epochs=epochs,
+        train__computation_time=compute_s, output__access_log="true")], out
+
+
+def _step_figures(out: Path) -> dict:
+    """A run's overhead per step (summary.json's parts, over all epochs; the total's median
+    over epochs 2-N, the first warming up), AU, us per step (epochs 2-N) and bytes a sample."""
+    s = summary(out)
+    m, d = s["metric"], s["dlio_mpi"]
+    epochs = list(json.loads((out / "per_epoch_stats.json").read_text()).values())
+    warm_epochs = epochs[1:]
+    samples = sum(e["steps"] for e in epochs) * d["batch_size"] * PARQUET_RANKS
+    return {"overhead_us_per_step": {k: v["median"] for k, v in
+                                     m["train_emulator_overhead_us_per_step"].items()},
+            "overhead_us_per_step_warm_median": statistics.median(
+                e["emulator_overhead_us_per_step"] for e in warm_epochs),
+            "au_mean": m["train_au_mean_percentage"],
+            "us_per_step_warm_median": statistics.median(
+                e["duration"] / e["steps"] * 1e6 for e in warm_epochs),
+            "bytes_read_per_sample": m["train_bytes_read"] / samples,
+            "bytes_transferred_per_sample": m["train_bytes_transferred"] / samples,
+            "steps_per_epoch": d["steps_per_epoch"], "batch_size": d["batch_size"],
+            "spin_us_now": d["pacing"]["compute_spin_us_now"]["median"]}
+
+
+def _parquet_groups(work: Path, out: Path) -> tuple[list[list[tuple[int, int]]], dict]:
+    """What dlio-mpi read in epoch 2 (its access log): per rank, the (file, row group) pairs in
+    the order first read; and the files' paths, the column names read, each row group's
+    coalesced column-chunk reads and a file's footer reads."""
+    import numpy as np
+
+    from dlio_mpi.config import load_config
+    from dlio_mpi.data.dataset import describe_dataset
+
+    args, _ = _parquet_args(work, "dlrm")
+    cfg = load_config(args[0], args[1:])
+    split = describe_dataset(cfg)["train"]
+    units = split.expected_layouts().units()
+    order = []
+    for rank in range(PARQUET_RANKS):
+        ids = np.load(out / "access_log" / f"epoch2_rank{rank}.npy")
+        keys = ids // split.samples_per_file * units.count + (
+            ids % split.samples_per_file) // units.per_unit
+        _, first = np.unique(keys, return_index=True)
+        order.append([divmod(int(k), units.count) for k in keys[np.sort(first)]])
+    part_offset, part_length = units.pieces()
+    extents = {"groups": [[(int(o), int(n)) for o, n in zip(po, pl) if n > 0]
+                          for po, pl in zip(part_offset, part_length)],
+               "footer": [(int(o), int(n)) for o, n in zip(units.open_offset,
+                                                           units.open_length) if n > 0],
+               "paths": [split.path(f) for f in range(PARQUET_FILES)],
+               "columns": [c.name for c in cfg.dataset.parquet.columns if c.read]}
+    return order, extents
+
+
+def _pyarrow_rank(paths: list[str], pairs: list[tuple[int, int]], columns: list[str],
+                  start) -> float:
+    """One reference process: pq.ParquetFile(path) at a file's first use (its footer), then
+    read_row_group(g, columns=...) of each pair in turn; its seconds."""
+    import pyarrow.parquet as pq
+
+    start.wait()
+    t0 = time.perf_counter()
+    opened: dict = {}
+    for f, g in pairs:
+        if f not in opened:
+            opened[f] = pq.ParquetFile(paths[f])
+        opened[f].read_row_group(g, columns=columns)
+    return time.perf_counter() - t0
+
+
+def _pyarrow_loop(extents: dict, order: list, repeats: int = 5) -> list[float]:
+    """pyarrow reading the same row groups' same columns, one process a rank, all at once:
+    each repeat's slowest process's seconds."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    runs = []
+    with mp.Manager() as manager, ProcessPoolExecutor(len(order)) as pool:
+        for _ in range(repeats):
+            start = manager.Barrier(len(order))
+            futures = [pool.submit(_pyarrow_rank, extents["paths"], pairs,
+                                   extents["columns"], start) for pairs in order]
+            runs.append(max(f.result() for f in futures))
+    return runs
+
+
+def _raw_loop(work: Path, extents: dict, order: list, repeats: int = 5) -> list[float]:
+    """raw_pread.c over the same extents (each file's footer at its first use, then the row
+    groups' coalesced column-chunk reads), one thread a rank: each repeat's seconds."""
+    lines = []
+    for pairs in order:
+        seen: set = set()
+        for f, g in pairs:
+            reads = ([] if f in seen else extents["footer"]) + extents["groups"][g]
+            seen.add(f)
+            lines += [f"{extents['paths'][f]} {o} {n}" for o, n in reads]
+    listing = work / "parquet-requests.txt"
+    listing.write_text("\n".join(lines) + "\n")
+    exe = build(work, "raw_pread.c", flags=("-pthread",))
+    runs = []
+    for _ in range(repeats):
+        text = sh([exe, "-t", str(len(order)), "-r", "1", str(listing)]).stdout
+        runs.append(float(re.search(r"seconds=([\d.e+-]+)", text).group(1)))
+    listing.unlink()
+    return runs
+
+
+def bench_parquet(work: Path, rounds: int = 3) -> dict:
+    """The scaled dlrm parquet workload from the page cache, 2 ranks x 1 read thread: the
+    emulator's overhead per step at dlrm's 0.375 ms step (issue 22's target: < 20 us) at the
+    workload's batch and at 1/18 of it, beside `overhead`'s case (no I/O to speak of) in the
+    same rounds; and the read cost per step with no compute beside pyarrow's read_row_group
+    loop and a C pread loop over the same row groups (epoch 2's access log)."""
+    args, _ = _parquet_args(work, "dlrm")
+    control = _overhead_args(work, "parquet-control")
+    dlio(["generate", *args])
+    dlio(["generate", *control])
+    warm(work / "parquet-data")
+    runs: dict = {**{label: [] for label in (*PARQUET_CASES, "control")},
+                  "pyarrow": [], "raw_pread": []}
+    for _ in range(rounds):  # the cases take turns, so that drift hits them alike
+        for label in PARQUET_CASES:
+            case, out = _parquet_args(work, label)
+            dlio(["run", *case])
+            runs[label].append(_step_figures(out))
+        dlio(["run", *control, f"train.computation_time={PARQUET_STEP_S}"])
+        runs["control"].append(_step_figures(work / "parquet-control-out"))
+        order, extents = _parquet_groups(work, work / "parquet-out-no_compute")
+        runs["pyarrow"] += _pyarrow_loop(extents, order)
+        runs["raw_pread"] += _raw_loop(work, extents, order)
+    remove_dataset(args)
+    remove_dataset(control)
+    result = _parquet_result(runs)
+    _print_parquet(result)
+    return result
+
+
+def _parquet_result(runs: dict) -> dict:
+    """Medians over the rounds (and their range), ratios to the target and the references."""
+    med = statistics.median
+    cases = {}
+    for label in (*PARQUET_CASES, "control"):
+        totals = [r["overhead_us_per_step"]["total"] for r in runs[label]]
+        cases[label] = {
+            "overhead_us_per_step": med(totals), "range": [min(totals), max(totals)],
+            "parts_us": {k: med(r["overhead_us_per_step"][k] for r in runs[label])
+                         for k in runs[label][0]["overhead_us_per_step"] if k != "total"},
+            "over_target": med(totals) / PARQUET_TARGET_US,
+            "au_mean": med(r["au_mean"] for r in runs[label]),
+            "us_per_step": med(r["us_per_step_warm_median"] for r in runs[label]),
+            "batch_size": runs[label][0]["batch_size"]}
+    steps = runs["dlrm"][0]["steps_per_epoch"]
+    ours = cases["no_compute"]["us_per_step"]
+    ref = {name: med(runs[name]) / steps * 1e6 for name in ("pyarrow", "raw_pread")}
+    return {"workload": PARQUET_WORKLOAD, "files": PARQUET_FILES,
+            "rows_per_file": PARQUET_ROWS, "ranks": PARQUET_RANKS,
+            "computation_time": PARQUET_STEP_S, "target_us": PARQUET_TARGET_US,
+            "cases": cases, "runs": runs,
+            "bytes_read_per_sample": runs["dlrm"][0]["bytes_read_per_sample"],
+            "bytes_transferred_per_sample": runs["dlrm"][0]["bytes_transferred_per_sample"],
+            "read_us_per_step": {"dlio_mpi": ours, **ref},
+            "read_over_pyarrow": ours / ref["pyarrow"],
+            "read_over_raw_pread": ours / ref["raw_pread"]}
+
+
+def _print_parquet(r: dict) -> None:
+    print(f"parquet ({r['workload']} scaled: {r['files']} files x {r['rows_per_file']} rows, "
+          f"{r['ranks']} ranks x 1 read thread, page cache; "
+          f"{r['bytes_read_per_sample']:.1f} bytes read a sample, "
+          f"{r['bytes_transferred_per_sample']:.1f} transferred):", flush=True)
+    for label, c in r["cases"].items():
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in c["parts_us"].items())
+        print(f"  {label:11} batch {c['batch_size']:5}: overhead {c['overhead_us_per_step']:7.1f} "
+              f"us/step ({c['range'][0]:.1f}-{c['range'][1]:.1f}; {parts}), "
+              f"{c['over_target']:.2f}x the {r['target_us']:g} us target; AU "
+              f"{c['au_mean']:.2f} %, {c['us_per_step']:.0f} us a step", flush=True)
+    us = r["read_us_per_step"]
+    print(f"  read cost per step of batch {r['cases']['no_compute']['batch_size']} (no compute): "
+          f"dlio-mpi {us['dlio_mpi']:.0f} us, pyarrow read_row_group loop {us['pyarrow']:.0f} us "
+          f"({r['read_over_pyarrow']:.2f}x), C pread loop {us['raw_pread']:.0f} us "
+          f"({r['read_over_raw_pread']:.2f}x)", flush=True)
+
+
 # ------------------------------------------------------------------------------- loaders
 
 
@@ -1327,8 +1540,8 @@ def bench_fidelity(work: Path) -> dict:
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
               "trace": bench_trace, "stagein": bench_stagein, "tiers": bench_tiers,
               "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
-              "formats": bench_formats, "loaders": bench_loaders, "startup": bench_startup,
-              "fidelity": bench_fidelity}
+              "formats": bench_formats, "parquet": bench_parquet, "loaders": bench_loaders,
+              "startup": bench_startup, "fidelity": bench_fidelity}
 
 
 def main() -> None:
