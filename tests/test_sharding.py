@@ -52,6 +52,16 @@ def test_file_shuffle_keeps_samples_of_a_file_together():
     assert list(order[:, 0] // 3) != list(range(10))
 
 
+@pytest.mark.parametrize("samples", ["off", "seed"])
+def test_file_order_is_the_same_through_a_table_of_files_or_per_sample(samples):
+    # a slice longer than the file count permutes a table of the files; a shorter one each id
+    shuffle = epoch_shuffle(ShuffleSpec("seed", samples, seed=9), 3)
+    whole = order_slice(40, 25, shuffle, 0, 1000)
+    pieces = [order_slice(40, 25, shuffle, start, min(7, 1000 - start))
+              for start in range(0, 1000, 7)]
+    assert np.array_equal(whole, np.concatenate(pieces))
+
+
 @pytest.mark.parametrize("ranks", [1, 2, 3, 7])
 def test_rank_shards_partition_the_kept_samples(ranks):
     shuffle = epoch_shuffle(ShuffleSpec("seed", "seed", seed=3), 2)

@@ -79,7 +79,12 @@ def order_slice(num_files: int, samples_per_file: int, shuffle: EpochShuffle, st
         _core.permute(num_files * samples_per_file, shuffle.sample_key, ids)
     if shuffle.file_key is not None:
         files, within = np.divmod(ids, samples_per_file)
-        _core.permute(num_files, shuffle.file_key, files)
+        if len(files) > num_files:  # each file's place once, not once per sample
+            table = np.arange(num_files, dtype=np.int64)
+            _core.permute(num_files, shuffle.file_key, table)
+            files = table[files]
+        else:
+            _core.permute(num_files, shuffle.file_key, files)
         ids = files * samples_per_file + within
     return ids
 
