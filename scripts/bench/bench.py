@@ -58,6 +58,14 @@
             tfrecord, hdf5, npy), the same 128 KiB samples read by extent, 2 ranks, page cache
             warm, no compute: samples/s beside indexed_binary's (issue 9's target: tfrecord and
             contiguous hdf5 >= 0.8x).
+  parquet:  MLPerf Storage's dlrm parquet workload (mlperf/dlrm_mi355: 200 typed columns, 40 of
+            them read, 160 of 761 bytes a row; batch 18,432), scaled to 32 files x 12,288 rows
+            (338 MiB) in the page cache, 2 ranks x 1 read thread: the emulator's overhead per
+            step at dlrm's 0.375 ms step (issue 22's target: < 20 us), at the workload's batch
+            and at batch 1,024 (1 and 2 ranks), beside `overhead`'s case (no I/O to speak of)
+            in the same rounds; the read cost per step with no compute beside pyarrow's
+            read_row_group(g, columns=...) loop (one process a rank) and raw_pread.c over the
+            same row groups' column-chunk extents (epoch 2's access log). 3 rounds, medians.
   loaders:  110 KB npz samples (1 per file, 2048 files), batch 32, 2 ranks, no compute, page
             cache warm, for DLIO's pytorch and tensorflow loaders: the native engine (that
             loader's access pattern), the framework engine (a real torch DataLoader with 2
@@ -73,7 +81,8 @@
 
 Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
   python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [trace] [large] [mpiio]
-                                     [checkpoint] [formats] [loaders] [startup] [fidelity]
+                                     [checkpoint] [formats] [parquet] [loaders] [startup]
+                                     [fidelity]
 DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large` and
 `checkpoint`. The figures are printed and saved to DIR/results.json (each benchmark's under its
 name, the others' kept). Each benchmark's files are under DIR, named after it (mpiio:
@@ -1130,33 +1139,37 @@ PARQUET_FILES, PARQUET_ROWS = 32, 12288  # 2 row groups of 6,144 rows a file: 33
 PARQUET_RANKS = 2
 PARQUET_STEP_S = 0.000375                # dlrm's step (issue 22's target: overhead < 20 us)
 PARQUET_TARGET_US = 20.0
-PARQUET_CASES = {  # label: (batch a rank, computation_time, epochs)
-    "dlrm": (18432, PARQUET_STEP_S, 12),    # the workload's batch: 10 steps an epoch
-    "no_compute": (18432, 0, 12),           # the same, its read cost per step
-    "batch1024": (1024, PARQUET_STEP_S, 4),  # 1/18 of it: reading keeps up with the steps
+PARQUET_CASES = {  # label: (ranks, batch a rank, computation_time, epochs, read threads)
+    "dlrm": (2, 18432, PARQUET_STEP_S, 12, 1),    # the workload's batch: 10 steps an epoch
+    "no_compute": (2, 18432, 0, 12, 1),           # the same, its read cost per step
+    "no_compute_inline": (2, 18432, 0, 12, 0),    # read by the step loop's thread: no hand-off
+    "batch1024": (2, 1024, PARQUET_STEP_S, 4, 1),  # 1/18 of it: reading keeps up
+    "batch1024_1rank": (1, 1024, PARQUET_STEP_S, 2, 1),  # one rank's 2 threads on 2 cores
 }
+PARQUET_CONTROLS = {"control": 2, "control_1rank": 1}  # `overhead`'s case: label -> ranks
 
 
 def _parquet_args(work: Path, label: str) -> tuple[list[str], Path]:
     """The scaled dlrm workload's overrides for one case of PARQUET_CASES (its batch, compute
     and epochs; generation ignores them), and the case's output folder."""
-    batch, compute_s, epochs = PARQUET_CASES.get(label, PARQUET_CASES["dlrm"])
+    _, batch, compute_s, epochs, threads = PARQUET_CASES[label]
     out = work / f"parquet-out-{label}"
     return [PARQUET_WORKLOAD, *overrides(
         dataset__data_folder=work / "parquet-data", output__folder=out,
         dataset__num_files_train=PARQUET_FILES, dataset__num_samples_per_file=PARQUET_ROWS,
-        reader__batch_size=batch, reader__read_threads=1, train__epochs=epochs,
-        train__computation_time=compute_s, output__access_log="true")], out
+        reader__batch_size=batch, reader__read_threads=threads, train__epochs=epochs,
+        train__computation_time=compute_s,
+        output__access_log=str(label == "no_compute").lower())], out  # what the references read
 
 
-def _step_figures(out: Path) -> dict:
+def _step_figures(out: Path, ranks: int) -> dict:
     """A run's overhead per step (summary.json's parts, over all epochs; the total's median
     over epochs 2-N, the first warming up), AU, us per step (epochs 2-N) and bytes a sample."""
     s = summary(out)
     m, d = s["metric"], s["dlio_mpi"]
     epochs = list(json.loads((out / "per_epoch_stats.json").read_text()).values())
     warm_epochs = epochs[1:]
-    samples = sum(e["steps"] for e in epochs) * d["batch_size"] * PARQUET_RANKS
+    samples = sum(e["steps"] for e in epochs) * d["batch_size"] * ranks
     return {"overhead_us_per_step": {k: v["median"] for k, v in
                                      m["train_emulator_overhead_us_per_step"].items()},
             "overhead_us_per_step_warm_median": statistics.median(
@@ -1264,15 +1277,16 @@ def bench_parquet(work: Path, rounds: int = 3) -> dict:
     dlio(["generate", *args])
     dlio(["generate", *control])
     warm(work / "parquet-data")
-    runs: dict = {**{label: [] for label in (*PARQUET_CASES, "control")},
+    runs: dict = {**{label: [] for label in (*PARQUET_CASES, *PARQUET_CONTROLS)},
                   "pyarrow": [], "raw_pread": []}
     for _ in range(rounds):  # the cases take turns, so that drift hits them alike
-        for label in PARQUET_CASES:
+        for label, (ranks, *_) in PARQUET_CASES.items():
             case, out = _parquet_args(work, label)
-            dlio(["run", *case])
-            runs[label].append(_step_figures(out))
-        dlio(["run", *control, f"train.computation_time={PARQUET_STEP_S}"])
-        runs["control"].append(_step_figures(work / "parquet-control-out"))
+            dlio(["run", *case], ranks=ranks)
+            runs[label].append(_step_figures(out, ranks))
+        for label, ranks in PARQUET_CONTROLS.items():
+            dlio(["run", *control, f"train.computation_time={PARQUET_STEP_S}"], ranks=ranks)
+            runs[label].append(_step_figures(work / "parquet-control-out", ranks))
         order, extents = _parquet_groups(work, work / "parquet-out-no_compute")
         runs["pyarrow"] += _pyarrow_loop(extents, order)
         runs["raw_pread"] += _raw_loop(work, extents, order)
@@ -1287,7 +1301,7 @@ def _parquet_result(runs: dict) -> dict:
     """Medians over the rounds (and their range), ratios to the target and the references."""
     med = statistics.median
     cases = {}
-    for label in (*PARQUET_CASES, "control"):
+    for label in (*PARQUET_CASES, *PARQUET_CONTROLS):
         totals = [r["overhead_us_per_step"]["total"] for r in runs[label]]
         cases[label] = {
             "overhead_us_per_step": med(totals), "range": [min(totals), max(totals)],
@@ -1296,9 +1310,12 @@ def _parquet_result(runs: dict) -> dict:
             "over_target": med(totals) / PARQUET_TARGET_US,
             "au_mean": med(r["au_mean"] for r in runs[label]),
             "us_per_step": med(r["us_per_step_warm_median"] for r in runs[label]),
-            "batch_size": runs[label][0]["batch_size"]}
+            "batch_size": runs[label][0]["batch_size"],
+            "ranks": PARQUET_CASES[label][0] if label in PARQUET_CASES
+            else PARQUET_CONTROLS[label]}
     steps = runs["dlrm"][0]["steps_per_epoch"]
     ours = cases["no_compute"]["us_per_step"]
+    inline = cases["no_compute_inline"]["us_per_step"]
     ref = {name: med(runs[name]) / steps * 1e6 for name in ("pyarrow", "raw_pread")}
     return {"workload": PARQUET_WORKLOAD, "files": PARQUET_FILES,
             "rows_per_file": PARQUET_ROWS, "ranks": PARQUET_RANKS,
@@ -1306,27 +1323,31 @@ def _parquet_result(runs: dict) -> dict:
             "cases": cases, "runs": runs,
             "bytes_read_per_sample": runs["dlrm"][0]["bytes_read_per_sample"],
             "bytes_transferred_per_sample": runs["dlrm"][0]["bytes_transferred_per_sample"],
-            "read_us_per_step": {"dlio_mpi": ours, **ref},
+            "read_us_per_step": {"dlio_mpi": ours, "dlio_mpi_inline": inline, **ref},
             "read_over_pyarrow": ours / ref["pyarrow"],
-            "read_over_raw_pread": ours / ref["raw_pread"]}
+            "read_over_raw_pread": ours / ref["raw_pread"],
+            "inline_over_raw_pread": inline / ref["raw_pread"]}
 
 
 def _print_parquet(r: dict) -> None:
     print(f"parquet ({r['workload']} scaled: {r['files']} files x {r['rows_per_file']} rows, "
-          f"{r['ranks']} ranks x 1 read thread, page cache; "
+          "1 read thread a rank, page cache; "
           f"{r['bytes_read_per_sample']:.1f} bytes read a sample, "
           f"{r['bytes_transferred_per_sample']:.1f} transferred):", flush=True)
     for label, c in r["cases"].items():
         parts = ", ".join(f"{k} {v:.1f}" for k, v in c["parts_us"].items())
-        print(f"  {label:11} batch {c['batch_size']:5}: overhead {c['overhead_us_per_step']:7.1f} "
-              f"us/step ({c['range'][0]:.1f}-{c['range'][1]:.1f}; {parts}), "
+        print(f"  {label:17} {c['ranks']} rank(s), batch {c['batch_size']:5}: overhead "
+              f"{c['overhead_us_per_step']:7.1f} us/step "
+              f"({c['range'][0]:.1f}-{c['range'][1]:.1f}; {parts}), "
               f"{c['over_target']:.2f}x the {r['target_us']:g} us target; AU "
               f"{c['au_mean']:.2f} %, {c['us_per_step']:.0f} us a step", flush=True)
     us = r["read_us_per_step"]
     print(f"  read cost per step of batch {r['cases']['no_compute']['batch_size']} (no compute): "
-          f"dlio-mpi {us['dlio_mpi']:.0f} us, pyarrow read_row_group loop {us['pyarrow']:.0f} us "
-          f"({r['read_over_pyarrow']:.2f}x), C pread loop {us['raw_pread']:.0f} us "
-          f"({r['read_over_raw_pread']:.2f}x)", flush=True)
+          f"dlio-mpi {us['dlio_mpi']:.0f} us (read by the step loop's thread: "
+          f"{us['dlio_mpi_inline']:.0f} us), pyarrow read_row_group loop {us['pyarrow']:.0f} us "
+          f"(dlio-mpi {r['read_over_pyarrow']:.2f}x), C pread loop {us['raw_pread']:.0f} us "
+          f"(dlio-mpi {r['read_over_raw_pread']:.2f}x, inline "
+          f"{r['inline_over_raw_pread']:.2f}x)", flush=True)
 
 
 # ------------------------------------------------------------------------------- loaders
