@@ -24,11 +24,11 @@ from typing import Callable
 from .. import _core, progress
 from ..errors import JobError, UserError, check_all, on_root
 from ..ownership import FolderLock, remove_quietly
-from ..storage.filesystems import apply_striping, nearest_existing
+from ..storage.filesystems import apply_striping
 from .async_write import AsyncSaver
 from .drain import Drainer
 from .file_per_rank import FilePerRank
-from .folder import CheckpointFolder
+from .folder import CheckpointFolder, check_checkpoint_space, in_the_way_of
 from .results import CheckpointRecord, gather_async, gather_record
 from .schedule import Schedule
 from .shared_file import NAME as SHARED_NAME
@@ -451,33 +451,3 @@ def _process_io(field: str) -> int:
     except OSError:
         pass
     return -1
-
-
-def in_the_way_of(root: str, schedule: Schedule) -> list[str]:
-    """The entries of the checkpoint folder named as a checkpoint the run saves."""
-    try:
-        with os.scandir(root) as entries:
-            return sorted(e.name for e in entries if schedule.saved(e.name))
-    except FileNotFoundError:
-        return []
-
-
-def check_checkpoint_space(folder: CheckpointFolder, saves: int, replaced: list[str],
-                           checkpoint_bytes: int, key: str = "checkpoint.checkpoint_folder"
-                           ) -> None:
-    """Refuse up front when the checkpoint folder's file system has less room than the run's
-    `saves` checkpoints take (all kept, or as many as it holds at once), less those of ours
-    they replace."""
-    need = saves * checkpoint_bytes - folder.listed_bytes(replaced)
-    where = nearest_existing(folder.root)
-    try:
-        st = os.statvfs(where)
-    except OSError:
-        return  # making the folder says why
-    free = st.f_bavail * st.f_frsize
-    if need > free:
-        raise UserError(f"{key}: the run's {saves:,} "
-                        f"checkpoint(s) take {need / 2**30:,.2f} GiB ({need:,} bytes), but the "
-                        f"file system of {folder.root} has {free / 2**30:,.2f} GiB free (at "
-                        f"{where}); free space, choose another folder, or write fewer or "
-                        "smaller checkpoints")

@@ -39,7 +39,7 @@ from ..ownership import (
     rename_noreplace,
     temporary_name,
 )
-from .folder import CheckpointFolder
+from .folder import CheckpointFolder, check_checkpoint_space, in_the_way_of
 from .results import CheckpointRecord, gather_record
 from .sizing import RankShard
 
@@ -102,8 +102,6 @@ class Drainer:
         """Rank 0, before any I/O: refuse what is in the way on drain.to and is not ours, and
         too little room there for every save; `check_complete(folder, cid)` for checkpoints
         restored from drain.to without being saved. Returns what is in the way (ours)."""
-        from .checkpointer import check_checkpoint_space, in_the_way_of
-
         self.folder = CheckpointFolder(self.root, self.tag)
         if self.opts.restore_from == "pfs":
             for cid in schedule.load_ids():

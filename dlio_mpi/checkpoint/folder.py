@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import time
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..ownership import (
@@ -25,6 +26,9 @@ from ..ownership import (
     remove_quietly,
     temporary_name,
 )
+
+if TYPE_CHECKING:
+    from .schedule import Schedule
 
 MANIFEST = "dlio_mpi_checkpoints.json"
 
@@ -167,3 +171,35 @@ def _unchanged(entry: os.DirEntry, recorded: list[int] | None) -> bool:
         return False
     st = entry.stat(follow_symlinks=False)
     return [st.st_size, st.st_mtime_ns] == recorded
+
+
+def in_the_way_of(root: str, schedule: Schedule) -> list[str]:
+    """The entries of the checkpoint folder named as a checkpoint the run saves."""
+    try:
+        with os.scandir(root) as entries:
+            return sorted(e.name for e in entries if schedule.saved(e.name))
+    except FileNotFoundError:
+        return []
+
+
+def check_checkpoint_space(folder: CheckpointFolder, saves: int, replaced: list[str],
+                           checkpoint_bytes: int, key: str = "checkpoint.checkpoint_folder"
+                           ) -> None:
+    """Refuse up front when the checkpoint folder's file system has less room than the run's
+    `saves` checkpoints take (all kept, or as many as it holds at once), less those of ours
+    they replace."""
+    need = saves * checkpoint_bytes - folder.listed_bytes(replaced)
+    from ..storage.filesystems import nearest_existing
+
+    where = nearest_existing(folder.root)
+    try:
+        st = os.statvfs(where)
+    except OSError:
+        return  # making the folder says why
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise UserError(f"{key}: the run's {saves:,} "
+                        f"checkpoint(s) take {need / 2**30:,.2f} GiB ({need:,} bytes), but the "
+                        f"file system of {folder.root} has {free / 2**30:,.2f} GiB free (at "
+                        f"{where}); free space, choose another folder, or write fewer or "
+                        "smaller checkpoints")

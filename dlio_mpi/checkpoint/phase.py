@@ -48,8 +48,7 @@ def open_checkpointer(comm, cfg, plan, topo, tag: str, say) -> Checkpointer:
 def space_warning(cfg, plan) -> str | None:
     """validate: why `run` would refuse the checkpoints for lack of room, if it would."""
     from ..errors import UserError
-    from .checkpointer import check_checkpoint_space, in_the_way_of
-    from .folder import CheckpointFolder
+    from .folder import CheckpointFolder, check_checkpoint_space, in_the_way_of
 
     root = cfg.checkpoint.checkpoint_folder
     schedule = Schedule.of(cfg, plan.steps_per_epoch)
@@ -161,7 +160,7 @@ def epoch_entries(records: list[tuple[Due | None, CheckpointRecord]], wall_offse
     """per_epoch_stats.json's save_ckpt<k> / load_ckpt<k> entries per epoch: DLIO's start,
     end, duration and throughput (GB/s, GB = 2^30 B), then ours. Checkpoint-only records
     (due None) go under epoch 1 numbered by their index."""
-    from ..metrics.summary import iso_time
+    from ..results.names import iso_time
 
     out: dict[int, dict] = {}
     for due, record in records:

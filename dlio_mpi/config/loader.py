@@ -21,7 +21,6 @@ import yaml
 
 from ..formats import get_format, implemented_formats
 from ..ownership import read_regular
-from ..plan.units import number_text
 from .schema import (
     OBJECT_STORAGE,
     PARQUET_CODECS,
@@ -563,7 +562,7 @@ def check_consistency(cfg: Config) -> None:
     _check_drain(ck)
     if ck.snapshot_bytes_per_second and not ck.async_write:
         raise ConfigError(f"checkpoint.snapshot_bytes_per_second: "
-                          f"{number_text(ck.snapshot_bytes_per_second)} paces the snapshot of "
+                          f"{ck.snapshot_bytes_per_second:.12g} paces the snapshot of "
                           "checkpoint.async_write: true, which is false; expected 0, or "
                           "async_write: true")
 

@@ -9,11 +9,11 @@ kept apart from storage."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from ..results.names import iso_time
 from . import latency
 from .au import block_metrics
 from .epoch_trace import COMPUTED, SYNCED, EpochTrace
@@ -134,11 +134,6 @@ def last_arrivals(comm, trace: EpochTrace, clock_offset_ns: int) -> np.ndarray |
 def _spread(values) -> dict:
     arr = np.asarray(values, dtype=np.float64)
     return {"min": float(arr.min()), "median": float(np.median(arr)), "max": float(arr.max())}
-
-
-def iso_time(seconds: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds)) + \
-        f".{int(seconds % 1 * 1e6):06d}"
 
 
 @dataclass(frozen=True)

@@ -221,50 +221,56 @@ def render_plan(r: Mapping) -> str:
         if r["generation"]:
             lines.append(f"generation      {r['generation']['text']}")
     if r.get("checkpoint"):
-        ck = r["checkpoint"]
-        low, high = ck["bytes_per_rank"]
-        files_low, files_high = ck["files_per_rank"]
-        per_rank = size_text(low) if low == high else f"{size_text(low)} to {size_text(high)}"
-        files = str(files_low) if files_low == files_high else f"{files_low} to {files_high}"
-        lines.append(f"checkpoint      {size_text(ck['total_bytes'])} per checkpoint, written by "
-                     f"{ck['writers']} of {ck['ranks']} ranks: {per_rank} and {files} file(s) "
-                     f"per rank (TP {ck['tensor']}, PP {ck['pipeline']}, DP {ck['data']}, "
-                     f"ZeRO {ck['zero_stage']}, {ck['mode']} mode)")
-        writer = {"file_per_rank": "each rank its own files (C core)",
-                  "shared": "one shared file per checkpoint (MPI-IO Write_at_all)",
-                  "pt_save": "each rank its own files through torch.save"}[ck["writer"]]
-        restore = (f"; restores defeat the page cache by {' + '.join(ck['restore_methods'])}"
-                   if ck["restore_methods"] else "")
-        lines.append(f"checkpoints     {ck['when']}; {ck['saves']:,} checkpoint(s) "
-                     f"({size_text(ck['bytes_written'])}, {_kept(ck)}) in {ck['folder']}: "
-                     f"{writer}, "
-                     f"O_DIRECT {'on' if ck['odirect'] else 'off'}, fsync "
-                     f"{'on' if ck['fsync'] else 'off'}"
-                     + (" (dlio-mpi's default, as MLPerf Storage requires; DLIO's is off and "
-                        "its fsync never happens)" if ck["fsync"] else "") + restore)
-        if ck.get("drain"):
-            d = ck["drain"]
-            kept = {"all": "all kept there", "last": "the last drained kept there",
-                    "none": "each removed there once drained"}[d["keep"]]
-            lines.append(
-                f"checkpoints     drained to {d['to']} in the background (checkpoint.drain: C "
-                f"copy engine, {size_text(d['buffer_bytes'])} calls, O_DIRECT "
-                f"{'on' if d['odirect'] else 'off'}, fsync {'on' if ck['fsync'] else 'off'}) "
-                f"once complete in {ck['folder']} ({kept}); restores read "
-                f"{'the drained copies' if d['restore_from'] == 'pfs' else ck['folder']}; the "
-                "run ends when every drain is complete")
-        if ck.get("async_write"):
-            lines.append(
-                "checkpoints     asynchronous (checkpoint.async_write): training stalls for a "
-                "snapshot of the rank's share into host memory "
-                f"({size_text(ck['snapshot_bytes_per_rank'])} held all run by the largest "
-                "share, patterns included), written in the "
-                "background; the next save, an evaluation, a restore or the run's end waits "
-                "for the write")
+        lines += _checkpoint_lines(r["checkpoint"])
     lines += r["storage"]
     lines.extend(f"note            {note}" for note in r["notes"])
     lines.extend(f"warning         {warning}" for warning in r["warnings"])
     return "\n".join(lines)
+
+
+def _checkpoint_lines(ck: dict) -> list[str]:
+    """The plan's checkpoint lines: sizing, when and how, drain and asynchronous saves."""
+    lines = []
+    low, high = ck["bytes_per_rank"]
+    files_low, files_high = ck["files_per_rank"]
+    per_rank = size_text(low) if low == high else f"{size_text(low)} to {size_text(high)}"
+    files = str(files_low) if files_low == files_high else f"{files_low} to {files_high}"
+    lines.append(f"checkpoint      {size_text(ck['total_bytes'])} per checkpoint, written by "
+                 f"{ck['writers']} of {ck['ranks']} ranks: {per_rank} and {files} file(s) "
+                 f"per rank (TP {ck['tensor']}, PP {ck['pipeline']}, DP {ck['data']}, "
+                 f"ZeRO {ck['zero_stage']}, {ck['mode']} mode)")
+    writer = {"file_per_rank": "each rank its own files (C core)",
+              "shared": "one shared file per checkpoint (MPI-IO Write_at_all)",
+              "pt_save": "each rank its own files through torch.save"}[ck["writer"]]
+    restore = (f"; restores defeat the page cache by {' + '.join(ck['restore_methods'])}"
+               if ck["restore_methods"] else "")
+    lines.append(f"checkpoints     {ck['when']}; {ck['saves']:,} checkpoint(s) "
+                 f"({size_text(ck['bytes_written'])}, {_kept(ck)}) in {ck['folder']}: "
+                 f"{writer}, "
+                 f"O_DIRECT {'on' if ck['odirect'] else 'off'}, fsync "
+                 f"{'on' if ck['fsync'] else 'off'}"
+                 + (" (dlio-mpi's default, as MLPerf Storage requires; DLIO's is off and "
+                    "its fsync never happens)" if ck["fsync"] else "") + restore)
+    if ck.get("drain"):
+        d = ck["drain"]
+        kept = {"all": "all kept there", "last": "the last drained kept there",
+                "none": "each removed there once drained"}[d["keep"]]
+        lines.append(
+            f"checkpoints     drained to {d['to']} in the background (checkpoint.drain: C "
+            f"copy engine, {size_text(d['buffer_bytes'])} calls, O_DIRECT "
+            f"{'on' if d['odirect'] else 'off'}, fsync {'on' if ck['fsync'] else 'off'}) "
+            f"once complete in {ck['folder']} ({kept}); restores read "
+            f"{'the drained copies' if d['restore_from'] == 'pfs' else ck['folder']}; the "
+            "run ends when every drain is complete")
+    if ck.get("async_write"):
+        lines.append(
+            "checkpoints     asynchronous (checkpoint.async_write): training stalls for a "
+            "snapshot of the rank's share into host memory "
+            f"({size_text(ck['snapshot_bytes_per_rank'])} held all run by the largest "
+            "share, patterns included), written in the "
+            "background; the next save, an evaluation, a restore or the run's end waits "
+            "for the write")
+    return lines
 
 
 def _kept(ck: dict) -> str:

@@ -1,6 +1,8 @@
 """The names of what a run writes in its output folder: written by run.py and results/folder.py,
 read back by `dlio-mpi report` (report/), which must not import MPI."""
 
+import time
+
 from ..ownership import LOCK_NAME
 
 SUMMARY = "summary.json"
@@ -14,3 +16,10 @@ INTERVAL_STATS = "interval_stats.json"  # output.stats_interval's time series
 # what a run writes besides its log (output.log_file may not take these names)
 RESERVED = (SUMMARY, PER_EPOCH_STATS, CONFIG, RESULTS_MANIFEST, ACCESS_LOG, REPORT,
             INTERVAL_STATS, LOCK_NAME)
+
+
+def iso_time(seconds: float) -> str:
+    """A wall-clock time (seconds since the epoch) as DLIO's result files write it: local
+    time to the microsecond."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds)) + \
+        f".{int(seconds % 1 * 1e6):06d}"

@@ -24,6 +24,8 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from .names import iso_time
+
 GB = 2**30
 BLOCK = "block1"  # dlio-mpi's epoch is one block of DLIO's (checkpoints pause it, not split)
 _PER_RANK = re.compile(r"\d+_(output|per_epoch_stats)\.json")
@@ -98,6 +100,4 @@ def _span(start: float, end: float) -> dict:
 
 
 def _iso(seconds: float) -> str:
-    from ..metrics.summary import iso_time  # DLIO's utcnow() format, as per_epoch_stats.json
-
     return iso_time(seconds)

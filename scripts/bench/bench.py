@@ -1141,6 +1141,7 @@ PARQUET_STEP_S = 0.000375                # dlrm's step (issue 22's target: overh
 PARQUET_TARGET_US = 20.0
 PARQUET_CASES = {  # label: (ranks, batch a rank, computation_time, epochs, read threads)
     "dlrm": (2, 18432, PARQUET_STEP_S, 12, 1),    # the workload's batch: 10 steps an epoch
+    "dlrm_1rank": (1, 18432, PARQUET_STEP_S, 6, 1),  # one rank's 2 threads on 2 cores
     "no_compute": (2, 18432, 0, 12, 1),           # the same, its read cost per step
     "no_compute_inline": (2, 18432, 0, 12, 0),    # read by the step loop's thread: no hand-off
     "batch1024": (2, 1024, PARQUET_STEP_S, 4, 1),  # 1/18 of it: reading keeps up
