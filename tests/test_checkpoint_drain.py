@@ -117,3 +117,32 @@ def test_what_is_in_drain_to_s_way_and_not_ours_is_refused_before_any_io(shared_
     assert not (shared_tmp / "fast").exists()  # nothing written on either tier
     assert sorted(os.listdir(shared_tmp / "pfs")) == [IDS[1]]
     assert (shared_tmp / "pfs" / IDS[1] / "mine").read_text() == "the user's"
+
+
+@pytest.mark.parametrize("layout", ["file_per_rank", "shared"])
+def test_a_rank_failing_mid_drain_ends_the_job_and_nothing_drained_looks_complete(
+        shared_tmp, monkeypatch, layout):
+    """The last rank's copy fails half-way (an I/O error, injected): every rank ends with
+    the agreed error, no temporary of the drain stays, drain.to lists no checkpoint complete,
+    and the fast tier keeps its checkpoints complete."""
+    import errno
+
+    from dlio_mpi.checkpoint.drain import Drainer
+    from dlio_mpi.errors import JobError
+
+    comm = _comm()
+    if comm.rank == comm.size - 1:
+        def half_then_fail(self, copier, piece, job) -> bool:
+            with open(piece.tmp, "ab") as fp:  # part of the bytes, as a disk failing mid-way
+                fp.write(b"\0" * 4096)
+            raise OSError(errno.EIO, "Input/output error (injected)", piece.tmp)
+
+        monkeypatch.setattr(Drainer, "_copy", half_then_fail)
+    with pytest.raises(JobError, match="Input/output error"):
+        _run(shared_tmp, "keep: none", **{"checkpoint.layout": layout})
+    comm.Barrier()
+    left = [os.path.join(root, name) for root, _, names in os.walk(shared_tmp / "pfs")
+            for name in names if name != "dlio_mpi.lock"]
+    assert left == [str(shared_tmp / "pfs" / "dlio_mpi_checkpoints.json")]
+    assert not any(_complete(shared_tmp / "pfs").values())
+    assert _complete(shared_tmp / "fast") == {IDS[0]: True}  # keep none removed nothing
