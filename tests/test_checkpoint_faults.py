@@ -266,3 +266,23 @@ def test_a_stop_signal_cuts_a_drain_short_the_fast_tier_kept_and_a_rerun_works(t
     res = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert _drained(pfs) == {"global_epoch1_step1": True}
+
+
+def test_a_drain_target_without_room_is_refused_before_any_io(tmp_path, small_fs):
+    """4 checkpoints of 8 MiB do not fit drain.to's 24 MiB: refused before the fast tier or
+    drain.to is written; validate says run would refuse."""
+    fast, pfs = tmp_path / "fast", small_fs / "pfs"
+    drain = f"checkpoint.drain={{to: {pfs}, keep: last}}"
+    res = subprocess.run(_command(tmp_path, fast, "checkpoint.time_between_checkpoints=0",
+                                  drain, writes=4),
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2, res.stderr
+    assert "checkpoint.drain.to: the run's 4 checkpoint(s) take 0.03 GiB (33,554,432 bytes)" \
+        in res.stderr, res.stderr
+    assert not fast.exists() and not pfs.exists()
+    validate = subprocess.run(_dlio_mpi(1, "validate", "llama_7b", "--ranks", "2", drain,
+                                        *_settings(tmp_path, fast, writes=4)),
+                              capture_output=True, text=True, timeout=120)
+    assert validate.returncode == 0, validate.stderr
+    assert "warning         run would refuse: checkpoint.drain.to: the run's 4" \
+        in validate.stdout, validate.stdout

@@ -50,11 +50,18 @@ def space_warning(cfg, plan) -> str | None:
     from ..errors import UserError
     from .folder import CheckpointFolder, check_checkpoint_space, in_the_way_of
 
-    root = cfg.checkpoint.checkpoint_folder
+    ck = cfg.checkpoint
     schedule = Schedule.of(cfg, plan.steps_per_epoch)
+    held = schedule.saves if ck.drain is None or ck.drain.keep == "all" else \
+        min(schedule.saves, 3)  # as Checkpointer.prepare counts them
+    folders = [(ck.checkpoint_folder, held, "checkpoint.checkpoint_folder")]
+    if ck.drain is not None:
+        folders.append((ck.drain.to, schedule.saves, "checkpoint.drain.to"))
     try:
-        check_checkpoint_space(CheckpointFolder(root, "validate"), schedule.saves,
-                               in_the_way_of(root, schedule), plan.checkpoint["total_bytes"])
+        for root, saves, key in folders:
+            check_checkpoint_space(CheckpointFolder(root, "validate"), saves,
+                                   in_the_way_of(root, schedule),
+                                   plan.checkpoint["total_bytes"], key)
     except (UserError, OSError) as exc:
         return f"run would refuse: {exc}"
     return None
