@@ -124,13 +124,22 @@ def _script(page: str) -> tuple[str, list[str]]:
 
 
 def _check_readme(out: str, _since: float) -> None:
-    for folder in ("demo", "demo-3", "demo-1", "llama_8b", "demo-packed"):
+    for folder in ("demo", "demo-3", "demo-1", "llama_8b", "llama_8b_bb", "demo-packed"):
         summary = json.loads((ROOT / "output" / folder / "summary.json").read_text())
         assert summary["dlio_mpi"]["complete"], folder
     ckpt = json.loads((ROOT / "output/llama_8b/summary.json").read_text())["dlio_mpi"]
     records = ckpt["checkpoint"]["records"]
     assert [r["kind"] for r in records] == ["save", "load"]
     assert records[0]["bytes"] == records[1]["bytes"] > 800 * 2**20  # 2 of 256 ranks' shares
+    bb = json.loads((ROOT / "output/llama_8b_bb/summary.json").read_text())["dlio_mpi"]
+    kinds = [(r["kind"], r["checkpoint_id"]) for r in bb["checkpoint"]["records"]]
+    assert sorted(kinds) == sorted([("save", "global_epoch1_step1"), ("save", "global_epoch1_step2"),
+                                    ("drain", "global_epoch1_step1"),
+                                    ("drain", "global_epoch1_step2"),
+                                    ("load", "global_epoch1_step1")])
+    assert all("async" in r for r in bb["checkpoint"]["records"] if r["kind"] == "save")
+    assert sorted(os.listdir(ROOT / "checkpoints/bb")) == [  # keep: last
+        "dlio_mpi_checkpoints.json", "global_epoch1_step2"]
     assert "format: indexed_binary" in (ROOT / "output/demo-packed/config.yaml").read_text()
     assert re.search(r"^[1-9][0-9]{9,}$", out, re.M)  # validate --json | jq: bytes per epoch
     assert (ROOT / "output/compare/compare.csv").read_text().count("\n") == 3  # header, 2 runs
