@@ -54,6 +54,17 @@
             figures come from each run's summary.json; median of 3 rounds, dlio-mpi and fio
             taking turns; ratios against issue 8's targets. DLIO_MPI_BENCH_CHECKPOINT_BYTES
             sets other bytes per rank (a multiple of 64 MiB) for a quick try.
+  burst:    burst-buffer checkpoints (issue 23), 2 ranks, one file per rank (ZeRO 1), O_DIRECT,
+            fsync, the demo workload (8 steps an epoch): checkpoint.async_write's stall against
+            the synchronous pause on the same checkpoints (512 MiB a rank, 4 saves 1 s and
+            40 ms of steps apart; the modes taking turns, 3 rounds, medians per checkpoint),
+            the snapshot's GiB/s per rank beside memcpy_ref.c (one memcpy of as many bytes, as
+            many threads as ranks) in the same rounds; checkpoint.drain's bandwidth (one save
+            of 1 GiB a rank drained alone, O_DIRECT, 64 MiB calls; the copies checked with cmp)
+            beside raw_copy.c between the same folders (target >= 0.9); as root, a slow tier
+            (scripts/slow_pfs.sh, writes throttled to 300 MiB/s) behind the local disk: AU,
+            pause per checkpoint and time to durable without a drain, drained (sync and
+            async saves) and written straight to it; skipped where slow_pfs.sh cannot run.
   formats:  the native engine on each implemented format (indexed_binary, mmap_indexed_binary,
             tfrecord, hdf5, npy), the same 128 KiB samples read by extent, 2 ranks, page cache
             warm, no compute: samples/s beside indexed_binary's (issue 9's target: tfrecord and
@@ -81,8 +92,8 @@
 
 Usage (from the repository, with the .venv on PATH: `source scripts/_env.sh`):
   python scripts/bench/bench.py --work DIR [overhead] [hosts] [small] [trace] [large] [mpiio]
-                                     [checkpoint] [formats] [parquet] [loaders] [startup]
-                                     [fidelity]
+                                     [checkpoint] [burst] [formats] [parquet] [loaders]
+                                     [startup] [fidelity]
 DIR (default ./bench-data) must be on a file system with O_DIRECT support for `large` and
 `checkpoint`. The figures are printed and saved to DIR/results.json (each benchmark's under its
 name, the others' kept). Each benchmark's files are under DIR, named after it (mpiio:
@@ -1071,6 +1082,296 @@ def bench_checkpoint(work: Path, repeats: int = 3) -> dict:
     return result
 
 
+# ------------------------------------------------------------------------------- burst
+
+
+BURST_RANKS = 2
+BURST_SHARE = 512 << 20        # bytes per rank of each checkpoint of the stall cases
+BURST_DRAIN_SHARE = 1 << 30    # bytes per rank of the drained checkpoint
+BURST_SLOW_SHARE = 256 << 20   # bytes per rank of each checkpoint on the throttled tier
+BURST_BUFFER = 64 << 20        # drain.buffer_bytes and raw_copy's -b: bytes per call
+BURST_SLOW_MIBPS = 300         # the throttled tier's write limit (slow_pfs.sh --write-mibps)
+# the stall's cases (the demo workload: 8 steps an epoch): name: (computation_time,
+# steps_between_checkpoints, epochs); long_steps: 1 s of steps between two saves, longer than
+# one write; short_steps: 40 ms, shorter (the stall holds the rest of the previous write)
+BURST_STALL_CASES = {"long_steps": (0.25, 4, 2), "short_steps": (0.02, 2, 1)}
+# the throttled tier's cases: name: (async_write, drained to it, checkpoint_folder on it)
+BURST_SLOW_CASES = {"fast": (False, False, False), "fast_drain": (False, True, False),
+                    "fast_async_drain": (True, True, False), "slow": (False, False, True)}
+
+
+def _burst_common(work: Path) -> list[str]:
+    """The demo workload (32 small npz files, batch 2, 8 steps an epoch) with checkpoints of one
+    file per rank (ZeRO 1: model_size_bytes each), O_DIRECT, fsync."""
+    return ["demo", *overrides(dataset__data_folder=work / "burst-data",
+                               model__parallelism__zero_stage=1, workflow__checkpoint="true",
+                               checkpoint__odirect="true", checkpoint__fsync="true")]
+
+
+def _burst_run(work: Path, name: str, args: list[str], remove: tuple[Path, ...] = (),
+               prefix: tuple[str, ...] = ()) -> tuple[dict, dict]:
+    """`mpiexec -n BURST_RANKS dlio-mpi run ARGS` into DIR/burst-runs/NAME; its summary and
+    per-epoch stats; the folders `remove` (its checkpoints) removed afterwards."""
+    out = work / "burst-runs" / name
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        dlio(["run", *args, "workflow.generate_data=false", f"output.folder={out}"],
+             ranks=BURST_RANKS, prefix=prefix, timeout=600)
+    finally:
+        for folder in remove:
+            shutil.rmtree(folder, ignore_errors=True)
+    stats = out / "per_epoch_stats.json"
+    return summary(out), json.loads(stats.read_text()) if stats.exists() else {}
+
+
+def _records(s: dict, kind: str, share: int, count: int | None = None) -> list[dict]:
+    """The run's checkpoint records of `kind`, checked: every rank's share written."""
+    records = [r for r in s["dlio_mpi"]["checkpoint"]["records"] if r["kind"] == kind]
+    if any(r["bytes"] != share * BURST_RANKS for r in records) or not records or \
+            (count is not None and len(records) != count):
+        sys.exit(f"burst: expected {count or 'some'} {kind} record(s) of "
+                 f"{share * BURST_RANKS} bytes, got {[r['bytes'] for r in records]}")
+    return records
+
+
+def _stall_once(work: Path, case: str, mode: str, run: int) -> dict:
+    """One training run of `case` with synchronous or asynchronous saves: per checkpoint, the
+    step loop's pause (sync: the save; async: the stall) and the async figures."""
+    compute, between, epochs = BURST_STALL_CASES[case]
+    ck = work / "burst-ck"
+    args = [*_burst_common(work), *overrides(
+        model__model_size_bytes=BURST_SHARE, checkpoint__checkpoint_folder=ck,
+        checkpoint__steps_between_checkpoints=between, train__computation_time=compute,
+        train__epochs=epochs, checkpoint__async_write=str(mode == "async").lower())]
+    s, stats = _burst_run(work, f"{run:02d}-{case}-{mode}", args, (ck,))
+    saves = _records(s, "save", BURST_SHARE, epochs * 8 // between)
+    result = {"epoch_pause_seconds": sum(e["checkpoint_pause_seconds"] for e in stats.values()),
+              "write_seconds": [r["duration_seconds"] for r in saves]}
+    if mode == "sync":
+        return {**result, "pause_seconds": result["write_seconds"]}
+    a = [r["async"] for r in saves]
+    return {**result, "pause_seconds": [x["stall_seconds"] for x in a],
+            "snapshot_seconds": [x["snapshot_seconds"] for x in a],
+            "waited_for_previous_seconds": [x["waited_for_previous_seconds"] for x in a],
+            "write_seconds": [x["write_seconds"] for x in a],
+            "snapshot_GiB_per_second_per_rank": [x["snapshot_GiB_per_second_per_rank"]
+                                                 for x in a]}
+
+
+def _per_checkpoint(runs: list[dict], key: str) -> list[float]:
+    """The median over the rounds of each checkpoint's `key`."""
+    return [statistics.median(values) for values in zip(*(r[key] for r in runs))]
+
+
+def _stall_case(runs: dict, case: str) -> dict:
+    """A stall case's medians per checkpoint, async against sync, and their ratios."""
+    sync, asy = runs[(case, "sync")], runs[(case, "async")]
+    pause, stall = _per_checkpoint(sync, "pause_seconds"), _per_checkpoint(asy, "pause_seconds")
+    ratios = [a / p for a, p in zip(stall, pause)]
+    return {"sync_pause_seconds": pause, "async_stall_seconds": stall,
+            "stall_over_pause": ratios,
+            "snapshot_seconds": _per_checkpoint(asy, "snapshot_seconds"),
+            "waited_for_previous_seconds": _per_checkpoint(asy, "waited_for_previous_seconds"),
+            "async_write_seconds": _per_checkpoint(asy, "write_seconds"),
+            "epoch_pause_seconds": {m: statistics.median(r["epoch_pause_seconds"]
+                                                         for r in runs[(case, m)])
+                                    for m in ("sync", "async")},
+            "snapshot_GiB_per_second_per_rank": statistics.median(
+                g for r in asy for g in r["snapshot_GiB_per_second_per_rank"]),
+            "stall_over_pause_median": statistics.median(ratios),
+            "stall_over_pause_max": max(ratios)}
+
+
+def _burst_stall(work: Path, rounds: int = 3) -> dict:
+    """Async stall against the synchronous pause on the same checkpoints (BURST_STALL_CASES,
+    the modes taking turns, `rounds` rounds, medians), and the snapshot's GiB/s per rank
+    beside memcpy_ref.c (as many threads as ranks, the share's bytes) in the same rounds."""
+    exe = build(work, "memcpy_ref.c", flags=("-pthread",))
+    runs: dict[tuple[str, str], list[dict]] = {(c, m): [] for c in BURST_STALL_CASES
+                                               for m in ("sync", "async")}
+    memcpy: list[float] = []
+    for r in range(rounds):
+        for case, mode in runs if r % 2 == 0 else list(runs)[::-1]:
+            runs[(case, mode)].append(_stall_once(work, case, mode, r))
+        line = sh([exe, "-j", str(BURST_RANKS), "-b", str(BURST_SHARE), "-r", "3"]).stdout
+        memcpy.append(float(re.search(r"median=([\d.]+)", line)[1]))
+    result = {case: _stall_case(runs, case) for case in BURST_STALL_CASES}
+    result["memcpy_GiB_per_second_per_thread"] = statistics.median(memcpy)
+    result["runs"] = {f"{c}_{m}": v for (c, m), v in runs.items()}
+    for case in BURST_STALL_CASES:
+        c = result[case]
+        c["snapshot_over_memcpy"] = (c["snapshot_GiB_per_second_per_rank"]
+                                     / result["memcpy_GiB_per_second_per_thread"])
+        print(f"burst stall, {case} ({BURST_STALL_CASES[case]}): per checkpoint, sync pause "
+              f"{_ms(c['sync_pause_seconds'])} ms, async stall {_ms(c['async_stall_seconds'])}"
+              f" ms (of it waiting for the previous write "
+              f"{_ms(c['waited_for_previous_seconds'])}), stall / pause "
+              f"{[round(x, 3) for x in c['stall_over_pause']]}, median "
+              f"{c['stall_over_pause_median']:.3f}, max {c['stall_over_pause_max']:.3f}; "
+              f"snapshot {c['snapshot_GiB_per_second_per_rank']:.2f} GiB/s per rank, "
+              f"{c['snapshot_over_memcpy']:.2f}x memcpy_ref's "
+              f"{result['memcpy_GiB_per_second_per_thread']:.2f}", flush=True)
+    return result
+
+
+def _ms(seconds: list[float]) -> list[int]:
+    return [round(s * 1e3) for s in seconds]
+
+
+def _identical(a: Path, b: Path) -> bool:
+    """Whether the files in folder `a` are those of `b`, byte for byte (cmp)."""
+    names = sorted(p.name for p in a.iterdir())
+    return names == sorted(p.name for p in b.iterdir()) and all(
+        subprocess.run(["cmp", "-s", str(a / n), str(b / n)]).returncode == 0 for n in names)
+
+
+def _drain_once(work: Path, exe: str, run: int) -> dict:
+    """One checkpoint-only run (one save of BURST_DRAIN_SHARE a rank, drained with O_DIRECT
+    while nothing else runs), then raw_copy.c of the same files between the same folders
+    (O_DIRECT, as many threads as ranks, the same call size); drained copies checked byte for
+    byte against the fast tier's; every copy removed afterwards."""
+    ck, pfs, ref = work / "burst-ck", work / "burst-pfs", work / "burst-ref"
+    listing = work / "burst-list.txt"
+    args = [*_burst_common(work), *overrides(
+        workflow__train="false", model__model_size_bytes=BURST_DRAIN_SHARE,
+        checkpoint__checkpoint_folder=ck, checkpoint__num_checkpoints_write=1,
+        checkpoint__num_checkpoints_read=0, checkpoint__time_between_checkpoints=0,
+        checkpoint__drain__to=pfs, checkpoint__drain__odirect="true",
+        checkpoint__drain__buffer_bytes=BURST_BUFFER)]
+    try:
+        s, _ = _burst_run(work, f"{run:02d}-drain", args)
+        (drain,) = _records(s, "drain", BURST_DRAIN_SHARE, 1)
+        cid = drain["checkpoint_id"]
+        identical = _identical(ck / cid, pfs / cid) and drain["drain"]["complete"]
+        shutil.rmtree(pfs)  # room for raw_copy's copy
+        files = sorted((ck / cid).iterdir())
+        listing.write_text("".join(f"{p}\t{p.name}\n" for p in files))
+        ref.mkdir()
+        line = sh([exe, "-j", str(BURST_RANKS), "-d", "-b", str(BURST_BUFFER), str(listing),
+                   str(ref)]).stdout
+        return {"drain_MiB_per_s": drain["bytes"] / 2**20 / drain["duration_seconds"],
+                "raw_copy_MiB_per_s": float(re.search(r"MiB_per_s=([\d.]+)", line)[1]),
+                "identical": identical, "record": drain}
+    finally:
+        for folder in (ck, pfs, ref):
+            shutil.rmtree(folder, ignore_errors=True)
+        listing.unlink(missing_ok=True)
+
+
+def _burst_drain(work: Path, rounds: int = 3) -> dict:
+    """checkpoint.drain's bandwidth against raw_copy.c between the same folders."""
+    exe = build(work, "raw_copy.c", flags=("-pthread",))
+    runs = [_drain_once(work, exe, r) for r in range(rounds)]
+    ours = statistics.median(r["drain_MiB_per_s"] for r in runs)
+    theirs = statistics.median(r["raw_copy_MiB_per_s"] for r in runs)
+    result = {"drain_MiB_per_s": ours, "raw_copy_MiB_per_s": theirs, "ratio": ours / theirs,
+              "identical": all(r["identical"] for r in runs), "runs": runs}
+    print(f"burst drain: {BURST_RANKS} ranks x {BURST_DRAIN_SHARE / 2**30:g} GiB, O_DIRECT, "
+          f"{BURST_BUFFER >> 20} MiB calls: {ours:.0f} MiB/s vs raw_copy {theirs:.0f} MiB/s, "
+          f"ratio {ours / theirs:.3f} (target >= 0.9: "
+          f"{'met' if ours / theirs >= 0.9 else 'MISSED'}); drained copies byte-identical: "
+          f"{result['identical']}", flush=True)
+    if not result["identical"]:
+        sys.exit("burst: a drained checkpoint differs from the fast tier's")
+    return result
+
+
+def _slow_once(work: Path, mount: Path, case: str, throttled: tuple[str, ...]) -> dict:
+    """One training run of BURST_SLOW_CASES[case] (4 saves of BURST_SLOW_SHARE a rank, 2 s of
+    steps apart) through the throttle: AU per epoch, the step loop's pause per checkpoint and
+    its time to durable on the slow tier (a drain's end, or the save's on the slow tier)."""
+    asynchronous, drained, on_slow = BURST_SLOW_CASES[case]
+    fast, slow = work / "burst-ck", mount / "ck"
+    args = [*_burst_common(work), *overrides(
+        model__model_size_bytes=BURST_SLOW_SHARE, train__computation_time=0.5,
+        train__epochs=2, checkpoint__steps_between_checkpoints=4,
+        checkpoint__checkpoint_folder=slow if on_slow else fast,
+        checkpoint__async_write=str(asynchronous).lower())]
+    if drained:
+        args += overrides(checkpoint__drain__to=slow, checkpoint__drain__odirect="true",
+                          checkpoint__drain__buffer_bytes=BURST_BUFFER)
+    s, stats = _burst_run(work, f"slow-{case}", args, (fast, slow), prefix=throttled)
+    saves = _records(s, "save", BURST_SLOW_SHARE, 4)
+    pause = [r["async"]["stall_seconds"] if asynchronous else r["duration_seconds"]
+             for r in saves]
+    result = {"au": [stats[k]["au_percentage"] for k in sorted(stats, key=int)],
+              "pause_seconds": pause, "pause_seconds_total": sum(pause),
+              "save_seconds": [r["duration_seconds"] for r in saves]}
+    if drained:
+        drains = _records(s, "drain", BURST_SLOW_SHARE, 4)
+        if not all(r["drain"]["complete"] for r in drains):
+            sys.exit(f"burst: {case}: a drain did not complete")
+        result.update(durable_seconds=[r["drain"]["durable_seconds"] for r in drains],
+                      drain_MiB_per_s=[r["bytes"] / 2**20 / r["duration_seconds"]
+                                       for r in drains],
+                      final_wait_seconds=s["dlio_mpi"]["checkpoint"]["drain"][
+                          "final_wait_seconds"])
+    elif on_slow:
+        result["durable_seconds"] = result["save_seconds"]
+    return result
+
+
+def _dd_direct_MiB_per_s(path: Path, prefix: tuple[str, ...], mib: int = 128) -> float:  # noqa: N802
+    """dd's O_DIRECT write of `mib` MiB to `path` (removed after) under `prefix`."""
+    res = sh([*prefix, "dd", "if=/dev/zero", f"of={path}", "bs=4M", f"count={mib // 4}",
+              "oflag=direct"])
+    path.unlink()
+    seconds = float(re.search(r"copied, ([\d.]+) s", res.stderr)[1])
+    return mib / seconds
+
+
+def _burst_slow(work: Path) -> dict:
+    """The throttled slow tier (scripts/slow_pfs.sh, writes limited to BURST_SLOW_MIBPS) as
+    the PFS behind the local disk; skipped where slow_pfs.sh cannot run."""
+    if os.geteuid() != 0:
+        print("burst slow tier: skipped (scripts/slow_pfs.sh needs root)", flush=True)
+        return {"skipped": "needs root"}
+    slow_pfs = str(HERE.parent / "slow_pfs.sh")
+    mount, image = work / "burst-slow-pfs", work / "burst-slow-pfs.img"
+    up = subprocess.run([slow_pfs, "up", "--mount", str(mount), "--size", "3G",
+                         "--write-mibps", str(BURST_SLOW_MIBPS), "--image", str(image)],
+                        capture_output=True, text=True)
+    if up.returncode != 0:
+        print(f"burst slow tier: skipped (scripts/slow_pfs.sh up failed: "
+              f"{up.stderr.strip()})", flush=True)
+        return {"skipped": up.stderr.strip()}
+    throttled = (slow_pfs, "run", "--")
+    try:
+        result: dict = {"write_limit_MiB_per_s": BURST_SLOW_MIBPS, "cgroup": (
+            "v1" if Path("/sys/fs/cgroup/blkio").is_dir() else "v2")}
+        result["dd_direct_MiB_per_s"] = _dd_direct_MiB_per_s(mount / "dd", throttled)
+        for case in BURST_SLOW_CASES:
+            result[case] = _slow_once(work, mount, case, throttled)
+    finally:
+        sh([slow_pfs, "down"])
+    print(f"burst slow tier (writes throttled to {BURST_SLOW_MIBPS} MiB/s, cgroup "
+          f"{result['cgroup']}; dd oflag=direct through it: "
+          f"{result['dd_direct_MiB_per_s']:.0f} MiB/s), 2 ranks x "
+          f"{BURST_SLOW_SHARE >> 20} MiB a checkpoint, 2 s of steps apart:", flush=True)
+    for case in BURST_SLOW_CASES:
+        c = result[case]
+        durable = (f", durable on the slow tier after {[round(x, 2) for x in c['durable_seconds']]}"
+                   " s" if "durable_seconds" in c else " (never on the slow tier)")
+        print(f"  {case:17} AU {[round(a, 2) for a in c['au']]} %, pause per checkpoint "
+              f"{_ms(c['pause_seconds'])} ms{durable}", flush=True)
+    return result
+
+
+def bench_burst(work: Path) -> dict:
+    """Burst-buffer checkpoints (issue 23): checkpoint.async_write's stall against the
+    synchronous pause, checkpoint.drain's bandwidth against raw_copy.c, and a throttled slow
+    tier behind the local disk. Data, checkpoints and copies removed afterwards."""
+    data = _burst_common(work)
+    dlio(["generate", *data, "workflow.generate_data=true",
+          f"output.folder={work / 'burst-runs' / 'generate'}"])
+    try:
+        return {"stall": _burst_stall(work), "drain": _burst_drain(work),
+                "slow_tier": _burst_slow(work)}
+    finally:
+        remove_dataset(data)
+        (work / "burst-list.txt").unlink(missing_ok=True)
+
+
 # ------------------------------------------------------------------------------- formats
 
 
@@ -1562,8 +1863,8 @@ def bench_fidelity(work: Path) -> dict:
 BENCHMARKS = {"overhead": bench_overhead, "hosts": bench_hosts, "small": bench_small,
               "trace": bench_trace, "stagein": bench_stagein, "tiers": bench_tiers,
               "large": bench_large, "mpiio": bench_mpiio, "checkpoint": bench_checkpoint,
-              "formats": bench_formats, "parquet": bench_parquet, "loaders": bench_loaders,
-              "startup": bench_startup, "fidelity": bench_fidelity}
+              "burst": bench_burst, "formats": bench_formats, "parquet": bench_parquet,
+              "loaders": bench_loaders, "startup": bench_startup, "fidelity": bench_fidelity}
 
 
 def main() -> None:
