@@ -153,7 +153,8 @@ size_t dio_shard_chunk(size_t chunk, int64_t nbytes);
 /* Asynchronous checkpoints' snapshot: put into dst the nbytes dio_shard_write(seed, chunk)
  * would write, block by block a copy of `pattern` (the first dio_shard_chunk(chunk, nbytes)
  * bytes of seed's payload stream: dio_shard_block(pattern, .., seed, 0)) with the block's
- * stamp, so that the copy runs at memcpy's speed.  bytes_per_second > 0 paces it (sleeping
+ * stamp, so that the copy runs at memcpy's speed (non-temporal stores on x86-64 for blocks of
+ * 1 MiB or more: see copy_block).  bytes_per_second > 0 paces it (sleeping
  * after each block until its share of the time has passed: a device-to-host copy's speed).
  * 0, or -EINVAL when the pattern is shorter than a block. */
 int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, size_t chunk,

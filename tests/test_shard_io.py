@@ -125,3 +125,21 @@ def test_shard_block_is_what_write_shard_writes(folder):
         block = bytearray(n)
         _core.shard_block(block, 9, k)
         assert bytes(block) == data[k * MiB:k * MiB + n], k
+
+
+@pytest.mark.parametrize("nbytes,chunk,offset", [
+    (5 * MiB + 16 * 1024 + 77, 2 * MiB, 0),   # streamed blocks, lines after the 4-page runs, a tail
+    (3 * MiB + 5, MiB, 5),                    # a destination off the 64-byte lines
+    (MiB - 4096 + 13, 0, 64),                 # one block under 1 MiB: memcpy
+])
+def test_snapshot_is_what_write_shard_writes(folder, nbytes, chunk, offset):
+    """dio_shard_snapshot (non-temporal stores for blocks of 1 MiB or more on x86-64) puts
+    exactly write_shard's bytes into the buffer, and nothing around it."""
+    path = folder / "shard.pt"
+    write(path, nbytes, 11, chunk=chunk)
+    pattern = np.empty(_core.shard_chunk(chunk, nbytes), dtype=np.uint8)
+    _core.shard_block(pattern, 11, 0)
+    whole = np.full(offset + nbytes + 64, 0xAB, dtype=np.uint8)
+    _core.shard_snapshot(whole[offset:offset + nbytes], 11, pattern, chunk)
+    assert whole[offset:offset + nbytes].tobytes() == path.read_bytes()
+    assert (whole[:offset] == 0xAB).all() and (whole[offset + nbytes:] == 0xAB).all()
