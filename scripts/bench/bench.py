@@ -56,7 +56,7 @@
             sets other bytes per rank (a multiple of 64 MiB) for a quick try.
   burst:    burst-buffer checkpoints (issue 23), 2 ranks, one file per rank (ZeRO 1), O_DIRECT,
             fsync, the demo workload (8 steps an epoch): checkpoint.async_write's stall against
-            the synchronous pause on the same checkpoints (512 MiB a rank, 4 saves 1 s and
+            the synchronous pause on the same checkpoints (512 MiB a rank, 4 saves 1.6 s and
             40 ms of steps apart; the modes taking turns, 3 rounds, medians per checkpoint),
             the snapshot's GiB/s per rank beside memcpy_ref.c (one memcpy of as many bytes, as
             many threads as ranks) in the same rounds; checkpoint.drain's bandwidth (one save
@@ -1092,9 +1092,10 @@ BURST_SLOW_SHARE = 256 << 20   # bytes per rank of each checkpoint on the thrott
 BURST_BUFFER = 64 << 20        # drain.buffer_bytes and raw_copy's -b: bytes per call
 BURST_SLOW_MIBPS = 300         # the throttled tier's write limit (slow_pfs.sh --write-mibps)
 # the stall's cases (the demo workload: 8 steps an epoch): name: (computation_time,
-# steps_between_checkpoints, epochs); long_steps: 1 s of steps between two saves, longer than
-# one write; short_steps: 40 ms, shorter (the stall holds the rest of the previous write)
-BURST_STALL_CASES = {"long_steps": (0.25, 4, 2), "short_steps": (0.02, 2, 1)}
+# steps_between_checkpoints, epochs); long_steps: 1.6 s of steps between two saves, longer
+# than one background write and the next save's patterns (0.6-1 s here); short_steps: 40 ms,
+# shorter (the stall holds the rest of the previous write)
+BURST_STALL_CASES = {"long_steps": (0.4, 4, 2), "short_steps": (0.02, 2, 1)}
 # the throttled tier's cases: name: (async_write, drained to it, checkpoint_folder on it)
 BURST_SLOW_CASES = {"fast": (False, False, False), "fast_drain": (False, True, False),
                     "fast_async_drain": (True, True, False), "slow": (False, False, True)}
@@ -1193,7 +1194,7 @@ def _burst_stall(work: Path, rounds: int = 3) -> dict:
     for r in range(rounds):
         for case, mode in runs if r % 2 == 0 else list(runs)[::-1]:
             runs[(case, mode)].append(_stall_once(work, case, mode, r))
-        line = sh([exe, "-j", str(BURST_RANKS), "-b", str(BURST_SHARE), "-r", "3"]).stdout
+        line = sh([exe, "-j", str(BURST_RANKS), "-b", str(BURST_SHARE), "-r", "5"]).stdout
         memcpy.append(float(re.search(r"median=([\d.]+)", line)[1]))
     result = {case: _stall_case(runs, case) for case in BURST_STALL_CASES}
     result["memcpy_GiB_per_second_per_thread"] = statistics.median(memcpy)
