@@ -146,3 +146,15 @@ def test_a_rank_failing_mid_drain_ends_the_job_and_nothing_drained_looks_complet
     assert left == [str(shared_tmp / "pfs" / "dlio_mpi_checkpoints.json")]
     assert not any(_complete(shared_tmp / "pfs").values())
     assert _complete(shared_tmp / "fast") == {IDS[0]: True}  # keep none removed nothing
+
+
+def test_an_asynchronous_save_drains_as_soon_as_its_write_ends(shared_tmp):
+    """Each rank's drain of an asynchronous save starts once its own background write has
+    ended, not at the next save (1 s later): the checkpoint is durable on drain.to well
+    before it, while it is listed complete there only after the save is."""
+    summary = _run(shared_tmp, "keep: all",
+                   **{"checkpoint.async_write": "true",
+                      "checkpoint.time_between_checkpoints": 1.0})
+    drains = [r for r in summary["dlio_mpi"]["checkpoint"]["records"] if r["kind"] == "drain"]
+    assert len(drains) == 3 and all(d["drain"]["complete"] for d in drains)
+    assert all(d["drain"]["durable_seconds"] < 0.8 for d in drains), drains

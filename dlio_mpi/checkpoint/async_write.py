@@ -45,6 +45,13 @@ class Written:
     start_ns: int = 0
     end_ns: int = 0
     error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)  # set once it ended
+
+    def complete(self) -> bool:
+        """Wait for the write to end (from another thread: a drain of its files); whether it
+        wrote them all."""
+        self.done.wait()
+        return self.error is None
 
 
 class AsyncSaver:
@@ -93,9 +100,9 @@ class AsyncSaver:
             _core.shard_snapshot(part, f.seed, pattern, self.chunk, self.rate)
         return sum(f.nbytes for f in files)
 
-    def start(self, files: list[AsyncFile], next_seeds: list[int]) -> None:
+    def start(self, files: list[AsyncFile], next_seeds: list[int]) -> Written:
         """Write `files` (opened) from the buffer in a thread, then make `next_seeds`'
-        patterns; returns at once."""
+        patterns; returns at once, with what will say when the write has ended."""
         written = self._written = Written(start_ns=_core.now_ns())
 
         def write() -> None:
@@ -106,12 +113,14 @@ class AsyncSaver:
             except BaseException as exc:  # told at finish, agreed by every rank there
                 written.error = exc
             written.end_ns = _core.now_ns()
+            written.done.set()  # a drain of these files may begin
             if written.error is None and next_seeds:
                 self._make_patterns(next_seeds)
 
         self._thread = threading.Thread(target=write, name="dlio-mpi checkpoint writer",
                                         daemon=True)
         self._thread.start()
+        return written
 
     @property
     def pending(self) -> bool:

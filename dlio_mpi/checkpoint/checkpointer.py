@@ -216,22 +216,34 @@ class Checkpointer:
         """Collective: save checkpoint `checkpoint_id` (the run's save number `index`);
         the records of the saves complete now: this one, or with async_write the previous
         one (whose write this save waited for; this one's write goes on in the background)."""
-        done = self.drainer.poll() if self.drainer is not None else []
-        self._let_go(done)
-        if self.saver is None:
-            started = _core.now_ns()
-            record = self._save_now(checkpoint_id, index)
-            self._drain(index, checkpoint_id, started)
-            return done + [record]
-        return done + self._save_async(checkpoint_id, index)
+        if self.saver is not None:
+            return self._save_async(checkpoint_id, index)
+        done = self._poll_drains()
+        started = _core.now_ns()
+        record = self._save_now(checkpoint_id, index)
+        self._drain(index, checkpoint_id, started)
+        return done + [record]
 
-    def _drain(self, index: int, checkpoint_id: str, started_ns: int) -> None:
-        """Collective: checkpoint.drain's copy of a checkpoint now complete on the fast tier
-        (`started_ns`: this rank's start of its save)."""
+    def _poll_drains(self) -> list[CheckpointRecord]:
+        """Collective: the drains every rank has finished, completed (after the saves they
+        copy: an asynchronous save is completed first), drain.keep applied."""
+        if self.drainer is None:
+            return []
+        done = self.drainer.poll()
+        self._let_go(done)
+        return done
+
+    def _drain(self, index: int, checkpoint_id: str, started_ns: int, after=None,
+               files: list[AsyncFile] = ()) -> None:
+        """Collective: checkpoint.drain's copy of a checkpoint (`started_ns`: this rank's
+        start of its save), once complete on the fast tier; or, asynchronous, as soon as this
+        rank's write (`after`) of its `files` has ended, without waiting for the save to
+        complete (its copies are listed complete on drain.to only after it)."""
         if self.drainer is not None:
             names = self.writer.file_names([self.layout.shard(r) for r in range(
                 self.comm.Get_size())]) if self.comm.Get_rank() == 0 else []
-            self.drainer.start(index, checkpoint_id, self.shard, names, started_ns)
+            self.drainer.start(index, checkpoint_id, self.shard, names, started_ns, after,
+                               [f.tmp for f in files])
 
     def _let_go(self, drained: list[CheckpointRecord]) -> None:
         """Collective: drain.keep applied to the fast tier once checkpoints are drained (rank
@@ -279,6 +291,7 @@ class Checkpointer:
         them in the background (async_write.py)."""
         stall_start = _core.now_ns()
         done = self._finish_save()
+        done += self._poll_drains()
         waited = _core.now_ns() - stall_start
         names = self._begin(checkpoint_id)
         files = self.writer.async_files(checkpoint_number(checkpoint_id), checkpoint_id,
@@ -299,7 +312,8 @@ class Checkpointer:
         except JobError:
             self._abandon(checkpoint_id, files)
             raise
-        self.saver.start(files, self._seeds(later[0]) if later else [])
+        written = self.saver.start(files, self._seeds(later[0]) if later else [])
+        self._drain(index, checkpoint_id, start, written, files)
         end = _core.now_ns()
         self.pending = PendingSave(index, checkpoint_id, names, files, start,
                                    end - stall_start, snapped - start, waited, nbytes)
@@ -311,11 +325,11 @@ class Checkpointer:
         checkpoint.drain's drains done by every rank completed (all of them waited for when
         `final`: the run's end, or restores that read drain.to). Their records."""
         done = self._finish_save()
-        if self.drainer is not None:
-            drains = self.drainer.finish_all() if final else self.drainer.poll()
+        if self.drainer is not None and final:
+            drains = self.drainer.finish_all()
             self._let_go(drains)
-            done += drains
-        return done
+            return done + drains
+        return done + self._poll_drains()
 
     def _finish_save(self) -> list[CheckpointRecord]:
         """Wait for the asynchronous save under way, if any, give its files their names and
@@ -347,7 +361,6 @@ class Checkpointer:
         figures = gather_async(self.comm, p.stall_ns, p.snapshot_ns, p.waited_ns,
                                written.end_ns - written.start_ns, overlap,
                                wait_end - wait_start, p.snapshot_bytes)
-        self._drain(p.index, p.checkpoint_id, p.start_ns)
         return [replace(record, asynchronous=figures)]
 
     def _abandon(self, checkpoint_id: str, files: list[AsyncFile]) -> None:

@@ -50,7 +50,9 @@ SLICE = 256 << 20  # bytes copied between two looks at the stop signal and at cl
 @dataclass
 class Piece:
     """Bytes [offset, offset + length) of `src` into the same offsets of `tmp` (length None:
-    the whole file), renamed to `final` by this rank (`own`) or by rank 0 (a shared file)."""
+    the whole file), renamed to `final` by this rank (`own`) or by rank 0 (a shared file).
+    `src_tmp`: where an asynchronous save's file is until its save completes (read from
+    there if it is still there, else from `src`)."""
 
     src: str
     tmp: str
@@ -58,6 +60,7 @@ class Piece:
     offset: int = 0
     length: int | None = None
     own: bool = True
+    src_tmp: str = ""
 
 
 @dataclass
@@ -69,12 +72,13 @@ class DrainJob:
     names: list[str]
     pieces: list[Piece]
     save_start_ns: int
+    after: object = None  # what the copy waits for: an asynchronous save's write (complete())
     start_ns: int = 0
     end_ns: int = 0
     bytes: int = 0
     syncs: int = 0
     sync_ns: int = 0
-    outcome: str = ""  # "" under way, "ok", "stopped", or the error's message
+    outcome: str = ""  # "" under way, "ok", "stopped", "skipped" (its save failed), or an error
     error: BaseException | None = field(default=None, repr=False)
 
 
@@ -123,14 +127,18 @@ class Drainer:
 
     # ----------------------------------------------------------------- drains
     def start(self, index: int, checkpoint_id: str, shard: RankShard, names: list[str],
-              save_start_ns: int) -> None:
-        """Collective, once checkpoint `checkpoint_id` is complete on the fast tier: list it
-        begun on drain.to and queue this rank's part of its copy."""
+              save_start_ns: int, after=None, sources: list[str] = ()) -> None:
+        """Collective: list checkpoint `checkpoint_id` begun on drain.to and queue this
+        rank's part of its copy: at once when it is complete on the fast tier, or, for an
+        asynchronous save, once `after` (its write) has ended, from its files' temporary
+        names `sources` (as the pieces), where they are until the save completes."""
         on_root(self.comm, lambda: self.folder.begin(checkpoint_id, names))
         pieces = self._pieces(checkpoint_id, shard)
+        for piece, source in zip(pieces, sources):
+            piece.src_tmp = source
         if self.shared_file is not None:  # rank 0 creates the one copy the ranks write into
             on_root(self.comm, lambda: os.close(create_exclusive(pieces[0].tmp)))
-        job = DrainJob(index, checkpoint_id, names, pieces, save_start_ns)
+        job = DrainJob(index, checkpoint_id, names, pieces, save_start_ns, after)
         self.jobs.append(job)
         with self._cv:
             self._todo.append(job)
@@ -163,21 +171,27 @@ class Drainer:
                 if not self._todo:
                     return
                 job = self._todo[0]
-            job.start_ns = _core.now_ns()
-            try:
-                stopped = any(self._copy(copier, piece, job) for piece in job.pieces)
-                job.outcome = "stopped" if stopped else "ok"
-            except BaseException as exc:  # told at poll, agreed by every rank there
-                job.error, job.outcome = exc, describe(exc)
+            if job.after is not None and not job.after.complete():
+                job.outcome = "skipped"  # its save failed: that failure ends the run
+            else:
+                self._run_job(copier, job)
             job.end_ns = _core.now_ns()
             with self._cv:
                 self._todo.popleft()
                 self._cv.notify_all()
 
+    def _run_job(self, copier, job: DrainJob) -> None:
+        job.start_ns = _core.now_ns()
+        try:
+            stopped = any(self._copy(copier, piece, job) for piece in job.pieces)
+            job.outcome = "stopped" if stopped else "ok"
+        except BaseException as exc:  # told at poll, agreed by every rank there
+            job.error, job.outcome = exc, describe(exc)
+
     def _copy(self, copier, piece: Piece, job: DrainJob) -> bool:
         """One piece; True when a stop signal cut it short."""
         direct = os.O_DIRECT if self.opts.odirect else 0
-        src = os.open(piece.src, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | direct)
+        src = _open_source(piece, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | direct)
         try:
             if piece.own:
                 dst = create_exclusive(piece.tmp)
@@ -226,8 +240,9 @@ class Drainer:
 
     def _complete(self, job: DrainJob) -> CheckpointRecord:
         outcomes = self.comm.allgather(job.outcome)
-        failed = [(rank, o) for rank, o in enumerate(outcomes) if o not in ("ok", "stopped")]
-        if failed or "stopped" in outcomes:
+        failed = [(rank, o) for rank, o in enumerate(outcomes)
+                  if o not in ("ok", "stopped", "skipped")]
+        if failed or "stopped" in outcomes or "skipped" in outcomes:
             self._abandon(job)
             if failed:
                 raise JobError("; ".join(sorted({o for _, o in failed})))
@@ -246,7 +261,7 @@ class Drainer:
                                job.start_ns, job.end_ns, job.syncs, job.sync_ns,
                                self.clock_offset_ns)
         durable = max(self.comm.allgather(job.end_ns - job.save_start_ns)) / 1e9
-        drained = "stopped" not in outcomes
+        drained = not ("stopped" in outcomes or "skipped" in outcomes)
         if drained and self.comm.Get_rank() == 0:
             self.drained.append(job.checkpoint_id)
         return record.with_drain({"complete": drained, "durable_seconds": durable,
@@ -280,6 +295,17 @@ class Drainer:
         for job in self.jobs:
             remove_quietly([p.tmp for p in job.pieces if p.own or self.comm.Get_rank() == 0])
         self.jobs = []
+
+
+def _open_source(piece: Piece, flags: int) -> int:
+    """The fast tier's file: under its temporary name while its save is completing, then
+    under its final name."""
+    if piece.src_tmp:
+        try:
+            return os.open(piece.src_tmp, flags)
+        except FileNotFoundError:
+            pass  # renamed since
+    return os.open(piece.src, flags)
 
 
 def _set_direct(fd: int) -> None:
