@@ -286,3 +286,54 @@ def test_a_drain_target_without_room_is_refused_before_any_io(tmp_path, small_fs
     assert validate.returncode == 0, validate.stderr
     assert "warning         run would refuse: checkpoint.drain.to: the run's 4" \
         in validate.stdout, validate.stdout
+
+
+def _rank_pids(marker: str) -> list[int]:
+    """The pids of the job's Python ranks: processes whose command line holds `marker`."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                with open(f"/proc/{entry.name}/cmdline", "rb") as fp:
+                    argv = fp.read().split(b"\0")
+            except OSError:
+                continue
+            if any(marker.encode() in a for a in argv) and b"dlio_mpi" in argv \
+                    and not any(a.endswith(b"mpiexec") for a in argv):
+                pids.append(int(entry.name))
+    return pids
+
+
+def test_a_rank_killed_mid_drain_ends_the_job_and_the_rerun_drains(tmp_path):
+    """SIGKILL to one rank while the drain copies: the job ends (MPI aborts the others), the
+    fast tier's checkpoint stays complete, nothing on drain.to is listed complete, and the
+    next run removes what the killed one left there and drains."""
+    fast, pfs = tmp_path / "fast", tmp_path / "pfs"
+    settings = [s for s in _settings(tmp_path, fast, writes=1)
+                if not s.startswith("model.model_size_bytes")]
+    command = _dlio_mpi(2, "run", "llama_7b", *settings, "model.model_size_bytes=805306368",
+                        "checkpoint.time_between_checkpoints=0",
+                        f"checkpoint.drain={{to: {pfs}, buffer_bytes: 4194304}}")
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        copy = pfs / "global_epoch1_step1"
+        while not _bytes_in(copy):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.01)
+        ranks = _rank_pids(str(pfs))
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[-1], signal.SIGKILL)
+        out, err = job.communicate(timeout=60)
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise
+    assert job.returncode != 0, (out, err)
+    assert _complete(fast) == {"global_epoch1_step1": True}
+    assert not any(_drained(pfs).values())
+    res = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert _drained(pfs) == {"global_epoch1_step1": True}
+    assert not [n for n in os.listdir(copy) if n.endswith(".tmp")]
