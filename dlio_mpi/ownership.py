@@ -201,11 +201,7 @@ class FolderLock:
                 except FileExistsError:
                     holder = self._holder()
                     if self._alive(holder):
-                        raise UserError(
-                            f"{os.path.dirname(self.path)} is in use by another dlio-mpi job "
-                            f"({holder['what']} on {holder['host']}, pid {holder['pid']}, "
-                            f"since {holder['since']}); wait for it, or if no such job is "
-                            f"running, delete {self.path}") from None
+                        raise self._in_use(holder) from None
                     os.unlink(self.path)  # the job that held it is gone
                     continue
                 self.held = True
@@ -213,6 +209,20 @@ class FolderLock:
         finally:
             remove_quietly([tmp])
         raise UserError(f"{self.path}: could not take the lock (another job took it)")
+
+    def check_free(self) -> None:
+        """Before any I/O: refuse, as acquire would, a folder a live job holds (acquire
+        takes it later, after the run's other checks)."""
+        if os.path.lexists(self.path):
+            holder = self._holder()
+            if self._alive(holder):
+                raise self._in_use(holder)
+
+    def _in_use(self, holder: dict) -> UserError:
+        return UserError(f"{os.path.dirname(self.path)} is in use by another dlio-mpi job "
+                         f"({holder['what']} on {holder['host']}, pid {holder['pid']}, "
+                         f"since {holder['since']}); wait for it, or if no such job is "
+                         f"running, delete {self.path}")
 
     def _holder(self) -> dict:
         try:

@@ -337,3 +337,26 @@ def test_a_rank_killed_mid_drain_ends_the_job_and_the_rerun_drains(tmp_path):
     assert res.returncode == 0, res.stderr
     assert _drained(pfs) == {"global_epoch1_step1": True}
     assert not [n for n in os.listdir(copy) if n.endswith(".tmp")]
+
+
+def test_two_jobs_draining_into_one_folder_one_is_refused(tmp_path):
+    """drain.to is claimed as the checkpoint folder is: job B, with checkpoints of its own
+    but job A's drain.to, is refused before any I/O naming the folder, and A drains whole."""
+    pfs = tmp_path / "pfs"
+    drain = f"checkpoint.drain={{to: {pfs}}}"
+    a = subprocess.Popen(_command(tmp_path / "a", tmp_path / "a-ck",
+                                  "checkpoint.time_between_checkpoints=2", drain),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (pfs / "dlio_mpi.lock").exists():  # A has claimed drain.to
+        assert a.poll() is None and time.monotonic() < deadline, a.communicate()
+        time.sleep(0.02)
+    b = subprocess.run(_command(tmp_path / "b", tmp_path / "b-ck", drain),
+                       capture_output=True, text=True, timeout=120)
+    assert b.returncode == 2, b.stderr
+    assert f"{pfs} is in use by another dlio-mpi job (checkpoint drain on" in b.stderr
+    assert not (tmp_path / "b-ck").exists()  # refused before B wrote anything
+    _, err = a.communicate(timeout=120)
+    assert a.returncode == 0, err
+    assert _drained(pfs) == {"global_epoch1_step1": True, "global_epoch1_step2": True}
+    assert not (pfs / "dlio_mpi.lock").exists()  # released when A ended

@@ -107,6 +107,8 @@ class Drainer:
         too little room there for every save; `check_complete(folder, cid)` for checkpoints
         restored from drain.to without being saved. Returns what is in the way (ours)."""
         self.folder = CheckpointFolder(self.root, self.tag)
+        self.lock = FolderLock(self.root, "checkpoint drain")
+        self.lock.check_free()  # another job's drain.to: refused before the fast tier's claim
         if self.opts.restore_from == "pfs":
             for cid in schedule.load_ids():
                 if not schedule.saved(cid):
@@ -121,7 +123,6 @@ class Drainer:
         """Rank 0, after every check: drain.to made, locked for the run and cleared of our
         earlier checkpoints in the way (returned)."""
         os.makedirs(self.root, exist_ok=True)
-        self.lock = FolderLock(self.root, "checkpoint drain")
         self.lock.acquire()
         return self.folder.clear(in_the_way)
 
