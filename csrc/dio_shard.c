@@ -98,6 +98,28 @@ static int set_direct(int fd, int on)
     return fcntl(fd, F_SETFL, flags) == 0 ? 0 : -errno;
 }
 
+/* The end of a write of nbytes at offset begun at t0 (rc: its outcome so far, done bytes
+ * written): its times in st, the fsync when asked (timed apart), and the error naming the
+ * call that failed.  0 or -errno. */
+static int end_write(int fd, int do_fsync, int rc, int64_t t0, int64_t done, int64_t nbytes,
+                     int64_t offset, dio_shard_stats *st, const char *path, dio_error *err)
+{
+    st->io_ns = dio_now_ns() - t0;
+    st->bytes = done;
+    if (rc == 0 && do_fsync) {
+        t0 = dio_now_ns();
+        if (fsync(fd) != 0)
+            rc = -errno;
+        st->sync_ns = dio_now_ns() - t0;
+        st->syncs = 1;
+    }
+    if (rc < 0)
+        return dio_fail(err, -rc, path, "%s %s at offset %lld: %s",
+                        done < nbytes ? "pwrite" : "fsync", path,
+                        (long long)(offset + done), strerror(-rc));
+    return 0;
+}
+
 int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                     int odirect, int do_fsync, dio_shard_stats *st, const char *path,
                     dio_error *err)
@@ -135,21 +157,8 @@ int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_
         done += (int64_t)n;
         k++;
     }
-    st->io_ns = dio_now_ns() - t0;
-    st->bytes = done;
-    if (rc == 0 && do_fsync) {
-        t0 = dio_now_ns();
-        if (fsync(fd) != 0)
-            rc = -errno;
-        st->sync_ns = dio_now_ns() - t0;
-        st->syncs = 1;
-    }
     free(buf);
-    if (rc < 0)
-        return dio_fail(err, -rc, path, "%s %s at offset %lld: %s",
-                        done < nbytes ? "pwrite" : "fsync", path,
-                        (long long)(offset + done), strerror(-rc));
-    return 0;
+    return end_write(fd, do_fsync, rc, t0, done, nbytes, offset, st, path, err);
 }
 
 #define STREAM_MIN ((size_t)1 << 20) /* blocks at least this large bypass the CPU's caches */
@@ -249,20 +258,7 @@ int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, si
             break;
         done += (int64_t)n;
     }
-    st->io_ns = dio_now_ns() - t0;
-    st->bytes = done;
-    if (rc == 0 && do_fsync) {
-        t0 = dio_now_ns();
-        if (fsync(fd) != 0)
-            rc = -errno;
-        st->sync_ns = dio_now_ns() - t0;
-        st->syncs = 1;
-    }
-    if (rc < 0)
-        return dio_fail(err, -rc, path, "%s %s at offset %lld: %s",
-                        done < nbytes ? "pwrite" : "fsync", path,
-                        (long long)(offset + done), strerror(-rc));
-    return 0;
+    return end_write(fd, do_fsync, rc, t0, done, nbytes, offset, st, path, err);
 }
 
 int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,

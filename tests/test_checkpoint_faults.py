@@ -230,26 +230,38 @@ def test_a_drain_out_of_room_ends_the_job_keeps_the_fast_tier_and_leaves_no_copy
     assert (small_fs / "someone_elses_file").exists()
 
 
+def _drain_under_way(tmp_path, fast, pfs) -> tuple[list[str], subprocess.Popen]:
+    """A job saving one checkpoint of 2 x 768 MiB to `fast` and draining it to `pfs` in
+    4 MiB calls, started and waited for until its drain has copied bytes: its command line
+    (for a rerun) and its process (its own session, for signals)."""
+    settings = [s for s in _settings(tmp_path, fast, writes=1)
+                if not s.startswith("model.model_size_bytes")]
+    command = _dlio_mpi(2, "run", "llama_7b", *settings, "model.model_size_bytes=805306368",
+                        "checkpoint.time_between_checkpoints=0",
+                        f"checkpoint.drain={{to: {pfs}, buffer_bytes: 4194304}}")
+    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not _bytes_in(pfs / "global_epoch1_step1"):
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.01)
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise
+    return command, job
+
+
 def test_a_stop_signal_cuts_a_drain_short_the_fast_tier_kept_and_a_rerun_works(tmp_path):
     """SIGTERM (a scheduler's time limit) during a drain of 2 x 768 MiB: the drain stops
     after its current call, the job ends as a stopped run does (128 + 15), the fast tier's
     checkpoint stays complete, drain.to holds nothing that looks complete, and the next run
     drains into it."""
     fast, pfs = tmp_path / "fast", tmp_path / "pfs"
-    settings = [s for s in _settings(tmp_path, fast, writes=1)
-                if not s.startswith("model.model_size_bytes")]
-    command = _dlio_mpi(2, "run", "llama_7b", *settings, "model.model_size_bytes=805306368",
-                        "checkpoint.time_between_checkpoints=0",
-                        f"checkpoint.drain={{to: {pfs}, buffer_bytes: 4194304}}")
-    job = subprocess.Popen(command,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    command, job = _drain_under_way(tmp_path, fast, pfs)
+    copy = pfs / "global_epoch1_step1"
     try:
-        deadline = time.monotonic() + 60
-        copy = pfs / "global_epoch1_step1"
-        while not _bytes_in(copy):
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.01)
         os.killpg(job.pid, signal.SIGTERM)
         out, err = job.communicate(timeout=60)
     except BaseException:
@@ -309,19 +321,9 @@ def test_a_rank_killed_mid_drain_ends_the_job_and_the_rerun_drains(tmp_path):
     fast tier's checkpoint stays complete, nothing on drain.to is listed complete, and the
     next run removes what the killed one left there and drains."""
     fast, pfs = tmp_path / "fast", tmp_path / "pfs"
-    settings = [s for s in _settings(tmp_path, fast, writes=1)
-                if not s.startswith("model.model_size_bytes")]
-    command = _dlio_mpi(2, "run", "llama_7b", *settings, "model.model_size_bytes=805306368",
-                        "checkpoint.time_between_checkpoints=0",
-                        f"checkpoint.drain={{to: {pfs}, buffer_bytes: 4194304}}")
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    command, job = _drain_under_way(tmp_path, fast, pfs)
+    copy = pfs / "global_epoch1_step1"
     try:
-        deadline = time.monotonic() + 60
-        copy = pfs / "global_epoch1_step1"
-        while not _bytes_in(copy):
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.01)
         ranks = _rank_pids(str(pfs))
         assert len(ranks) == 2, ranks
         os.kill(ranks[-1], signal.SIGKILL)
