@@ -53,12 +53,14 @@ def _digests(folder) -> dict[str, str]:
     return out
 
 
-@pytest.mark.parametrize(("layout", "odirect"), [("file_per_rank", False),
-                                                 ("file_per_rank", True),
-                                                 ("shared", False), ("shared", True)])
-def test_asynchronous_saves_write_what_synchronous_saves_write(shared_tmp, layout, odirect):
+@pytest.mark.parametrize(("layout", "odirect", "rank_sync"), [
+    ("file_per_rank", False, False), ("file_per_rank", True, True), ("shared", False, True),
+    ("shared", True, False)])
+def test_asynchronous_saves_write_what_synchronous_saves_write(shared_tmp, layout, odirect,
+                                                               rank_sync):
     comm = _comm()
-    common = {"checkpoint.layout": layout, "checkpoint.odirect": str(odirect).lower()}
+    common = {"checkpoint.layout": layout, "checkpoint.odirect": str(odirect).lower(),
+              "checkpoint.rank_sync": str(rank_sync).lower()}
     sync = _run(shared_tmp / "sync", **common)
     asyn = _run(shared_tmp / "async", **common, **{"checkpoint.async_write": "true"})
     comm.Barrier()

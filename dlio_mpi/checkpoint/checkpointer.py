@@ -314,6 +314,8 @@ class Checkpointer:
             raise
         written = self.saver.start(files, self._seeds(later[0]) if later else [])
         self._drain(index, checkpoint_id, start, written, files)
+        if self.cfg.checkpoint.rank_sync:  # DLIO's barrier after a save: here, its stall
+            self.comm.Barrier()
         end = _core.now_ns()
         self.pending = PendingSave(index, checkpoint_id, names, files, start,
                                    end - stall_start, snapped - start, waited, nbytes)
