@@ -313,7 +313,8 @@ class Checkpointer:
             self._abandon(checkpoint_id, files)
             raise
         written = self.saver.start(files, self._seeds(later[0]) if later else [])
-        self._drain(index, checkpoint_id, start, written, files)
+        if not self.writer.collective:  # a rank's own files: drained once it wrote them
+            self._drain(index, checkpoint_id, start, written, files)
         if self.cfg.checkpoint.rank_sync:  # DLIO's barrier after a save: here, its stall
             self.comm.Barrier()
         end = _core.now_ns()
@@ -363,6 +364,8 @@ class Checkpointer:
         figures = gather_async(self.comm, p.stall_ns, p.snapshot_ns, p.waited_ns,
                                written.end_ns - written.start_ns, overlap,
                                wait_end - wait_start, p.snapshot_bytes)
+        if self.writer.collective:  # one file: a rank's part of its copy holds a page of its
+            self._drain(p.index, p.checkpoint_id, p.start_ns)  # neighbour's: once all wrote
         return [replace(record, asynchronous=figures)]
 
     def _abandon(self, checkpoint_id: str, files: list[AsyncFile]) -> None:
