@@ -107,6 +107,39 @@ def rank_pids(marker: str) -> list[int]:
     return pids
 
 
+def file_digests(folder) -> dict[str, str]:
+    """Every file under `folder` but dlio-mpi's own (manifests, locks), by its path below
+    it, with its SHA-256."""
+    import hashlib
+
+    out = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if not name.startswith("dlio_mpi"):
+                path = os.path.join(root, name)
+                with open(path, "rb") as fp:
+                    out[os.path.relpath(path, folder)] = hashlib.sha256(fp.read()).hexdigest()
+    return out
+
+
+def started_until(cmd: list[str], ready, timeout: float = 60) -> subprocess.Popen:
+    """`cmd` started in a session of its own (text output piped) and waited for until
+    `ready()`; the test fails if it ends first or takes over `timeout` s (the session
+    killed)."""
+    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
+            time.sleep(0.01)
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise
+    return job
+
+
 def signal_one_rank_when(job: subprocess.Popen, marker: str, ready, sig: int) -> None:
     """Once `ready()`, send `sig` to one rank (the highest pid) of the running `job`."""
     deadline = time.monotonic() + 60

@@ -6,11 +6,11 @@ training that follows; every save is complete when the run ends."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 
 import pytest
+
+from helpers import file_digests
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(180)]
 
@@ -40,19 +40,6 @@ def _run(folder, **values):
     return run(_comm(), cfg)
 
 
-def _digests(folder) -> dict[str, str]:
-    """Every checkpoint file under `folder` by its path below it, with its SHA-256."""
-    out = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            if name.startswith("dlio_mpi_"):
-                continue
-            path = os.path.join(root, name)
-            with open(path, "rb") as fp:
-                out[os.path.relpath(path, folder)] = hashlib.sha256(fp.read()).hexdigest()
-    return out
-
-
 @pytest.mark.parametrize(("layout", "odirect", "rank_sync"), [
     ("file_per_rank", False, False), ("file_per_rank", True, True), ("shared", False, True),
     ("shared", True, False)])
@@ -64,8 +51,8 @@ def test_asynchronous_saves_write_what_synchronous_saves_write(shared_tmp, layou
     sync = _run(shared_tmp / "sync", **common)
     asyn = _run(shared_tmp / "async", **common, **{"checkpoint.async_write": "true"})
     comm.Barrier()
-    files = _digests(shared_tmp / "async" / "ck")
-    assert files and files == _digests(shared_tmp / "sync" / "ck")
+    files = file_digests(shared_tmp / "async" / "ck")
+    assert files and files == file_digests(shared_tmp / "sync" / "ck")
     assert not [f for f in files if f.endswith(".tmp")]
     manifest = json.loads((shared_tmp / "async" / "ck" / "dlio_mpi_checkpoints.json").read_text())
     assert all(entry["complete"] for entry in manifest["checkpoints"].values())

@@ -6,11 +6,12 @@ drain.to's way and not ours is refused before any I/O."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 import pytest
+
+from helpers import file_digests
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(180)]
 
@@ -42,17 +43,6 @@ def _run(folder, drain: str, reads: int = 0, **values):
     return run(_comm(), cfg)
 
 
-def _digests(folder) -> dict[str, str]:
-    out = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            if not name.startswith("dlio_mpi"):
-                path = os.path.join(root, name)
-                with open(path, "rb") as fp:
-                    out[os.path.relpath(path, folder)] = hashlib.sha256(fp.read()).hexdigest()
-    return out
-
-
 def _complete(folder) -> dict[str, bool]:
     body = json.loads((folder / "dlio_mpi_checkpoints.json").read_text())
     return {cid: entry["complete"] for cid, entry in body["checkpoints"].items()}
@@ -67,7 +57,7 @@ def test_every_checkpoint_is_drained_byte_for_byte(shared_tmp, layout, odirect, 
                    **{"checkpoint.layout": layout,
                       "checkpoint.async_write": str(asynchronous).lower()})
     comm.Barrier()
-    fast, pfs = _digests(shared_tmp / "fast"), _digests(shared_tmp / "pfs")
+    fast, pfs = file_digests(shared_tmp / "fast"), file_digests(shared_tmp / "pfs")
     assert fast and pfs == fast  # keep: all
     assert {f.split(os.sep)[0] for f in pfs} == set(IDS)
     assert _complete(shared_tmp / "pfs") == dict.fromkeys(IDS, True)

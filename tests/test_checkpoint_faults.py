@@ -15,6 +15,7 @@ import time
 import pytest
 
 from conftest import mpiexec
+from helpers import rank_pids, started_until
 
 MiB = 1 << 20
 SHARE = 4 * MiB  # per rank and checkpoint
@@ -44,6 +45,13 @@ def _complete(folder) -> dict:
         return {}
 
 
+def _fill_all_but_2_mib(fs) -> None:
+    """Someone else's file takes all but 2 MiB of the room left on `fs`."""
+    st = os.statvfs(fs)
+    with open(fs / "someone_elses_file", "wb") as fp:
+        fp.write(b"\0" * (st.f_bavail * st.f_frsize - 2 * MiB))
+
+
 def _first_written(folder, asynchronous: bool) -> bool:
     """Is the first checkpoint written? Listed complete; or, asynchronous, its files whole
     under their temporary names (the next save lists it, 3 s later)."""
@@ -62,19 +70,11 @@ def test_running_out_of_room_mid_checkpoint_ends_the_job_and_names_the_file(tmp_
     """With checkpoint.async_write the second save's background write runs out of room; the
     run's end waits for it and fails the same way."""
     folder = small_fs / "ck"
-    job = subprocess.Popen(_command(tmp_path, folder, "checkpoint.time_between_checkpoints=3",
-                                    f"checkpoint.async_write={str(asynchronous).lower()}"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    job = started_until(_command(tmp_path, folder, "checkpoint.time_between_checkpoints=3",
+                                 f"checkpoint.async_write={str(asynchronous).lower()}"),
+                        lambda: _first_written(folder, asynchronous))
     try:
-        deadline = time.monotonic() + 60
-        while not _first_written(folder, asynchronous):
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.05)
-        # someone else's file takes the room the second checkpoint was counted on
-        st = os.statvfs(small_fs)
-        with open(small_fs / "someone_elses_file", "wb") as fp:
-            fp.write(b"\0" * (st.f_bavail * st.f_frsize - 2 * MiB))
+        _fill_all_but_2_mib(small_fs)  # the room the second checkpoint was counted on
         started = time.monotonic()
         out, err = job.communicate(timeout=60)
     except BaseException:
@@ -202,18 +202,12 @@ def test_a_drain_out_of_room_ends_the_job_keeps_the_fast_tier_and_leaves_no_copy
     second drain runs out of room; the job ends naming the file, the fast tier keeps both
     checkpoints complete, and drain.to holds only the first, complete."""
     fast, pfs = tmp_path / "fast", small_fs / "pfs"
-    job = subprocess.Popen(_command(tmp_path, fast, "checkpoint.time_between_checkpoints=3",
-                                    f"checkpoint.drain={{to: {pfs}, keep: all}}"),
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
+    job = started_until(_command(tmp_path, fast, "checkpoint.time_between_checkpoints=3",
+                                 f"checkpoint.drain={{to: {pfs}, keep: all}}"),
+                        # copied, 3 s before save 2
+                        lambda: _bytes_in(pfs / "global_epoch1_step1") == 2 * SHARE)
     try:
-        deadline = time.monotonic() + 60
-        while _bytes_in(pfs / "global_epoch1_step1") != 2 * SHARE:  # copied, 3 s before save 2
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.05)
-        st = os.statvfs(small_fs)
-        with open(small_fs / "someone_elses_file", "wb") as fp:
-            fp.write(b"\0" * (st.f_bavail * st.f_frsize - 2 * MiB))
+        _fill_all_but_2_mib(small_fs)
         out, err = job.communicate(timeout=60)
     except BaseException:
         os.killpg(job.pid, signal.SIGKILL)
@@ -239,18 +233,7 @@ def _drain_under_way(tmp_path, fast, pfs) -> tuple[list[str], subprocess.Popen]:
     command = _dlio_mpi(2, "run", "llama_7b", *settings, "model.model_size_bytes=805306368",
                         "checkpoint.time_between_checkpoints=0",
                         f"checkpoint.drain={{to: {pfs}, buffer_bytes: 4194304}}")
-    job = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           start_new_session=True)
-    try:
-        deadline = time.monotonic() + 60
-        while not _bytes_in(pfs / "global_epoch1_step1"):
-            assert job.poll() is None and time.monotonic() < deadline, job.communicate()
-            time.sleep(0.01)
-    except BaseException:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
-        raise
-    return command, job
+    return command, started_until(command, lambda: _bytes_in(pfs / "global_epoch1_step1"))
 
 
 def test_a_stop_signal_cuts_a_drain_short_the_fast_tier_kept_and_a_rerun_works(tmp_path):
@@ -300,22 +283,6 @@ def test_a_drain_target_without_room_is_refused_before_any_io(tmp_path, small_fs
         in validate.stdout, validate.stdout
 
 
-def _rank_pids(marker: str) -> list[int]:
-    """The pids of the job's Python ranks: processes whose command line holds `marker`."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                with open(f"/proc/{entry.name}/cmdline", "rb") as fp:
-                    argv = fp.read().split(b"\0")
-            except OSError:
-                continue
-            if any(marker.encode() in a for a in argv) and b"dlio_mpi" in argv \
-                    and not any(a.endswith(b"mpiexec") for a in argv):
-                pids.append(int(entry.name))
-    return pids
-
-
 def test_a_rank_killed_mid_drain_ends_the_job_and_the_rerun_drains(tmp_path):
     """SIGKILL to one rank while the drain copies: the job ends (MPI aborts the others), the
     fast tier's checkpoint stays complete, nothing on drain.to is listed complete, and the
@@ -324,9 +291,9 @@ def test_a_rank_killed_mid_drain_ends_the_job_and_the_rerun_drains(tmp_path):
     command, job = _drain_under_way(tmp_path, fast, pfs)
     copy = pfs / "global_epoch1_step1"
     try:
-        ranks = _rank_pids(str(pfs))
+        ranks = rank_pids(str(pfs))
         assert len(ranks) == 2, ranks
-        os.kill(ranks[-1], signal.SIGKILL)
+        os.kill(max(ranks), signal.SIGKILL)
         out, err = job.communicate(timeout=60)
     except BaseException:
         os.killpg(job.pid, signal.SIGKILL)
