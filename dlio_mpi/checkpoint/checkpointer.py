@@ -302,13 +302,13 @@ class Checkpointer:
         start = _core.now_ns()
 
         def snapshot() -> tuple[int, int]:
-            nbytes = self.saver.snapshot(files)
-            snapped = _core.now_ns()
-            self.writer.open_async(files)
-            return nbytes, snapped
+            return self.saver.snapshot(files), _core.now_ns()
 
         try:
             nbytes, snapped = check_all(self.comm, snapshot)
+            # apart: a shared file's open is collective, reached by every rank only once
+            # every snapshot is agreed
+            check_all(self.comm, lambda: self.writer.open_async(files))
         except JobError:
             self._abandon(checkpoint_id, files)
             raise
