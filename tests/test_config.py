@@ -964,6 +964,35 @@ def test_an_async_snapshot_past_memory_is_refused_with_the_figures():
                        memory_bytes=2 * 2**30).checkpoint["snapshot_bytes_per_rank"] == 0
 
 
+
+def test_an_async_snapshot_counts_what_reader_staging_holds():
+    """Snapshots of 314 MiB (250 MiB shares, 64 MiB pattern) and 3 batch buffers of 2 MiB on
+    nodes of 2 ranks and 1 GiB take 640 MiB, and replicated staging of 128 files of 1 MiB
+    on each of the 2 ranks 256 MiB: each fits under 80 % (819 MiB) alone, not together.
+    read_once holds a node's half of the files (64 MiB) and fits."""
+    from dlio_mpi.errors import UserError
+    from dlio_mpi.plan.derive import derive_plan
+
+    over = ["workflow.checkpoint=true", "model.parallelism.zero_stage=3",
+            "checkpoint.async_write=true", "dataset.record_length_bytes_stdev=0",
+            "dataset.num_files_train=128", f"model.model_size_bytes={250 * 2**20}"]
+    with pytest.raises(UserError) as info:
+        derive_plan(load_config("demo", [*over, "reader.staging=replicated"]), 4,
+                    ranks_per_node=2, nodes=2, memory_bytes=2 * 2**30)
+    assert str(info.value) == (
+        "checkpoint.async_write: true keeps a snapshot of each rank's share of a checkpoint in "
+        "memory (314.0 MiB for the largest share) beside 3 batch buffers of about 2.0 MiB and "
+        "reader.staging: replicated's 256.0 MiB per node: 896.0 MiB for a node of 2 rank(s), "
+        "more than 80 % of the node's 1.0 GiB of memory; expected async_write: false, more "
+        "ranks (smaller shares), or reader.staging: none")
+    sync = [o for o in over if not o.startswith("checkpoint.async_write")]
+    for fits in ([*over], [*over, "reader.staging=read_once"],
+                 [*sync, "reader.staging=replicated"]):
+        plan = derive_plan(load_config("demo", fits), 4, ranks_per_node=2, nodes=2,
+                           memory_bytes=2 * 2**30)
+        assert plan.steps_per_epoch == 16, fits
+
+
 ODD_VALUES = ["-1", "0", "1e30", "99999999999999999999999", "x", "[1e30]", "{a: 1}", "null",
               "''", ".inf", "[1,2,3,4,5,6,7,8,9,10,11,12,13]"]
 

@@ -112,31 +112,40 @@ def _largest_sample(split: DatasetSplit) -> int:
     return int(np.prod(split.dims.astype(np.int64), axis=1).max())  # two int32 dims each
 
 
-def check_staging_memory(cfg, ranks_per_node: int, nodes: int, node_memory: int) -> None:
-    """reader.staging holds the dataset (as generated) in the nodes' memory: read_once a
-    node's share of it, replicated a copy on every rank (ranks per node x the dataset, none
-    with reader.keep_data false, which reads into one buffer). Refused, before any I/O, where
-    that is more than 80 % of a node's memory."""
+def staging_memory(cfg, ranks_per_node: int, nodes: int) -> tuple[int, str, str]:
+    """What reader.staging holds of the dataset (as generated) in a node's memory: read_once
+    a node's share of it, replicated a copy on every rank (ranks per node x the dataset, none
+    with reader.keep_data false, which reads into one buffer). (bytes per node, what is held,
+    what would hold less); (0, "", "") when it holds nothing."""
     rd, ds = cfg.reader, cfg.dataset
-    if rd.staging == "none" or (rd.staging == "replicated" and not rd.keep_data):
-        return
+    if not cfg.workflow.train or rd.staging == "none" \
+            or (rd.staging == "replicated" and not rd.keep_data):
+        return 0, "", ""
     per_file = ds.num_samples_per_file * ds.record_length_bytes
     files = ds.num_files_train + (ds.num_files_eval if cfg.workflow.evaluation else 0)
     if rd.staging == "replicated":
         per_node = ranks_per_node * files * per_file
-        held = (f"a copy of the dataset in every rank's memory, about {size_text(per_node)} "
+        return (per_node,
+                f"a copy of the dataset in every rank's memory, about {size_text(per_node)} "
                 f"per node ({ranks_per_node} rank(s) of a node each holding {files} files of "
-                f"about {size_text(per_file)})")
-        other = ("fewer ranks per node, reader.keep_data: false (every file read, none kept), "
-                 "or reader.staging: none")
-    else:
-        per_node = -(-files // nodes) * per_file
-        held = (f"the dataset in the nodes' memory, about {size_text(per_node)} per node "
-                f"({files} files of about {size_text(per_file)} over {nodes} node(s))")
-        other = "more nodes, or reader.staging: none"
+                f"about {size_text(per_file)})",
+                "fewer ranks per node, reader.keep_data: false (every file read, none kept), "
+                "or reader.staging: none")
+    per_node = -(-files // nodes) * per_file
+    return (per_node,
+            f"the dataset in the nodes' memory, about {size_text(per_node)} per node "
+            f"({files} files of about {size_text(per_file)} over {nodes} node(s))",
+            "more nodes, or reader.staging: none")
+
+
+def check_staging_memory(cfg, ranks_per_node: int, nodes: int, node_memory: int) -> None:
+    """Refuse, before any I/O, reader.staging that would hold more than 80 % of a node's
+    memory (staging_memory)."""
+    per_node, held, other = staging_memory(cfg, ranks_per_node, nodes)
     if per_node > 0.8 * node_memory:
-        raise UserError(f"reader.staging: {rd.staging} keeps {held}, more than 80 % of a "
-                        f"node's {size_text(node_memory)}; expected a dataset that fits, {other}")
+        raise UserError(f"reader.staging: {cfg.reader.staging} keeps {held}, more than 80 % "
+                        f"of a node's {size_text(node_memory)}; expected a dataset that fits, "
+                        f"{other}")
 
 
 def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
@@ -194,19 +203,30 @@ def _batch_buffers(cfg, plan_bytes: int, steps: int, ranks: int) -> tuple[int, i
 
 
 def check_snapshot_memory(cfg, snapshot: int, plan_bytes: int, steps: int, ranks: int,
-                          ranks_per_node: int, node_memory: int) -> None:
+                          ranks_per_node: int, node_memory: int, staged: int = 0) -> None:
     """checkpoint.async_write keeps a snapshot of each rank's share (`snapshot` bytes with
-    its patterns, the largest rank's) in memory all run, beside the reader's batch buffers:
-    refuse, before any I/O, when a node's ranks would need more than 80 % of its memory."""
+    its patterns, the largest rank's) in memory all run, beside the reader's batch buffers
+    and what reader.staging holds of the dataset (`staged` bytes a node, staging_memory):
+    refuse, before any I/O, when a node would need more than 80 % of its memory for them."""
     slots, batch = _batch_buffers(cfg, plan_bytes, steps, ranks)
     per_rank = snapshot + slots * batch
-    if per_rank * ranks_per_node > 0.8 * node_memory:
+    if per_rank * ranks_per_node + staged <= 0.8 * node_memory:
+        return
+    beside = f"{slots} batch buffers of about {size_text(batch)}"
+    if staged:
+        total = per_rank * ranks_per_node + staged
         raise UserError(
             f"checkpoint.async_write: true keeps a snapshot of each rank's share of a "
             f"checkpoint in memory ({size_text(snapshot)} for the largest share) beside "
-            f"{slots} batch buffers of about {size_text(batch)}: "
-            f"{_memory(per_rank, ranks_per_node, node_memory, 'more than 80 % of')}; "
-            "expected async_write: false, more ranks (smaller shares), or smaller batches")
+            f"{beside} and reader.staging: {cfg.reader.staging}'s {size_text(staged)} per "
+            f"node: {size_text(total)} for a node of {ranks_per_node} rank(s), more than 80 % "
+            f"of the node's {size_text(node_memory)} of memory; expected async_write: false, "
+            "more ranks (smaller shares), or reader.staging: none")
+    raise UserError(
+        f"checkpoint.async_write: true keeps a snapshot of each rank's share of a "
+        f"checkpoint in memory ({size_text(snapshot)} for the largest share) beside {beside}: "
+        f"{_memory(per_rank, ranks_per_node, node_memory, 'more than 80 % of')}; "
+        "expected async_write: false, more ranks (smaller shares), or smaller batches")
 
 
 def _memory(per_rank: int, ranks_per_node: int, node_memory: int,

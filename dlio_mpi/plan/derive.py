@@ -27,6 +27,7 @@ from .checks import (
     check_staging_memory,
     check_tensor_memory,
     check_whole_file_reads,
+    staging_memory,
 )
 from .notes import plan_notes, resolve_read_mode, unused_hints_note
 
@@ -149,8 +150,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
     if cfg.storage.stage_in is not None and cfg.workflow.train:
         check_folders(cfg.storage.stage_in.to,
                       os.path.join(cfg.storage.storage_root, cfg.dataset.data_folder))
-    if cfg.workflow.train:
-        check_staging_memory(cfg, ranks_per_node, nodes, memory_bytes // nodes)
+    check_staging_memory(cfg, ranks_per_node, nodes, memory_bytes // nodes)
     mode = resolve_read_mode(cfg)
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
@@ -195,7 +195,8 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         check_tensor_memory(checkpoint, max(local_ranks, node[0]), node[1])
     if checkpoint is not None and checkpoint["snapshot_bytes_per_rank"]:
         check_snapshot_memory(cfg, checkpoint["snapshot_bytes_per_rank"], epoch_bytes, steps,
-                              ranks, max(local_ranks, node[0]), node[1])
+                              ranks, max(local_ranks, node[0]), node[1],
+                              staging_memory(cfg, ranks_per_node, nodes)[0])
     return RunPlan(
         ranks=ranks, format=fmt, read_mode=mode, train_files=files, train_samples=samples,
         samples_per_rank=steps * cfg.reader.batch_size, steps_per_epoch=steps,
