@@ -178,6 +178,14 @@ int dio_syncfs(int fd);
  * the same array.  Returns 0, or -EINVAL if a value of in is not within [0, n). */
 int dio_permute(uint64_t n, uint64_t seed, const int64_t *in, int64_t count, int64_t *out);
 
+/* ------------------------------------------------------------------ batches from memory */
+
+/* Copy src[at[i], at[i] + length[i]) for i < count, in order and end to end, to dst.  Returns
+ * the bytes copied, or -EINVAL (nothing copied) if a range is not within src's src_len bytes
+ * or the ranges together exceed dst_len. */
+int64_t dio_gather(void *dst, int64_t dst_len, const void *src, int64_t src_len,
+                   const int64_t *at, const int64_t *length, int64_t count);
+
 /* ------------------------------------------------------------------ opening data files */
 
 /* Open a data file (one this process did not create) for reading, unable to block: with

@@ -94,6 +94,8 @@ cdef extern from "dio.h" nogil:
     int dio_stop_on_signals()
     int dio_stop_signal()
     int dio_permute(uint64_t n, uint64_t seed, const int64_t *inp, int64_t count, int64_t *out)
+    int64_t dio_gather(void *dst, int64_t dst_len, const void *src, int64_t src_len,
+                       const int64_t *at, const int64_t *length, int64_t count)
     int dio_odirect_alignment(const char *path, uint32_t *mem_align, uint32_t *offset_align,
                               dio_error *err)
     int dio_probe_odirect(const char *path, dio_error *err)
@@ -691,6 +693,27 @@ def permute(uint64_t n, seed, int64_t[::1] values not None):
     if rc < 0:
         raise ValueError(f"permute: a value is not within [0, {n})")
 
+
+
+def gather(unsigned char[::1] out not None, const unsigned char[::1] src not None,
+           const int64_t[::1] at not None, const int64_t[::1] length not None):
+    """Copy src[at[i]:at[i] + length[i]] for each i, in order and end to end, into out (the GIL
+    released); return the bytes copied. ValueError, nothing copied, if a range is outside src
+    or they do not fit in out."""
+    cdef int64_t count = at.shape[0]
+    cdef int64_t got
+    if length.shape[0] != count:
+        raise ValueError(f"gather: {count} offsets but {length.shape[0]} lengths")
+    if count == 0:
+        return 0
+    with nogil:
+        got = dio_gather(&out[0] if out.shape[0] else NULL, out.shape[0],
+                         &src[0] if src.shape[0] else NULL, src.shape[0], &at[0], &length[0],
+                         count)
+    if got < 0:
+        raise ValueError(f"gather: a range is outside the {src.shape[0]} bytes of the source "
+                         f"or the ranges exceed the {out.shape[0]} bytes of the destination")
+    return got
 
 # ---------------------------------------------------------------------------- direct I/O
 

@@ -742,6 +742,29 @@ def test_permutation_is_a_seeded_bijection():
         _core.permute(10, 1, np.array([10], dtype=np.int64))
 
 
+
+def test_gather_copies_the_ranges_in_order_end_to_end_or_nothing():
+    """_core.gather: what the staging tiers' batches are made of. The ranges come out in the
+    given order (not sorted), end to end; one range outside the source or too much for the
+    destination copies nothing at all."""
+    src = np.frombuffer(np.random.default_rng(7).bytes(1 << 16), dtype=np.uint8)
+    at = np.array([60_000, 5, 1000, 65_530], dtype=np.int64)
+    length = np.array([100, 0, 4096, 6], dtype=np.int64)
+    out = np.full(8192, 0xAB, dtype=np.uint8)
+    assert _core.gather(out, src, at, length) == 4202
+    assert out[:4202].tobytes() == b"".join(src[a:a + n].tobytes() for a, n in zip(at, length))
+    assert set(out[4202:].tolist()) == {0xAB}
+    for bad_at, bad_len, size in ([65_530], [7], 64), ([-1], [1], 64), ([0], [65], 64), \
+            ([0, 10], [40, 40], 64), ([0], [-1], 64):
+        out = np.zeros(size, dtype=np.uint8)
+        with pytest.raises(ValueError, match="gather: a range is outside"):
+            _core.gather(out, src, np.array(bad_at, np.int64), np.array(bad_len, np.int64))
+        assert not out.any()
+    with pytest.raises(ValueError, match="2 offsets but 1 lengths"):
+        _core.gather(out, src, np.zeros(2, np.int64), np.zeros(1, np.int64))
+    assert _core.gather(out, src, np.zeros(0, np.int64), np.zeros(0, np.int64)) == 0
+
+
 def test_discarding_engine_reads_the_same_bytes_into_no_batch_memory(tmp_path):
     paths = make_files(tmp_path, [3 * MiB, MiB])
     batches = [[(0, 0, 3 * MiB), (1, 5, 1000)], [(1, 0, MiB)]]

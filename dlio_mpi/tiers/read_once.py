@@ -112,7 +112,8 @@ class ReadOnceReader(ReaderBackend):
         for s in range(steps):
             # what I send: the samples each rank's batch s needs from me, in its batch order
             dest, pos = np.nonzero(owner[:, s, :] == self.rank)
-            send_at, send_len = where[dest, s, pos], length[dest, s, pos]
+            send_at = np.ascontiguousarray(where[dest, s, pos], dtype=np.int64)
+            send_len = np.ascontiguousarray(length[dest, s, pos], dtype=np.int64)
             send_counts = np.bincount(dest, weights=send_len, minlength=self.size)
             # what I receive: my batch's samples, grouped by the rank holding them
             mine_owner = owner[self.rank, s]
@@ -164,10 +165,7 @@ class ReadOnceReader(ReaderBackend):
         send_at, send_len, send_counts, recv_counts = self._steps[s]
         began = _core.now_ns()
         out = np.empty(int(send_counts.sum()), dtype=np.uint8)
-        put = 0
-        for at, n in zip(send_at.tolist(), send_len.tolist()):
-            out[put:put + n] = self.memory[at:at + n]
-            put += n
+        _core.gather(out, self.memory, send_at, send_len)
         into = np.empty(int(recv_counts.sum()), dtype=np.uint8)
         self.xcomm.Alltoallv([out, (send_counts, _displacements(send_counts)), MPI.BYTE],
                              [into, (recv_counts, _displacements(recv_counts)), MPI.BYTE])

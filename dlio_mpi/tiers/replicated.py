@@ -87,8 +87,10 @@ class ReplicatedReader(ReaderBackend):
         batch = len(plan.sample_ids) // max(steps, 1)
         ids = np.asarray(plan.sample_ids[:steps * batch], dtype=np.int64).reshape(steps, batch)
         self._ids = ids
-        self._where, self._length = sample_places(self.layout, self.base,
-                                                  self.files.split.samples_per_file, ids)
+        where, length = sample_places(self.layout, self.base,
+                                      self.files.split.samples_per_file, ids)
+        self._where = np.ascontiguousarray(where, dtype=np.int64)  # rows for _core.gather
+        self._length = np.ascontiguousarray(length, dtype=np.int64)
         most = int(self._length.sum(axis=1).max(initial=0)) if self.keep else 0
         self.batch = np.empty(most, dtype=np.uint8)  # the batch buffer (what a consumer takes)
         self._plan = plan
@@ -106,11 +108,8 @@ class ReplicatedReader(ReaderBackend):
         if plan is None or s >= plan.steps:
             return None
         began = _core.now_ns()
-        got = 0
-        if self.keep:
-            for at, n in zip(self._where[s].tolist(), self._length[s].tolist()):
-                self.batch[got:got + n] = self.memory[at:at + n]
-                got += n
+        got = _core.gather(self.batch, self.memory, self._where[s], self._length[s]) \
+            if self.keep else 0
         ready = _core.now_ns()
         self.lat_ns[plan.batch_start[s]:plan.batch_start[s + 1]] = ready - began
         self._step += 1
