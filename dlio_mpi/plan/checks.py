@@ -212,20 +212,17 @@ def check_snapshot_memory(cfg, snapshot: int, plan_bytes: int, steps: int, ranks
     per_rank = snapshot + slots * batch
     if per_rank * ranks_per_node + staged <= 0.8 * node_memory:
         return
-    beside = f"{slots} batch buffers of about {size_text(batch)}"
+    held = (f"checkpoint.async_write: true keeps a snapshot of each rank's share of a "
+            f"checkpoint in memory ({size_text(snapshot)} for the largest share) beside {slots} "
+            f"batch buffers of about {size_text(batch)}")
     if staged:
-        total = per_rank * ranks_per_node + staged
         raise UserError(
-            f"checkpoint.async_write: true keeps a snapshot of each rank's share of a "
-            f"checkpoint in memory ({size_text(snapshot)} for the largest share) beside "
-            f"{beside} and reader.staging: {cfg.reader.staging}'s {size_text(staged)} per "
-            f"node: {size_text(total)} for a node of {ranks_per_node} rank(s), more than 80 % "
-            f"of the node's {size_text(node_memory)} of memory; expected async_write: false, "
-            "more ranks (smaller shares), or reader.staging: none")
+            f"{held} and reader.staging: {cfg.reader.staging}'s {size_text(staged)} per node: "
+            f"{size_text(per_rank * ranks_per_node + staged)} for a node of {ranks_per_node} "
+            f"rank(s), more than 80 % of the node's {size_text(node_memory)} of memory; "
+            "expected async_write: false, more ranks (smaller shares), or reader.staging: none")
     raise UserError(
-        f"checkpoint.async_write: true keeps a snapshot of each rank's share of a "
-        f"checkpoint in memory ({size_text(snapshot)} for the largest share) beside {beside}: "
-        f"{_memory(per_rank, ranks_per_node, node_memory, 'more than 80 % of')}; "
+        f"{held}: {_memory(per_rank, ranks_per_node, node_memory, 'more than 80 % of')}; "
         "expected async_write: false, more ranks (smaller shares), or smaller batches")
 
 
