@@ -47,14 +47,16 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
     per_step = len(plan.sample_ids) // max(plan.steps, 1)
     followed = None
     try:
+        # the following threads start before the clock: a thread's start can wait for a core
+        if intervals is not None:
+            followed = intervals.epoch(name, epoch, records, plan, per_step, planned)
+        shown.watch(lambda: int(np.count_nonzero(records[:, SYNCED])),
+                    lambda: int(records[:, BYTES].sum()))
         comm.Barrier()  # all ranks open the block together ...
         block_start = start = _core.now_ns()
         reader.start_epoch(plan)  # ... and read nothing ahead outside it (in step 0's wait)
-        if intervals is not None:
-            followed = intervals.epoch(name, epoch, records, reader.lat_ns, plan, per_step,
-                                       block_start, planned)
-        shown.watch(lambda: int(np.count_nonzero(records[:, SYNCED])),
-                    lambda: int(records[:, BYTES].sum()))
+        if followed is not None:
+            followed.begin(block_start, reader.lat_ns)
         done = 0
         for end in ends:
             done += len(reader.run_steps(  # host work only where it acts (older backends)

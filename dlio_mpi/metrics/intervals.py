@@ -65,24 +65,20 @@ class Delta:
 
 
 class EpochIntervals:
-    """One epoch of one phase, followed from a daemon thread (rank 0's also gathers)."""
+    """One epoch of one phase, followed from a daemon thread (rank 0's also gathers). The
+    thread starts before the epoch's clock (starting a thread can wait for a core for
+    milliseconds) and follows from `begin`."""
 
     def __init__(self, stats: IntervalStats, phase: str, epoch: int, records: np.ndarray,
-                 lat_ns: np.ndarray, plan: ReadPlan, batch: int, start_ns: int,
-                 planned: np.ndarray | None = None) -> None:
+                 plan: ReadPlan, batch: int, planned: np.ndarray | None = None) -> None:
         self.stats, self.phase, self.epoch = stats, phase, epoch
-        self.records, self.lat_ns, self.batch = records, lat_ns, batch
+        self.records, self.batch, self.plan = records, batch, plan
         self.planned = planned  # each step's planned compute, ending at its DEADLINE
-        steps = plan.steps
-        # where each step's requests start in lat_ns: per planned request, or (the framework
-        # loaders) per sample
-        if len(lat_ns) == int(plan.batch_start[-1]):
-            self.lat_start = np.asarray(plan.batch_start, dtype=np.int64)
-        else:
-            self.lat_start = np.arange(steps + 1, dtype=np.int64) * (len(lat_ns) // max(steps, 1))
         self.offset = stats.clock_offset_ns
-        self.start0 = start_ns - self.offset  # the epoch's start on rank 0's clock
+        self.lat_ns = self.lat_start = None
+        self.start0: int | None = None  # the epoch's start on rank 0's clock, from begin()
         self._end0: int | None = None
+        self._begun = threading.Event()
         self._stop = threading.Event()
         self._done = 0  # steps reported so far
         self._sends: list = []
@@ -90,6 +86,19 @@ class EpochIntervals:
         self._thread = threading.Thread(target=self._run, name="dlio-mpi-intervals",
                                         daemon=True)
         self._thread.start()
+
+    def begin(self, start_ns: int, lat_ns: np.ndarray) -> None:
+        """The epoch started at `start_ns` (this rank's clock); its reader fills `lat_ns`."""
+        plan, steps = self.plan, self.plan.steps
+        # where each step's requests start in lat_ns: per planned request, or (the framework
+        # loaders) per sample
+        if len(lat_ns) == int(plan.batch_start[-1]):
+            self.lat_start = np.asarray(plan.batch_start, dtype=np.int64)
+        else:
+            self.lat_start = np.arange(steps + 1, dtype=np.int64) * (len(lat_ns) // max(steps, 1))
+        self.lat_ns = lat_ns
+        self.start0 = start_ns - self.offset
+        self._begun.set()
 
     # ------------------------------------------------------------------ every rank
     def finish(self, end_ns: int) -> None:
@@ -105,8 +114,12 @@ class EpochIntervals:
         """The epoch failed: stop following it (the thread is a daemon; the job aborts)."""
         self._end0 = self._end0 or _core.now_ns() - self.offset
         self._stop.set()
+        self._begun.set()
 
     def _run(self) -> None:
+        self._begun.wait()
+        if self.start0 is None:  # abandoned before it began
+            return
         try:
             self._follow()
         except BaseException as exc:  # raised in finish(), on the main thread
@@ -279,14 +292,13 @@ class IntervalStats:
         origin = comm.bcast(_core.now_ns() if comm.Get_rank() == 0 else None, root=0)
         return IntervalStats(comm.Dup(), seconds, origin, clock_offset_ns, show)
 
-    def epoch(self, phase: str, epoch: int, records: np.ndarray, lat_ns: np.ndarray,
-              plan: ReadPlan, batch: int, start_ns: int,
+    def epoch(self, phase: str, epoch: int, records: np.ndarray, plan: ReadPlan, batch: int,
               planned: np.ndarray | None = None) -> EpochIntervals:
-        """Follow an epoch whose steps fill `records` (training.run_epoch's) and whose reader
-        fills `lat_ns`, from `start_ns` (this rank's clock); `planned`: each step's planned
-        compute (its start: DEADLINE - planned, after any host work; None: at GOT)."""
-        return EpochIntervals(self, phase, epoch, records, lat_ns, plan, batch, start_ns,
-                              planned)
+        """Follow an epoch whose steps fill `records` (training.run_epoch's) from its
+        `begin(start_ns, lat_ns)` (this rank's clock; the reader's latencies); `planned`: each
+        step's planned compute (its start: DEADLINE - planned, after any host work; None: at
+        GOT)."""
+        return EpochIntervals(self, phase, epoch, records, plan, batch, planned)
 
     def row(self, watch: EpochIntervals, parts: list[Delta]) -> None:
         """Rank 0: one interval merged over the ranks that reported it; kept and shown."""
