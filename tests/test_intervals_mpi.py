@@ -42,3 +42,42 @@ def test_intervals_go_on_through_checkpoints_and_add_up(shared_tmp):
     logged = [line for line in (out / "dlio.log").read_text().splitlines()
               if line.startswith("interval: ")]
     assert len(logged) == len(rows)
+
+
+def test_no_thread_starts_inside_an_epochs_clock(shared_tmp, monkeypatch):
+    """The progress and interval threads of an epoch start before its clock: starting a
+    thread can wait milliseconds for a core (on 2 cores with a reader busy: 0.3-3 ms), which
+    step 1's wait would count as the emulator's own time."""
+    import threading
+    import time
+
+    from mpi4py import MPI
+
+    from dlio_mpi import progress
+    from dlio_mpi.config import load_config
+    from dlio_mpi.run import run
+
+    started: list[tuple[str, float]] = []
+    start = threading.Thread.start
+
+    def recorded(thread):
+        started.append((thread.name, time.time()))
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", recorded)
+    comm = MPI.COMM_WORLD
+    monkeypatch.setattr(progress, "_reporter", progress._reporter)  # restored after
+    progress.configure(comm.Get_rank(), 0.05)  # as cli.main does: rank 0 shows progress
+    cfg = load_config("demo", workload_overrides(
+        shared_tmp, dataset__num_files_train=8 * comm.Get_size(), train__computation_time=0.005,
+        train__epochs=3, output__stats_interval=0.05, output__progress_interval=0.05))
+    run(comm, cfg)
+    stats = json.loads((shared_tmp / "out" / "per_epoch_stats.json").read_text())
+    mine = [next(r for r in stats[e]["per_rank"] if r["rank"] == comm.Get_rank())
+            for e in ("1", "2", "3")]
+    names = {name for name, _ in started}
+    assert "dlio-mpi-intervals" in names, names
+    assert comm.Get_rank() != 0 or "dlio-mpi-progress" in names, names
+    inside = [(name, at, e["start"]) for name, at in started for e in mine
+              if e["start"] <= at <= e["end"]]
+    assert not inside, inside
