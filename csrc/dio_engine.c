@@ -474,7 +474,27 @@ void dio_engine_wake(dio_engine *e)
         wake_readers(e);
 }
 
+/* Under the lock: poll for batch b's `n` requests being done, for up to poll_ns, with the lock
+ * released (readers update bs->done under it with atomic stores); returns the ns spent. */
+static int64_t poll_batch(dio_engine *e, const batch_state *bs, int64_t n, int64_t poll_ns)
+{
+    int64_t began = dio_now_ns(), now = began;
+    pthread_mutex_unlock(&e->mu);
+    while (__atomic_load_n(&bs->done, __ATOMIC_ACQUIRE) < n && now - began < poll_ns) {
+        sched_yield();
+        now = dio_now_ns();
+    }
+    pthread_mutex_lock(&e->mu);
+    return now - began;
+}
+
 int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
+{
+    return dio_engine_next_polling(e, out, flags, 0, NULL, err);
+}
+
+int dio_engine_next_polling(dio_engine *e, dio_batch *out, int flags, int64_t poll_ns,
+                            int64_t *polled_ns, dio_error *err)
 {
     batch_state *bs;
     int64_t b, n;
@@ -516,6 +536,11 @@ int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
         } else {
             if (bs->done < n)
                 wake_readers(e); /* never sleep on readers that wait for our release */
+            if (poll_ns > 0 && bs->done < n && e->err_batch > b) {
+                int64_t spent = poll_batch(e, bs, n, poll_ns);
+                if (polled_ns)
+                    *polled_ns += spent;
+            }
             e->wait_batch = b;
             while (bs->done < n && e->err_batch > b)
                 if (eng_wait_readers(e, 1, &e->first_err) < 0) { /* the watchdog ends the epoch */

@@ -275,7 +275,7 @@ void eng_finish_chunk(dio_engine *e, worker *w, int64_t b, const chunk_result *r
     batch_state *bs = &e->batches[b];
     int wake = 0;
     e->inflight--;
-    bs->done += r->ndone;
+    __atomic_store_n(&bs->done, bs->done + r->ndone, __ATOMIC_RELEASE); /* polled unlocked */
     bs->bytes_read += r->bytes;
     bs->read_ops += r->ops;
     __atomic_fetch_add(&e->bytes_read, r->bytes, __ATOMIC_RELAXED);

@@ -74,7 +74,8 @@ int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_syn
         dio_step_record *r = &out[i];
         int64_t compute = steps->compute_ns[i], began;
         dio_batch b;
-        int rc = dio_engine_next(e, &b, DIO_NEXT_DEFER_WAKE, err);
+        int rc = dio_engine_next_polling(e, &b, DIO_NEXT_DEFER_WAKE, pacer->batch_poll_ns,
+                                         &pacer->batch_polled_ns, err);
         if (rc <= 0)
             return rc < 0 ? rc : dio_fail(err, EIO, "", "run_steps: the engine has %lld "
                                           "batches, the plan %lld", (long long)i,

@@ -31,6 +31,8 @@ cdef extern from "dio.h" nogil:
         int64_t fixed_spin_ns
         int64_t waits
         int64_t spun_ns
+        int64_t batch_poll_ns
+        int64_t batch_polled_ns
 
     void dio_pacer_init(dio_pacer *p, int64_t fixed_spin_ns)
     int64_t dio_pacer_wait(dio_pacer *p, int64_t deadline_ns)
@@ -294,13 +296,17 @@ def set_timer_slack_ns(uint64_t slack_ns):
 
 
 cdef class Pacer:
-    """Paces compute waits precisely (dio_pacer): each wait sleeps until `spin_ns` before its
-    deadline and polls the clock for the rest; fixed_spin_ns < 0 adapts the spin to how late
-    this machine's sleeps wake up. One thread at a time."""
+    """Paces the step loop's waits (dio_pacer): each compute wait sleeps until `spin_ns` before
+    its deadline and polls the clock for the rest (fixed_spin_ns < 0 adapts the spin to how
+    late this machine's sleeps wake up); the C step loop polls for a batch still being read
+    for up to batch_poll_ns before sleeping (dio_engine_next_polling). One thread at a time."""
     cdef dio_pacer p
 
-    def __cinit__(self, int64_t fixed_spin_ns=-1):
+    def __cinit__(self, int64_t fixed_spin_ns=-1, int64_t batch_poll_ns=0):
+        if batch_poll_ns < 0:
+            raise ValueError(f"batch_poll_ns must be >= 0, got {batch_poll_ns}")
         dio_pacer_init(&self.p, fixed_spin_ns)
+        self.p.batch_poll_ns = batch_poll_ns
 
     def wait_until(self, int64_t deadline_ns):
         """Wait (GIL released) until the CLOCK_MONOTONIC deadline; returns now_ns() after."""
@@ -326,6 +332,15 @@ cdef class Pacer:
     def spun_ns(self):
         """Time spent polling the clock over all waits."""
         return self.p.spun_ns
+
+    @property
+    def batch_poll_ns(self):
+        return self.p.batch_poll_ns
+
+    @property
+    def batch_polled_ns(self):
+        """Time the C step loop spent polling for batches, over all steps."""
+        return self.p.batch_polled_ns
 
 
 # ---------------------------------------------------------------------------- checksums

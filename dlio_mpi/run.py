@@ -61,7 +61,7 @@ from .metrics.summary import (
     node_bandwidth,
 )
 from .metrics.trace import RankTrace, trace_name
-from .mpi.pacing import Pacing, make_pacing
+from .mpi.pacing import Pacing, auto_batch_spin_ns, make_pacing, usable_cpus
 from .mpi.topology import Topology, discover, emulated_ranks_per_node
 from .ownership import remove_quietly
 from .plan.derive import RunPlan, derive_plan, derive_plan_everywhere
@@ -725,7 +725,10 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     if cfg.workflow.generate_data:
         generation, striping = _generate_in_run(comm, cfg, plan, out, tracer, striping)
     summary, stop, done = None, 0, "training epoch(s)"
-    pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us)
+    pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us,
+                         cfg.train.batch_spin_us,
+                         auto_batch_spin_ns(topo.host_ranks, cfg.reader.read_threads,
+                                            usable_cpus()))
     record = RunRecord(start, out, pacing, striping, generation, checkpoints)
     staged = None
     with contextlib.ExitStack() as held:

@@ -429,6 +429,7 @@ ACTING = {
     "reader.keep_data", "reader.access_order", "train.epochs", "train.total_training_steps",
     "train.computation_time",
     "train.seed", "train.seed_change_epoch", "train.compute_spin_us", "train.sync_spin_us",
+    "train.batch_spin_us",
     "evaluation.eval_time", "evaluation.eval_after_epoch", "evaluation.epochs_between_evals",
     "output.folder", "output.metric.exclude_start_steps", "output.metric.exclude_end_steps",
     "output.access_log", "metric.au", "reader.file_access", "reader.mpiio_hints",

@@ -729,6 +729,55 @@ def test_pacer_waits_until_the_deadline_and_adapts_its_spin():
     assert fixed.spun_ns < 1_000_000  # it slept: the spin only covers its own lateness
 
 
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("poll_ms,stall_ms", [(0, 20), (60, 20), (5, 40)])
+def test_the_step_loop_polls_for_a_batch_being_read_then_sleeps(monkeypatch, tmp_path,
+                                                                poll_ms, stall_ms):
+    """Pacer(batch_poll_ns): a step whose batch is still being read polls for it up to the
+    limit, then sleeps until the readers signal it. The read of f1.bin stalls (the engine's
+    test hook): polled for 60 ms, the step stops polling when the batch is there (before the
+    limit); for 5 ms, it polls 5 ms and sleeps the rest (on no CPU); 0 never polls. Either
+    way every step gets its batch, and ready <= got."""
+    monkeypatch.setenv("DLIO_MPI_TEST_STALL", f"read:{stall_ms / 1e3}:f1.bin")
+    paths = make_files(tmp_path, [4096] * 3)
+    out = np.zeros((3, 8), dtype=np.int64)
+    pacer = _core.Pacer(0, poll_ms * 1_000_000)
+    assert pacer.batch_poll_ns == poll_ms * 1_000_000
+    with _core.Engine(1, 1) as engine:
+        engine.set_files(paths)
+        engine.start_epoch(EpochRequests(*arrays([[(f, 0, 4096)] for f in range(3)])))
+        cpu = time.thread_time_ns()
+        done = engine.run_steps(pacer, None, np.zeros(3, dtype=np.int64), _core.now_ns(), out)
+        cpu = time.thread_time_ns() - cpu
+    assert done == 3 and out[:, 6].tolist() == [4096] * 3
+    assert (out[:, 2] >= out[:, 1]).all()  # got >= ready
+    polled = pacer.batch_polled_ns
+    if poll_ms == 0:
+        assert polled == 0
+    elif poll_ms > stall_ms:  # polled until the batch came, well before the limit
+        assert 0 < polled < poll_ms * 1_000_000, polled
+    else:  # polled to the limit, then slept
+        assert poll_ms * 1_000_000 <= polled < (poll_ms + 10) * 1_000_000, polled
+        assert cpu < (stall_ms - 10) * 1_000_000, cpu
+    with pytest.raises(ValueError, match="batch_poll_ns must be >= 0"):
+        _core.Pacer(0, -1)
+
+
+def test_auto_batch_polls_only_where_every_thread_has_a_cpu():
+    from dlio_mpi.mpi.pacing import AUTO_BATCH_SPIN_NS, auto_batch_spin_ns, make_pacing
+
+    assert auto_batch_spin_ns(1, 1, 2) == AUTO_BATCH_SPIN_NS  # a step loop and a reader
+    assert auto_batch_spin_ns(2, 1, 2) == 0                   # 4 threads on 2 CPUs
+    assert auto_batch_spin_ns(4, 3, 16) == AUTO_BATCH_SPIN_NS
+    assert auto_batch_spin_ns(4, 4, 16) == 0
+    assert auto_batch_spin_ns(1, 0, 64) == 0                  # inline reads: nothing to wait for
+    auto = make_pacing(None, None, None, 1_500_000)
+    assert auto.pacer.batch_poll_ns == 1_500_000 and auto.to_json()["batch_spin_us"] == "auto"
+    fixed = make_pacing(None, None, 300.0, 1_500_000)
+    assert fixed.pacer.batch_poll_ns == 300_000 and fixed.to_json()["batch_spin_us"] == 300.0
+
+
 def test_permutation_is_a_seeded_bijection():
     for n in (1, 2, 3, 1000, 4097):
         values = np.arange(n, dtype=np.int64)

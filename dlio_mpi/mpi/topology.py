@@ -39,6 +39,7 @@ class Topology:
     nodes: int
     local_rank: int       # rank within the node
     local_size: int       # ranks on this node
+    host_ranks: int       # ranks on this rank's host (emulated nodes share it)
     ranks_per_node: int   # ranks on rank 0's node (DLIO's npernode)
     emulated: bool        # nodes split by DLIO_MPI_RANKS_PER_NODE
     clock_offset_ns: int  # this rank's monotonic clock minus rank 0's
@@ -86,11 +87,12 @@ def discover(comm, per_node: int | None) -> Topology:
     infos = comm.allgather(host_info() if local_rank == 0 else None)
     hosts = tuple(i for i in infos if i is not None)
     per_node0 = comm.bcast(local_size, root=0)
+    host_ranks = host.Get_size()
     if node is not host:
         node.Free()
     host.Free()
     return Topology(node=leaders.index(leader), nodes=len(leaders), local_rank=local_rank,
-                    local_size=local_size, ranks_per_node=per_node0,
+                    local_size=local_size, host_ranks=host_ranks, ranks_per_node=per_node0,
                     emulated=per_node is not None, clock_offset_ns=offset, hosts=hosts)
 
 
