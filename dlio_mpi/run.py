@@ -61,7 +61,13 @@ from .metrics.summary import (
     node_bandwidth,
 )
 from .metrics.trace import RankTrace, trace_name
-from .mpi.pacing import Pacing, auto_batch_spin_ns, make_pacing, usable_cpus
+from .mpi.pacing import (
+    Pacing,
+    auto_batch_spin_ns,
+    make_pacing,
+    models_loader_costs,
+    usable_cpus,
+)
 from .mpi.topology import Topology, discover, emulated_ranks_per_node
 from .ownership import remove_quietly
 from .plan.derive import RunPlan, derive_plan, derive_plan_everywhere
@@ -728,7 +734,7 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us,
                          cfg.train.batch_spin_us,
                          auto_batch_spin_ns(topo.host_ranks, cfg.reader.read_threads,
-                                            usable_cpus()))
+                                            usable_cpus(), models_loader_costs(cfg.reader)))
     record = RunRecord(start, out, pacing, striping, generation, checkpoints)
     staged = None
     with contextlib.ExitStack() as held:

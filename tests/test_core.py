@@ -764,14 +764,25 @@ def test_the_step_loop_polls_for_a_batch_being_read_then_sleeps(monkeypatch, tmp
         _core.Pacer(0, -1)
 
 
-def test_auto_batch_polls_only_where_every_thread_has_a_cpu():
-    from dlio_mpi.mpi.pacing import AUTO_BATCH_SPIN_NS, auto_batch_spin_ns, make_pacing
+def test_auto_batch_polls_only_where_every_thread_has_a_cpu_and_no_loader_is_modelled():
+    from dlio_mpi.config import load_config
+    from dlio_mpi.mpi.pacing import (
+        AUTO_BATCH_SPIN_NS,
+        auto_batch_spin_ns,
+        make_pacing,
+        models_loader_costs,
+    )
+
+    assert not models_loader_costs(load_config("demo").reader)
+    for key in ("preprocess_time", "preprocess_cpu_time", "step_cpu_time", "step_wait_time"):
+        assert models_loader_costs(load_config("demo", [f"reader.{key}=0.001"]).reader), key
 
     assert auto_batch_spin_ns(1, 1, 2) == AUTO_BATCH_SPIN_NS  # a step loop and a reader
     assert auto_batch_spin_ns(2, 1, 2) == 0                   # 4 threads on 2 CPUs
     assert auto_batch_spin_ns(4, 3, 16) == AUTO_BATCH_SPIN_NS
     assert auto_batch_spin_ns(4, 4, 16) == 0
     assert auto_batch_spin_ns(1, 0, 64) == 0                  # inline reads: nothing to wait for
+    assert auto_batch_spin_ns(1, 1, 64, loader_modelled=True) == 0  # its process sleeps
     auto = make_pacing(None, None, None, 1_500_000)
     assert auto.pacer.batch_poll_ns == 1_500_000 and auto.to_json()["batch_spin_us"] == "auto"
     fixed = make_pacing(None, None, 300.0, 1_500_000)

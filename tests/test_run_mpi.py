@@ -213,12 +213,12 @@ def test_emulated_nodes_split_the_ranks_and_the_host_fields_follow(shared_tmp, m
     # DLIO's data per host: ranks per node x samples / ranks x record length
     assert summary["data_size_per_host_GB"] == pytest.approx(4 * size // size * 4096 / 2**30)
     # the batch poll's "auto" counts the host's ranks, not an emulated node's
-    from dlio_mpi.mpi.pacing import auto_batch_spin_ns, usable_cpus
+    from dlio_mpi.mpi.pacing import auto_batch_spin_ns, models_loader_costs, usable_cpus
 
     pacing = summary["dlio_mpi"]["pacing"]
     assert pacing["batch_spin_us"] == "auto"
     assert pacing["batch_spin_us_now"]["max"] == auto_batch_spin_ns(
-        size, cfg.reader.read_threads, usable_cpus()) / 1e3
+        size, cfg.reader.read_threads, usable_cpus(), models_loader_costs(cfg.reader)) / 1e3
 
 
 def test_a_bad_ranks_per_node_is_one_clear_error(monkeypatch):

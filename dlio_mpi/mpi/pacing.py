@@ -16,8 +16,9 @@ a few microseconds so that what the emulator itself spends does not pass for sto
   (yielding between polls) for `batch_spin_us` before sleeping until the readers signal it.
   A sleeping step loop starts tens to hundreds of microseconds after that signal on a VM (or
   from a deep C-state), time the emulator would add to every step that waits on storage.
-  "auto" polls up to 2 ms where each thread of the host's ranks has a CPU of its own, and not
-  at all where they share: a poll would then take a reader's core.
+  "auto" polls up to 2 ms where each thread of the host's ranks has a CPU of its own and the
+  run replays reads alone, and not at all where they share (a poll would take a reader's
+  core) or where it models a loader's costs (whose training process sleeps for its batch).
 Both run inside the C step loop (dio_steps.c): no Python between a deadline and the next
 compute."""
 
@@ -64,13 +65,24 @@ class Pacing:
                 "batch_polled_seconds": self.pacer.batch_polled_ns / 1e9}
 
 
-def auto_batch_spin_ns(host_ranks: int, read_threads: int, cpus: int) -> int:
+def auto_batch_spin_ns(host_ranks: int, read_threads: int, cpus: int,
+                       loader_modelled: bool = False) -> int:
     """The batch poll of "auto": AUTO_BATCH_SPIN_NS where the step loops and read threads of
     the host's ranks have a CPU each, else 0 (measured at mlperf/dlrm's batch on 2 CPUs: 1
     rank's 2 threads went from 25-33 to 14-18 us of overhead a step polling; 2 ranks' 4
-    threads from about 430 to 540-570)."""
-    return AUTO_BATCH_SPIN_NS if 0 < read_threads and host_ranks * (1 + read_threads) <= cpus \
-        else 0
+    threads from about 430 to 540-570). Also 0 where the run models a loader's costs
+    (`loader_modelled`: reader.preprocess_time, preprocess_cpu_time, step_cpu_time or
+    step_wait_time): the real loader's training process sleeps until its batch comes and pays
+    the wake-up, which the calibrated figures of docs/fidelity.md include (a polling step loop
+    took a calibrated jpeg job at 1 worker from 0.965-0.975 of the real one to 0.83-0.90)."""
+    fits = 0 < read_threads and host_ranks * (1 + read_threads) <= cpus
+    return AUTO_BATCH_SPIN_NS if fits and not loader_modelled else 0
+
+
+def models_loader_costs(reader) -> bool:
+    """Whether the `reader` config models a loader's costs beside its reads."""
+    return any(t.mean > 0 for t in (reader.preprocess_time, reader.preprocess_cpu_time,
+                                    reader.step_cpu_time, reader.step_wait_time))
 
 
 def usable_cpus() -> int:
