@@ -474,8 +474,9 @@ void dio_engine_wake(dio_engine *e)
         wake_readers(e);
 }
 
-/* Under the lock: poll for batch b's `n` requests being done, for up to poll_ns, with the lock
- * released (readers update bs->done under it with atomic stores); returns the ns spent. */
+/* Under the lock: poll for the `n` requests of batch `bs` being done, for up to poll_ns, with
+ * the lock released (readers update bs->done under it with atomic stores); returns the ns
+ * spent. */
 static int64_t poll_batch(dio_engine *e, const batch_state *bs, int64_t n, int64_t poll_ns)
 {
     int64_t began = dio_now_ns(), now = began;

@@ -64,6 +64,7 @@ from .metrics.trace import RankTrace, trace_name
 from .mpi.pacing import (
     Pacing,
     auto_batch_spin_ns,
+    background_threads,
     make_pacing,
     models_loader_costs,
     usable_cpus,
@@ -734,7 +735,8 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
     pacing = make_pacing(cfg.train.compute_spin_us, cfg.train.sync_spin_us,
                          cfg.train.batch_spin_us,
                          auto_batch_spin_ns(topo.host_ranks, cfg.reader.read_threads,
-                                            usable_cpus(), models_loader_costs(cfg.reader)))
+                                            usable_cpus(), models_loader_costs(cfg.reader),
+                                            background_threads(cfg)))
     record = RunRecord(start, out, pacing, striping, generation, checkpoints)
     staged = None
     with contextlib.ExitStack() as held:

@@ -769,6 +769,7 @@ def test_auto_batch_polls_only_where_every_thread_has_a_cpu_and_no_loader_is_mod
     from dlio_mpi.mpi.pacing import (
         AUTO_BATCH_SPIN_NS,
         auto_batch_spin_ns,
+        background_threads,
         make_pacing,
         models_loader_costs,
     )
@@ -783,6 +784,12 @@ def test_auto_batch_polls_only_where_every_thread_has_a_cpu_and_no_loader_is_mod
     assert auto_batch_spin_ns(4, 4, 16) == 0
     assert auto_batch_spin_ns(1, 0, 64) == 0                  # inline reads: nothing to wait for
     assert auto_batch_spin_ns(1, 1, 64, loader_modelled=True) == 0  # its process sleeps
+    assert auto_batch_spin_ns(2, 1, 6, background_threads=1) == AUTO_BATCH_SPIN_NS
+    assert auto_batch_spin_ns(2, 1, 5, background_threads=1) == 0  # an async writer each
+    assert background_threads(load_config("demo")) == 0
+    assert background_threads(load_config("demo", [
+        "workflow.checkpoint=true", "checkpoint.async_write=true",
+        "checkpoint.drain={to: /tmp/pfs}"])) == 2
     auto = make_pacing(None, None, None, 1_500_000)
     assert auto.pacer.batch_poll_ns == 1_500_000 and auto.to_json()["batch_spin_us"] == "auto"
     fixed = make_pacing(None, None, 300.0, 1_500_000)

@@ -720,8 +720,9 @@ class Train:
     sync_spin_us: float | None = key(None, "number", optional=True, minimum=0, maximum=1e6,
                                      unset="auto")
     # ours: a step whose batch the read threads are still reading polls for it (yielding the
-    # core) this long before sleeping. "auto": 2 ms where the host's step loops and read
-    # threads have a CPU each and no loader costs are modelled, else 0 (mpi/pacing.py)
+    # core) this long before sleeping. "auto": 2 ms where the host's step loops, read threads
+    # and checkpoint writers have a CPU each and no loader costs are modelled, else 0
+    # (mpi/pacing.py)
     batch_spin_us: float | None = key(None, "number", optional=True, minimum=0, maximum=1e6,
                                       unset="auto")
     total_eval_steps: int | None = key(None, "int", optional=True, inert=RELEASED_UNREAD)

@@ -66,16 +66,18 @@ class Pacing:
 
 
 def auto_batch_spin_ns(host_ranks: int, read_threads: int, cpus: int,
-                       loader_modelled: bool = False) -> int:
-    """The batch poll of "auto": AUTO_BATCH_SPIN_NS where the step loops and read threads of
-    the host's ranks have a CPU each, else 0 (measured at mlperf/dlrm's batch on 2 CPUs: 1
+                       loader_modelled: bool = False, background_threads: int = 0) -> int:
+    """The batch poll of "auto": AUTO_BATCH_SPIN_NS where the step loops, read threads and
+    `background_threads` (a rank's checkpoint writer and drain) of the host's ranks have a
+    CPU each, else 0 (measured at mlperf/dlrm's batch on 2 CPUs: 1
     rank's 2 threads went from 25-33 to 14-18 us of overhead a step polling; 2 ranks' 4
     threads from about 430 to 540-570). Also 0 where the run models a loader's costs
     (`loader_modelled`: reader.preprocess_time, preprocess_cpu_time, step_cpu_time or
     step_wait_time): the real loader's training process sleeps until its batch comes and pays
     the wake-up, which the calibrated figures of docs/fidelity.md include (a polling step loop
     took a calibrated jpeg job at 1 worker from 0.965-0.975 of the real one to 0.83-0.90)."""
-    fits = 0 < read_threads and host_ranks * (1 + read_threads) <= cpus
+    threads = 1 + read_threads + background_threads
+    fits = 0 < read_threads and host_ranks * threads <= cpus
     return AUTO_BATCH_SPIN_NS if fits and not loader_modelled else 0
 
 
@@ -83,6 +85,15 @@ def models_loader_costs(reader) -> bool:
     """Whether the `reader` config models a loader's costs beside its reads."""
     return any(t.mean > 0 for t in (reader.preprocess_time, reader.preprocess_cpu_time,
                                     reader.step_cpu_time, reader.step_wait_time))
+
+
+def background_threads(cfg) -> int:
+    """The threads a rank runs beside its step loop and readers while it trains: the
+    asynchronous checkpoint writer and the drain (checkpoint/async_write.py, drain.py)."""
+    ck = cfg.checkpoint
+    if not cfg.workflow.checkpoint:
+        return 0
+    return int(ck.async_write) + int(ck.drain is not None)
 
 
 def usable_cpus() -> int:
