@@ -475,9 +475,10 @@ void dio_engine_wake(dio_engine *e)
 }
 
 /* Under the lock: poll for the `n` requests of batch `bs` being done, for up to poll_ns, with
- * the lock released (readers update bs->done under it with atomic stores); returns the ns
- * spent. */
-static int64_t poll_batch(dio_engine *e, const batch_state *bs, int64_t n, int64_t poll_ns)
+ * the lock released (readers update bs->done under it with atomic stores); the time spent is
+ * added to *polled_ns (if not NULL). */
+static void poll_batch(dio_engine *e, const batch_state *bs, int64_t n, int64_t poll_ns,
+                       int64_t *polled_ns)
 {
     int64_t began = dio_now_ns(), now = began;
     pthread_mutex_unlock(&e->mu);
@@ -486,7 +487,8 @@ static int64_t poll_batch(dio_engine *e, const batch_state *bs, int64_t n, int64
         now = dio_now_ns();
     }
     pthread_mutex_lock(&e->mu);
-    return now - began;
+    if (polled_ns)
+        *polled_ns += now - began;
 }
 
 int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
@@ -537,11 +539,8 @@ int dio_engine_next_polling(dio_engine *e, dio_batch *out, int flags, int64_t po
         } else {
             if (bs->done < n)
                 wake_readers(e); /* never sleep on readers that wait for our release */
-            if (poll_ns > 0 && bs->done < n && e->err_batch > b) {
-                int64_t spent = poll_batch(e, bs, n, poll_ns);
-                if (polled_ns)
-                    *polled_ns += spent;
-            }
+            if (poll_ns > 0 && bs->done < n && e->err_batch > b)
+                poll_batch(e, bs, n, poll_ns, polled_ns);
             e->wait_batch = b;
             while (bs->done < n && e->err_batch > b)
                 if (eng_wait_readers(e, 1, &e->first_err) < 0) { /* the watchdog ends the epoch */
