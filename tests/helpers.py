@@ -140,6 +140,18 @@ def started_until(cmd: list[str], ready, timeout: float = 60) -> subprocess.Pope
     return job
 
 
+def ended_after(job: subprocess.Popen, act, timeout: float = 60) -> tuple[str, str]:
+    """`act()` done to the running `job` (a session of its own), then its output once it
+    ends; on any failure, or past `timeout` s, the whole session is killed first."""
+    try:
+        act()
+        return job.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.communicate()
+        raise
+
+
 def signal_one_rank_when(job: subprocess.Popen, marker: str, ready, sig: int) -> None:
     """Once `ready()`, send `sig` to one rank (the highest pid) of the running `job`."""
     deadline = time.monotonic() + 60

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import mpiexec
-from helpers import rank_pids, started_until
+from helpers import ended_after, rank_pids, started_until
 
 MiB = 1 << 20
 SHARE = 4 * MiB  # per rank and checkpoint
@@ -73,14 +73,8 @@ def test_running_out_of_room_mid_checkpoint_ends_the_job_and_names_the_file(tmp_
     job = started_until(_command(tmp_path, folder, "checkpoint.time_between_checkpoints=3",
                                  f"checkpoint.async_write={str(asynchronous).lower()}"),
                         lambda: _first_written(folder, asynchronous))
-    try:
-        _fill_all_but_2_mib(small_fs)  # the room the second checkpoint was counted on
-        started = time.monotonic()
-        out, err = job.communicate(timeout=60)
-    except BaseException:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
-        raise
+    started = time.monotonic()
+    out, err = ended_after(job, lambda: _fill_all_but_2_mib(small_fs))  # the room counted on
     assert job.returncode == 2, (out, err)
     assert time.monotonic() - started < 30  # the time between checkpoints, then the failure
     second = folder / "global_epoch1_step2"
@@ -206,13 +200,7 @@ def test_a_drain_out_of_room_ends_the_job_keeps_the_fast_tier_and_leaves_no_copy
                                  f"checkpoint.drain={{to: {pfs}, keep: all}}"),
                         # copied, 3 s before save 2
                         lambda: _bytes_in(pfs / "global_epoch1_step1") == 2 * SHARE)
-    try:
-        _fill_all_but_2_mib(small_fs)
-        out, err = job.communicate(timeout=60)
-    except BaseException:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
-        raise
+    out, err = ended_after(job, lambda: _fill_all_but_2_mib(small_fs))
     assert job.returncode == 2, (out, err)
     second = pfs / "global_epoch1_step2"
     assert "No space left on device" in err and str(second) in err, err
@@ -244,13 +232,7 @@ def test_a_stop_signal_cuts_a_drain_short_the_fast_tier_kept_and_a_rerun_works(t
     fast, pfs = tmp_path / "fast", tmp_path / "pfs"
     command, job = _drain_under_way(tmp_path, fast, pfs)
     copy = pfs / "global_epoch1_step1"
-    try:
-        os.killpg(job.pid, signal.SIGTERM)
-        out, err = job.communicate(timeout=60)
-    except BaseException:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
-        raise
+    out, err = ended_after(job, lambda: os.killpg(job.pid, signal.SIGTERM))
     assert job.returncode == 128 + signal.SIGTERM, (out, err)
     assert _complete(fast) == {"global_epoch1_step1": True}
     assert _drained(pfs) == {}
@@ -290,15 +272,13 @@ def test_a_rank_killed_mid_drain_ends_the_job_and_the_rerun_drains(tmp_path):
     fast, pfs = tmp_path / "fast", tmp_path / "pfs"
     command, job = _drain_under_way(tmp_path, fast, pfs)
     copy = pfs / "global_epoch1_step1"
-    try:
+
+    def kill_one_rank() -> None:
         ranks = rank_pids(str(pfs))
         assert len(ranks) == 2, ranks
         os.kill(max(ranks), signal.SIGKILL)
-        out, err = job.communicate(timeout=60)
-    except BaseException:
-        os.killpg(job.pid, signal.SIGKILL)
-        job.communicate()
-        raise
+
+    out, err = ended_after(job, kill_one_rank)
     assert job.returncode != 0, (out, err)
     assert _complete(fast) == {"global_epoch1_step1": True}
     assert not any(_drained(pfs).values())
