@@ -80,11 +80,16 @@ def test_every_checkpoint_is_drained_byte_for_byte(shared_tmp, layout, odirect, 
     assert described["drained"] == 3 and described["GiB_per_second_mean"] > 0
 
 
-@pytest.mark.parametrize(("keep", "left"), [("last", IDS[-1:]), ("none", [])])
-def test_keep_leaves_the_fast_tier_what_it_says_and_restores_read_the_drained(shared_tmp, keep,
-                                                                             left):
+@pytest.mark.parametrize(("keep", "left", "layout", "asynchronous"), [
+    ("last", IDS[-1:], "file_per_rank", False), ("none", [], "file_per_rank", True),
+    ("last", IDS[-1:], "shared", False),
+    ("none", [], "shared", True)])  # crashed at the restore (issue 30, finding 2)
+def test_keep_leaves_the_fast_tier_what_it_says_and_restores_read_the_drained(
+        shared_tmp, keep, left, layout, asynchronous):
     comm = _comm()
-    summary = _run(shared_tmp, f"keep: {keep}, restore_from: pfs", reads=2)
+    summary = _run(shared_tmp, f"keep: {keep}, restore_from: pfs", reads=2,
+                   **{"checkpoint.layout": layout,
+                      "checkpoint.async_write": str(asynchronous).lower()})
     comm.Barrier()
     assert sorted(e for e in os.listdir(shared_tmp / "fast") if e.startswith("global")) == left
     assert sorted(_complete(shared_tmp / "fast")) == left

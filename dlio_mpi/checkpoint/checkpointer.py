@@ -144,9 +144,9 @@ class Checkpointer:
         self.lock: FolderLock | None = None  # rank 0's, on the folder (run.py holds it)
         self.saves = 0
         self.saver: AsyncSaver | None = None  # checkpoint.async_write's
-        if ck.async_write:
-            sizes = [f.nbytes for f in self.writer.async_files(0, "", self.shard)]
-            self.saver = AsyncSaver(sizes, self.writer.chunk, ck.odirect, ck.fsync,
+        if ck.async_write:  # this rank's files' sizes (`sizes` stays every rank's share)
+            files = [f.nbytes for f in self.writer.async_files(0, "", self.shard)]
+            self.saver = AsyncSaver(files, self.writer.chunk, ck.odirect, ck.fsync,
                                     ck.snapshot_bytes_per_second)
         self.pending: PendingSave | None = None
         self.save_ids: list[str] = []  # the run's saves in order (the next one's patterns)
