@@ -39,6 +39,10 @@ int64_t dio_now_ns(void);
  * Returns dio_now_ns() after waking (>= deadline_ns). */
 int64_t dio_sleep_until_ns(int64_t deadline_ns, int64_t spin_ns);
 
+/* Sleep until deadline_ns (CLOCK_MONOTONIC) in naps of at most 0.1 s, ending early when a stop
+ * signal was received (dio_stop_signal): 0, or -ECANCELED when stopped. */
+int dio_nap_until_ns(int64_t deadline_ns);
+
 /* Spend cpu_ns of the calling thread's CPU time (CLOCK_THREAD_CPUTIME_ID) on integer work over
  * a small thread-local table: the stand-in for CPU work of that cost (a loader's decode and
  * transform, the training process taking a batch).  Unlike a sleep it occupies a core, so

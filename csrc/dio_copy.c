@@ -51,7 +51,10 @@ int dio_copy_range(int src, int dst, int64_t offset, int64_t length, void *buf,
         size_t n = (size_t)(length - done < (int64_t)buf_size ? length - done : (int64_t)buf_size);
         size_t want = src_direct ? (n + align - 1) / align * align : n;
         int64_t t0 = dio_now_ns(), t1;
-        int rc = pread_full(src, buf, want, offset + done, n, src_path, err);
+        int rc = dio_stopped(err, dst_path);
+        if (rc < 0)
+            return rc;
+        rc = pread_full(src, buf, want, offset + done, n, src_path, err);
         if (rc < 0)
             return rc;
         t1 = dio_now_ns();

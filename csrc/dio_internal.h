@@ -59,4 +59,12 @@ int dio_pwrite_all(int fd, const void *buf, size_t n, int64_t offset, const char
  * RENAME_NOREPLACE, or link + unlink where the file system lacks it.  0 or -1 with errno. */
 int dio_rename_noreplace(const char *from, const char *to);
 
+/* Seconds after the first SIGINT/SIGTERM before the process ends by the signal's default
+ * action if it has not ended by itself (dio_signal.c's backstop). */
+#define DIO_STOP_GRACE_S 20
+
+/* -ECANCELED with *err saying so when a stop signal was received (dio_stop_signal), else 0:
+ * the loops that move bytes or wait call it between two calls. */
+int dio_stopped(dio_error *err, const char *path);
+
 #endif /* DIO_INTERNAL_H */

@@ -113,6 +113,8 @@ static int end_write(int fd, int do_fsync, int rc, int64_t t0, int64_t done, int
         st->sync_ns = dio_now_ns() - t0;
         st->syncs = 1;
     }
+    if (rc == -ECANCELED) /* stopped (dio_stopped filled *err) */
+        return rc;
     if (rc < 0)
         return dio_fail(err, -rc, path, "%s %s at offset %lld: %s",
                         done < nbytes ? "pwrite" : "fsync", path,
@@ -149,6 +151,8 @@ int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_
     t0 = dio_now_ns();
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
+        if ((rc = dio_stopped(err, path)) < 0)
+            break;
         stamp(buf, n, seed, k);
         if (odirect && n % 4096 && (rc = set_direct(fd, 0)) < 0) /* the unaligned tail */
             break;
@@ -219,12 +223,15 @@ int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, size_t chunk,
         return -EINVAL;
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
+        if (dio_stop_signal())
+            return -ECANCELED;
         copy_block(out + done, pattern, n);
         stamp(out + done, n, seed, k);
         done += (int64_t)n;
         k++;
-        if (bytes_per_second > 0) /* the copy's share of time so far */
-            dio_sleep_until_ns(t0 + (int64_t)((double)done / bytes_per_second * 1e9), 0);
+        if (bytes_per_second > 0 && /* the copy's share of time so far */
+            dio_nap_until_ns(t0 + (int64_t)((double)done / bytes_per_second * 1e9)) < 0)
+            return -ECANCELED;
     }
     return 0;
 }
@@ -252,6 +259,8 @@ int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, si
     t0 = dio_now_ns();
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
+        if ((rc = dio_stopped(err, path)) < 0)
+            break;
         if (odirect && n % 4096 && (rc = set_direct(fd, 0)) < 0) /* the unaligned tail */
             break;
         if ((rc = move_all(fd, from + done, n, n, (off_t)(offset + done), 1, &st->calls)) < 0)
@@ -289,6 +298,8 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
         size_t want = (n + 4095) / 4096 * 4096; /* O_DIRECT reads whole pages */
+        if ((rc = dio_stopped(err, path)) < 0)
+            break;
         if ((rc = move_all(fd, buf, n, want, (off_t)(offset + done), 0, &st->calls)) < 0)
             break;
         if (expected) { /* the stamp of every block; the whole block when verify > 1 or
@@ -308,6 +319,8 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t
     st->bytes = done;
     free(buf);
     free(expected);
+    if (rc == -ECANCELED) /* stopped (dio_stopped filled *err) */
+        return rc;
     if (rc == -EILSEQ)
         return dio_fail(err, EIO, path, "checkpoint %s: block %llu at offset %lld does not hold "
                         "the bytes written", path, (unsigned long long)k,

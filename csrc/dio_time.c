@@ -44,6 +44,25 @@ int64_t dio_sleep_until_ns(int64_t deadline_ns, int64_t spin_ns)
     return now;
 }
 
+#define DIO_STOP_POLL_NS 100000000LL /* a long wait looks for a stop every 0.1 s */
+
+int dio_nap_until_ns(int64_t deadline_ns)
+{
+    int64_t now = dio_now_ns();
+    while (now < deadline_ns) {
+        int64_t until = deadline_ns - now > DIO_STOP_POLL_NS ? now + DIO_STOP_POLL_NS
+                                                             : deadline_ns;
+        struct timespec ts = {(time_t)(until / 1000000000), (long)(until % 1000000000)};
+        int rc = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        now = dio_now_ns();
+        if (rc != 0 && rc != EINTR)  /* cannot happen with valid arguments */
+            break;
+        if (dio_stop_signal())
+            return -ECANCELED;
+    }
+    return 0;
+}
+
 #define BURN_TABLE 512   /* uint64 entries the burn's arithmetic writes to (4 KiB) */
 #define BURN_ROUND 2048  /* iterations between two reads of the thread's CPU clock (~µs) */
 
@@ -106,7 +125,6 @@ static int64_t adapted_spin(const dio_pacer *p)
            : spin > DIO_PACER_MAX_SPIN ? DIO_PACER_MAX_SPIN : spin;
 }
 
-#define DIO_STOP_POLL_NS 100000000LL /* a long compute wait looks for a stop every 0.1 s */
 
 int64_t dio_pacer_wait(dio_pacer *p, int64_t deadline_ns)
 {

@@ -228,6 +228,10 @@ cdef extern from "dio.h" nogil:
     void dio_engine_get_counters(const dio_engine *e, dio_engine_counters *out)
 
 
+cdef extern from "errno.h":
+    int ECANCELED  # not in Cython's libc.errno
+
+
 cdef Py_ssize_t GIL_FREE_BYTES = 65536  # checksum/fill calls on less keep the GIL
 
 cdef uint64_t U64_MASK = 0xFFFFFFFFFFFFFFFF
@@ -239,6 +243,10 @@ cdef int _check(int rc, dio_error *err) except -1:
     if rc >= 0:
         return rc
     code = err.code if err.code else -rc
+    if code == ECANCELED:  # a loop that moves bytes saw the stop signal (dio_stopped)
+        from .errors import StopRequested
+
+        raise StopRequested(dio_stop_signal())
     if code <= 0:
         code = EIO
     message = err.message.decode("utf-8", "replace") or f"dio call failed ({code})"
@@ -503,6 +511,10 @@ def shard_snapshot(buffer, seed, const unsigned char[::1] pattern, size_t chunk=
                                     bytes_per_second)
     finally:
         PyBuffer_Release(&view)
+    if rc == -ECANCELED:  # the stop signal, between two blocks or in the pacing's wait
+        from .errors import StopRequested
+
+        raise StopRequested(dio_stop_signal())
     if rc < 0:
         raise ValueError(f"shard_snapshot: a pattern of {plen} bytes is shorter than a block "
                          f"of the shard ({dio_shard_chunk(chunk, len(buffer))} bytes)")

@@ -47,7 +47,42 @@ class Stopped(JobError):
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
+        self.signum = signum
         self.exit_status = 128 + signum
+
+
+class StopRequested(Exception):
+    """Raised on a rank by a loop that moves bytes or waits (a checkpoint write or read, a
+    copy, a paced snapshot, a staging read) when it saw the stop signal (SIGINT, SIGTERM):
+    not a failure. check_all and on_root turn it into Stopped on every rank, where the
+    caller abandons what it was doing and the run ends with its results so far."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {_signal_name(signum)}")
+        self.signum = signum
+
+
+def raise_if_stopped() -> None:
+    """StopRequested when a stop signal was received (for loops in Python that move bytes
+    or wait: between two calls)."""
+    from . import _core
+
+    if signum := _core.stop_signal():
+        raise StopRequested(signum)
+
+
+def _signal_name(signum: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def stopped_everywhere(signum: int) -> Stopped:
+    """The Stopped every rank raises when the ranks agreed on a stop by `signum`."""
+    return Stopped(f"stopped by {_signal_name(signum)}", signum)
 
 
 def describe(exc: BaseException) -> str:
@@ -63,31 +98,39 @@ def describe(exc: BaseException) -> str:
 
 def check_all(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)) -> T:
     """Run `fn` on every rank; if it raised `expected` on any rank, raise JobError everywhere
-    with the distinct messages (and which ranks saw them when not all did)."""
-    result, message = None, None
+    with the distinct messages (and which ranks saw them when not all did); else, if it
+    raised StopRequested on any rank, Stopped everywhere."""
+    result, message, stop = None, None, 0
     try:
         result = fn()
+    except StopRequested as exc:
+        stop = exc.signum
     except expected as exc:
         message = describe(exc)
-    messages = comm.allgather(message)
-    failed = [(rank, msg) for rank, msg in enumerate(messages) if msg is not None]
-    if failed:
+    outcomes = comm.allgather((message, stop))
+    failed = [(rank, msg) for rank, (msg, _) in enumerate(outcomes) if msg is not None]
+    if failed:  # a failure outweighs a stop
         raise JobError(_merge(failed, comm.Get_size()))
+    stops = [signum for _, signum in outcomes if signum]
+    if stops:
+        raise stopped_everywhere(max(stops))
     return result
 
 
 def on_root(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)) -> T:
     """Run `fn` on rank 0 only and broadcast its result; if it raised `expected`, every rank
-    raises JobError with its message."""
+    raises JobError with its message (Stopped for StopRequested)."""
     payload = None
     if comm.Get_rank() == 0:
         try:
             payload = (True, fn())
+        except StopRequested as exc:
+            payload = (False, exc.signum)
         except expected as exc:
             payload = (False, describe(exc))
     ok, value = comm.bcast(payload, root=0)
     if not ok:
-        raise JobError(value)
+        raise stopped_everywhere(value) if isinstance(value, int) else JobError(value)
     return value
 
 

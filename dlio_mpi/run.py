@@ -88,7 +88,7 @@ from .sampling.sharding import (
     rank_draws,
     rank_shard,
 )
-from .storage.filesystems import check_direct_io_folder, check_striping, describe_filesystems
+from .storage.filesystems import check_direct_io, check_striping, describe_filesystems
 from .tiers.cache import CacheTier, room_warning
 from .tiers.stage_in import StageSet, clean_stage, rerooted, stage_in
 from .training import run_epoch
@@ -111,7 +111,8 @@ def prepare(comm, cfg, generating: bool = False) -> tuple[RunPlan, Topology]:
     """Find the nodes, validate what needs the rank count, agreeing on the outcome."""
     topo = discover(comm, check_all(comm, emulated_ranks_per_node))
     plan = derive_plan_everywhere(comm, lambda: derive_plan(
-        cfg, comm.Get_size(), topo.ranks_per_node, topo.nodes, topo.memory_bytes, generating))
+        cfg, comm.Get_size(), topo.ranks_per_node, topo.nodes, topo.memory_bytes, generating,
+        budget=topo.node_budget))
     return plan, topo
 
 
@@ -376,9 +377,14 @@ def train(comm, cfg, plan: RunPlan, topo: Topology, pacing: Pacing, out: OutputF
     wall_offset = time.time_ns() - _core.now_ns()
     if cache is not None:  # what its copies copy (the staged copy, with stage-in)
         cache.source_root = next(iter(plan.splits.values())).root
-    phases = [open_phase(comm, cfg, plan, "train", pacing, cache)]
-    if cfg.workflow.evaluation:
-        phases.append(open_phase(comm, cfg, plan, "eval", pacing, cache))
+    phases: list[Phase] = []
+    try:
+        for name in ("train", "eval") if cfg.workflow.evaluation else ("train",):
+            phases.append(open_phase(comm, cfg, plan, name, pacing, cache))
+    except Stopped as stopped:  # a signal during reader.staging's reads: no epoch ran
+        for phase in phases:
+            phase.reader.close()
+        return [], [], stopped.signum, {}
     done: dict[str, list[EpochSummary]] = {"train": [], "eval": []}
     next_eval = cfg.evaluation.eval_after_epoch
     stop = 0
@@ -688,10 +694,7 @@ def run(comm, cfg, workload: str | None = None,
         if cfg.workflow.checkpoint:  # the checkpoint folder takes the layout too
             on_root(comm, lambda: check_striping(cfg.storage.lustre,
                                                  cfg.checkpoint.checkpoint_folder))
-    if cfg.workflow.checkpoint and cfg.checkpoint.odirect:  # real direct I/O: before any I/O
-        on_root(comm, lambda: check_direct_io_folder(cfg.checkpoint.checkpoint_folder,
-                                                     "checkpoint.checkpoint_folder",
-                                                     "checkpoint.odirect"))
+    on_root(comm, lambda: check_direct_io(cfg, data_root(cfg)))  # real direct I/O, or none
     if cfg.workflow.generate_data and plan.splits:  # no room for the dataset: before any I/O
         on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
     out = open_output(comm, cfg, plan, workload, hydra_record)

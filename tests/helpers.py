@@ -320,3 +320,110 @@ def mounted_tmpfs(path: Path, options: str) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+def _memory_hierarchy(version: int) -> tuple[Path, str] | str:
+    """(the folder to make a child memory cgroup in, its limit file) of this process's
+    cgroup `version` hierarchy, or why there is none to use."""
+    from dlio_mpi.mpi.host_memory import cgroup_folders
+
+    for found, point, path in cgroup_folders():
+        if found != version:
+            continue
+        parent = Path(point) / path.lstrip("/")
+        if version == 2:
+            if "memory" not in (Path(point) / "cgroup.controllers").read_text():
+                return (f"the cgroup v2 hierarchy at {point} has no memory controller on "
+                        "this machine (memory is bound to cgroup v1)")
+            parent = Path(point)  # a child of the root: no internal-process rule there
+            return parent, "memory.max"
+        return parent if parent.is_dir() else Path(point), "memory.limit_in_bytes"
+    return f"no cgroup v{version} memory hierarchy on this machine"
+
+
+@contextmanager
+def memory_cgroup(version: int, limit_bytes: int) -> Iterator[list[str]]:
+    """A memory cgroup (v1 or v2) of `limit_bytes`, made for the with-block and removed
+    after; yields the command prefix that runs a command inside it. Skips the test, with
+    the reason, where this machine or user cannot make one."""
+    where = _memory_hierarchy(version)
+    if isinstance(where, str):
+        pytest.skip(where)
+    parent, limit_file = where
+    group = parent / f"dlio-mpi-test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        group.mkdir()
+        (group / limit_file).write_text(str(limit_bytes))
+    except OSError as exc:
+        if group.exists():
+            group.rmdir()
+        pytest.skip(f"cannot make a memory cgroup v{version} under {parent}: {exc}")
+    try:
+        yield ["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh"]
+    finally:
+        for _ in range(50):  # its processes have exited; the kernel lets the group go
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
+def _blkio_group() -> tuple[Path, str] | str:
+    """(the folder to make a throttling cgroup in, "v1" or "v2"), or why there is none."""
+    v1 = Path("/sys/fs/cgroup/blkio")
+    if (v1 / "blkio.throttle.read_bps_device").exists():
+        return v1, "v1"
+    v2 = Path("/sys/fs/cgroup")
+    if "io" in ((v2 / "cgroup.controllers").read_text().split()
+                if (v2 / "cgroup.controllers").exists() else []):
+        return v2, "v2"
+    return "no block-I/O cgroup controller (v1 blkio, v2 io) on this machine"
+
+
+@contextmanager
+def throttled_fs(tmp_path: Path, mib_per_second: int, size: str = "3G"
+                 ) -> Iterator[tuple[Path, list[str]]]:
+    """An ext4 file system on a loop device over an image in `tmp_path` (direct I/O to it),
+    whose reads and writes are throttled to `mib_per_second` for the processes run through
+    the yielded command prefix (a block-I/O cgroup, as scripts/slow_pfs.sh does): (its mount
+    point, the prefix). Writes are throttled where they reach the device: write it with
+    O_DIRECT. Skips the test where this machine or user cannot make one."""
+    where = _blkio_group()
+    if isinstance(where, str):
+        pytest.skip(where)
+    parent, flavour = where
+    image, mount = tmp_path / "throttled.img", tmp_path / "throttled"
+    subprocess.run(["truncate", "-s", size, str(image)], check=True)
+    made = subprocess.run(["losetup", "--direct-io=on", "--find", "--show", str(image)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot make a loop device here: {made.stderr.strip()}")
+    loop = made.stdout.strip()
+    group = parent / f"dlio-mpi-test-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        subprocess.run(["mkfs.ext4", "-q", "-F", loop], check=True)
+        mount.mkdir()
+        subprocess.run(["mount", loop, str(mount)], check=True)
+        dev = subprocess.run(["lsblk", "-dno", "MAJ:MIN", loop], capture_output=True,
+                             text=True, check=True).stdout.strip()
+        group.mkdir()
+        rate = mib_per_second * 2**20
+        if flavour == "v1":
+            for verb in ("read", "write"):
+                (group / f"blkio.throttle.{verb}_bps_device").write_text(f"{dev} {rate}")
+        else:
+            (group / "io.max").write_text(f"{dev} rbps={rate} wbps={rate}")
+        yield mount, ["sh", "-c", f'echo $$ > {group / "cgroup.procs"} && exec "$@"', "sh"]
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False, capture_output=True)
+        subprocess.run(["losetup", "-d", loop], check=False, capture_output=True)
+        for _ in range(50):
+            try:
+                group.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.1)
+        image.unlink(missing_ok=True)

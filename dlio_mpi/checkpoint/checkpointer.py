@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Callable
 
 from .. import _core, progress
-from ..errors import JobError, UserError, check_all, on_root
+from ..errors import JobError, Stopped, UserError, check_all, on_root
 from ..ownership import FolderLock, remove_quietly
 from ..storage.filesystems import apply_striping
 from .async_write import AsyncSaver
@@ -221,6 +221,8 @@ class Checkpointer:
         done = self._poll_drains()
         started = _core.now_ns()
         record = self._save_now(checkpoint_id, index)
+        if record is None:  # cut short by a stop: nothing to drain
+            return done
         self._drain(index, checkpoint_id, started)
         return done + [record]
 
@@ -272,16 +274,18 @@ class Checkpointer:
         on_root(self.comm, lambda: self.folder.begin(checkpoint_id, names))
         return names
 
-    def _save_now(self, checkpoint_id: str, index: int) -> CheckpointRecord:
+    def _save_now(self, checkpoint_id: str, index: int) -> CheckpointRecord | None:
         """Write this rank's share, list the checkpoint complete when every rank's files are
-        in."""
+        in; None when a stop signal cut it short (its files removed, as a failed save's)."""
         names = self._begin(checkpoint_id)
         try:
             record = self._timed("save", index, checkpoint_id, lambda: self.writer.save(
                 checkpoint_number(checkpoint_id), checkpoint_id, self.shard))
             on_root(self.comm, lambda: self.folder.complete(checkpoint_id, names))
-        except JobError:  # agreed by every rank: none writes any more
+        except JobError as exc:  # agreed by every rank: none writes any more
             on_root(self.comm, lambda: self.folder.abandon(checkpoint_id))
+            if isinstance(exc, Stopped):
+                return None
             raise
         self.saves += 1
         return record
@@ -309,8 +313,10 @@ class Checkpointer:
             # apart: a shared file's open is collective, reached by every rank only once
             # every snapshot is agreed
             check_all(self.comm, lambda: self.writer.open_async(files))
-        except JobError:
+        except JobError as exc:
             self._abandon(checkpoint_id, files)
+            if isinstance(exc, Stopped):  # a paced snapshot cut short: no save
+                return done
             raise
         written = self.saver.start(files, self._seeds(later[0]) if later else [])
         if not self.writer.collective:  # a rank's own files: drained once it wrote them
@@ -353,8 +359,10 @@ class Checkpointer:
             check_all(self.comm, close)
             self.writer.publish_async(p.files)
             on_root(self.comm, lambda: self.folder.complete(p.checkpoint_id, p.names))
-        except JobError:
+        except JobError as exc:
             self._abandon(p.checkpoint_id, p.files)
+            if isinstance(exc, Stopped):  # its write cut short: no save
+                return []
             raise
         st = written.stats
         record = gather_record(self.comm, "save", p.index, p.checkpoint_id, st.bytes,
@@ -413,11 +421,16 @@ class Checkpointer:
     def describe_async(self) -> dict | None:
         return self.saver.describe() if self.saver is not None else None
 
-    def load(self, checkpoint_id: str, index: int) -> CheckpointRecord:
+    def load(self, checkpoint_id: str, index: int) -> CheckpointRecord | None:
         """Collective: read back the share this rank restores (its own, or its shifted
-        neighbour's) with the page cache defeated, checking the bytes."""
-        return self._timed("load", index, checkpoint_id, lambda: self.restorer.load(
-            checkpoint_number(checkpoint_id), checkpoint_id, self.source, drop_cache=True))
+        neighbour's) with the page cache defeated, checking the bytes; None when a stop
+        signal cut it short."""
+        try:
+            return self._timed("load", index, checkpoint_id, lambda: self.restorer.load(
+                checkpoint_number(checkpoint_id), checkpoint_id, self.source,
+                drop_cache=True))
+        except Stopped:
+            return None
 
     def _timed(self, kind: str, index: int, checkpoint_id: str,
                act: Callable[[], IoStats]) -> CheckpointRecord:

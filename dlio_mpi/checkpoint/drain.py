@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .. import _core
-from ..errors import JobError, check_all, describe, on_root
+from ..errors import JobError, StopRequested, check_all, describe, on_root
 from ..ownership import (
     FolderLock,
     create_exclusive,
@@ -44,7 +44,6 @@ from .results import CheckpointRecord, gather_record
 from .sizing import RankShard
 
 PAGE = 4096  # a shared file's parts start at multiples of this (O_DIRECT's alignment)
-SLICE = 256 << 20  # bytes copied between two looks at the stop signal and at close()
 
 
 @dataclass
@@ -98,6 +97,7 @@ class Drainer:
         self._cv = threading.Condition()
         self._closing = False
         self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None  # the copy engine could not be made
         self.drained: list[str] = []        # completed, in order (rank 0's keep policy)
         self.waited_ns = 0                  # finish_all's wait for the last drains
 
@@ -106,7 +106,7 @@ class Drainer:
         """Rank 0, before any I/O: refuse what is in the way on drain.to and is not ours, and
         too little room there for every save; `check_complete(folder, cid)` for checkpoints
         restored from drain.to without being saved. Returns what is in the way (ours)."""
-        self.folder = CheckpointFolder(self.root, self.tag)
+        self.folder = CheckpointFolder(self.root, self.tag, "checkpoint.drain.to")
         self.lock = FolderLock(self.root, "checkpoint drain")
         self.lock.check_free()  # another job's drain.to: refused before the fast tier's claim
         if self.opts.restore_from == "pfs":
@@ -115,8 +115,7 @@ class Drainer:
                     check_complete(self.folder, cid)
         in_the_way = in_the_way_of(self.root, schedule)
         self.folder.check_clear(in_the_way)
-        check_checkpoint_space(self.folder, schedule.saves, in_the_way, checkpoint_bytes,
-                               "checkpoint.drain.to")
+        check_checkpoint_space(self.folder, schedule.saves, in_the_way, checkpoint_bytes)
         return in_the_way
 
     def claim(self, in_the_way: list[str]) -> list[str]:
@@ -164,7 +163,10 @@ class Drainer:
                       at(self.root, name)) for name in shard.names]
 
     def _work(self) -> None:
-        copier = _core.Copier(self.opts.buffer_bytes)
+        try:
+            copier = _core.Copier(self.opts.buffer_bytes)
+        except (MemoryError, ValueError) as exc:  # each drain fails with it, told at poll
+            copier, self.failure = None, exc
         while True:
             with self._cv:
                 while not self._todo and not self._closing:
@@ -174,6 +176,8 @@ class Drainer:
                 job = self._todo[0]
             if job.after is not None and not job.after.complete():
                 job.outcome = "skipped"  # its save failed: that failure ends the run
+            elif copier is None:
+                job.error, job.outcome = self.failure, f"checkpoint.drain: {self.failure}"
             else:
                 self._run_job(copier, job)
             job.end_ns = _core.now_ns()
@@ -186,11 +190,14 @@ class Drainer:
         try:
             stopped = any(self._copy(copier, piece, job) for piece in job.pieces)
             job.outcome = "stopped" if stopped else "ok"
+        except StopRequested:  # the copy engine saw the signal between two calls
+            job.outcome = "stopped"
         except BaseException as exc:  # told at poll, agreed by every rank there
             job.error, job.outcome = exc, describe(exc)
 
     def _copy(self, copier, piece: Piece, job: DrainJob) -> bool:
-        """One piece; True when a stop signal cut it short."""
+        """One piece, a call of drain.buffer_bytes at a time; True when close() cut it short
+        (a stop signal raises StopRequested between two calls)."""
         direct = os.O_DIRECT if self.opts.odirect else 0
         src = _open_source(piece, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | direct)
         try:
@@ -205,9 +212,9 @@ class Drainer:
                                       else piece.length)
                 at = piece.offset
                 while at < end:
-                    if _core.stop_signal() or self._closing:
+                    if self._closing:
                         return True
-                    n = min(SLICE, end - at)
+                    n = min(self.opts.buffer_bytes, end - at)
                     copier.copy(src, dst, at, n, piece.src, piece.tmp)
                     at += n
                     job.bytes += n
@@ -234,8 +241,8 @@ class Drainer:
         """Collective: wait for every drain, complete them (the run's end)."""
         started = _core.now_ns()
         with self._cv:
-            while self._todo:
-                self._cv.wait()
+            while self._todo and self._thread is not None and self._thread.is_alive():
+                self._cv.wait(0.1)
         self.waited_ns = max(self.comm.allgather(_core.now_ns() - started))
         return self.poll()
 

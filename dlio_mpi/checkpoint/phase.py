@@ -59,9 +59,9 @@ def space_warning(cfg, plan) -> str | None:
         folders.append((ck.drain.to, schedule.saves, "checkpoint.drain.to"))
     try:
         for root, saves, key in folders:
-            check_checkpoint_space(CheckpointFolder(root, "validate"), saves,
+            check_checkpoint_space(CheckpointFolder(root, "validate", key), saves,
                                    in_the_way_of(root, schedule),
-                                   plan.checkpoint["total_bytes"], key)
+                                   plan.checkpoint["total_bytes"])
     except (UserError, OSError) as exc:
         return f"run would refuse: {exc}"
     return None
@@ -123,7 +123,10 @@ def run_checkpoint_only(comm, cfg, ckpt: Checkpointer, say) -> tuple[list[Checkp
             if stop:
                 done(ckpt.finish(final=True))
                 return records, stop
-            done(ckpt.save(cid, index) if kind == "save" else [ckpt.load(cid, index)])
+            if kind == "save":
+                done(ckpt.save(cid, index))
+            elif (loaded := ckpt.load(cid, index)) is not None:  # None: cut short by a stop
+                done([loaded])
         # the loads read complete checkpoints, drained (no drain beside their reads); the
         # run ends written
         done(ckpt.finish(final=True))

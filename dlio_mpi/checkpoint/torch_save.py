@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .. import _core
+from ..errors import raise_if_stopped
 from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
 from .file_per_rank import shard_seed
 from .sizing import RankShard
@@ -106,6 +107,7 @@ class TorchSave(CheckpointWriter):
         writes the same tensors."""
         stats = IoStats()
         for index, (name, nbytes) in enumerate(shard.files):
+            raise_if_stopped()  # torch.save writes a file whole: a stop ends the save here
             state = self.state(shard, index)
             final = self.path(checkpoint_id, name)
             tmp = temporary_name(final, self.tag)
@@ -146,6 +148,7 @@ class TorchSave(CheckpointWriter):
         # O_NONBLOCK: a FIFO put in place of a file of ours cannot block the open
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
         for index, (name, nbytes) in enumerate(shard.files):
+            raise_if_stopped()
             path = self.path(checkpoint_id, name)
             fd = os.open(path, flags)
             try:

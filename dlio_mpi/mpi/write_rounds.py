@@ -3,7 +3,8 @@ blocks (file offset, bytes, and what to put there or check there), and round r i
 Write_at_all (Read_at_all) in which every rank moves its block r, or nothing once it has no
 more; the number of rounds is agreed (the most blocks any rank has). Every round's errors are
 agreed by all ranks (errors.check_all), so a rank failing never leaves the others waiting in
-the next collective call. Used by shared dataset generation and shared checkpoints."""
+the next collective call; a stop signal ends them all before the next round (Stopped). Used
+by shared dataset generation and shared checkpoints."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import check_all
+from ..errors import check_all, raise_if_stopped
 
 # (file offset, bytes, fill or check): fill(view) puts the block's bytes in view (writes);
 # check(view) raises OSError if view does not hold them (reads)
@@ -73,9 +74,14 @@ def _rounds(comm, blocks: list[Block], move) -> int:
 
     rounds = comm.allreduce(len(blocks), op=MPI.MAX)
     buffer = np.empty(max((n for _, n, _ in blocks), default=0), dtype=np.uint8)
+
+    def round_of(offset: int, n: int, act) -> None:
+        raise_if_stopped()  # agreed by check_all: every rank leaves before this round
+        move(buffer, offset, n, act)
+
     for r in range(rounds):
         offset, n, act = blocks[r] if r < len(blocks) else (0, 0, None)
-        check_all(comm, lambda offset=offset, n=n, act=act: move(buffer, offset, n, act))
+        check_all(comm, lambda offset=offset, n=n, act=act: round_of(offset, n, act))
     return sum(n for _, n, _ in blocks)
 
 

@@ -114,6 +114,34 @@ def check_direct_io_folder(folder: str, folder_key: str, odirect_key: str) -> No
                         "folder on another file system")
 
 
+def direct_io_uses(cfg, data_folder: str) -> list[tuple[str, str, str]]:
+    """(folder, its key, the O_DIRECT key) of every folder the run reads or writes with
+    O_DIRECT outside the C engine's epochs (whose opens refuse such a file system
+    themselves, naming the file): checkpoints, their drain (both tiers), reader.staging's
+    reads."""
+    uses = []
+    ck = cfg.checkpoint
+    if cfg.workflow.checkpoint and ck.odirect:
+        uses.append((ck.checkpoint_folder, "checkpoint.checkpoint_folder", "checkpoint.odirect"))
+    if cfg.workflow.checkpoint and ck.drain is not None and ck.drain.odirect:
+        uses += [(ck.drain.to, "checkpoint.drain.to", "checkpoint.drain.odirect"),
+                 (ck.checkpoint_folder, "checkpoint.checkpoint_folder",
+                  "checkpoint.drain.odirect")]
+    rd = cfg.reader
+    if cfg.workflow.train and rd.odirect and rd.staging != "none":
+        stage = cfg.storage.stage_in
+        uses.append((stage.to, "storage.stage_in.to", "reader.odirect") if stage is not None
+                    else (data_folder, "dataset.data_folder", "reader.odirect"))
+    return uses
+
+
+def check_direct_io(cfg, data_folder: str) -> None:
+    """Refuse, before any I/O, O_DIRECT asked of a folder on a file system without real
+    direct I/O (direct_io_uses)."""
+    for folder, folder_key, odirect_key in direct_io_uses(cfg, data_folder):
+        check_direct_io_folder(folder, folder_key, odirect_key)
+
+
 def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
     """The mount holding the existing, real `path`: the longest mount point above it, and
     of several at that point the last mounted (the one on top)."""

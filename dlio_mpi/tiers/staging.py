@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .. import _core
-from ..errors import describe
+from ..errors import StopRequested, describe, raise_if_stopped
 from ..mpi.topology import emulated_ranks_per_node
 
 CHUNK = 64 << 20  # bytes per read call while staging
@@ -50,6 +50,7 @@ def read_whole(path: str, size: int, memory: mmap.mmap, at: int | None,
         _refuse_irregular(fd, path)
         done = 0
         while done < size:
+            raise_if_stopped()  # a stop signal ends the staging between two calls
             want = min(CHUNK, size - done)
             if odirect:
                 want = (want + ALIGN - 1) // ALIGN * ALIGN
@@ -66,16 +67,24 @@ def read_whole(path: str, size: int, memory: mmap.mmap, at: int | None,
 
 def timed_staging(comm, reading: Callable[[], int]) -> tuple[int, float]:
     """Run `reading` (this rank's staging reads; the bytes read) between two barriers; (the
-    bytes, the seconds from barrier to barrier). An OSError raises StagingFailed."""
+    bytes, the seconds from barrier to barrier). An OSError raises StagingFailed; a stop
+    signal, seen by any rank, StopRequested on every rank once all have left their reads."""
+    from mpi4py import MPI
+
     comm.Barrier()
     began = _core.now_ns()
+    stop = 0
     try:
         read = reading()
+    except StopRequested as exc:  # the others stop too, or finish: all meet below
+        read, stop = 0, exc.signum
     except OSError as exc:
         # not an error the ranks agree on (check_all around the backend's opening): the
         # others are reading or waiting in the barrier, so this rank aborts the job now
         raise StagingFailed(describe(exc)) from exc
-    comm.Barrier()
+    stop = comm.allreduce(stop, op=MPI.MAX)  # the closing barrier, carrying the stop
+    if stop:
+        raise StopRequested(stop)  # agreed by check_all around the backend's opening
     return read, (_core.now_ns() - began) / 1e9
 
 
