@@ -290,7 +290,8 @@ def checkpoint_layout(cfg, ranks: int) -> CheckpointLayout:
                             f"most {data * mp} ranks (or raise model.parallelism.data)")
     else:
         if ranks % mp:
-            raise UserError(f"model.parallelism: tensor × pipeline = {par.tensor} × "
+            raise UserError(f"model.parallelism.tensor × model.parallelism.pipeline: "
+                            f"tensor × pipeline = {par.tensor} × "
                             f"{par.pipeline} = {mp} must divide the rank count in "
                             f"checkpoint.mode default, got {ranks} ranks; expected a multiple "
                             f"of {mp} (or checkpoint.mode subset with model.parallelism.data)")

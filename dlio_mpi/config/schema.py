@@ -40,6 +40,12 @@ MAX_STEP_SECONDS = 86400.0
 INT64_MAX = 2**63 - 1
 MAX_BYTES = 2**62  # the C engine refuses file offsets past INT64_MAX / 2 (csrc/dio_engine.c)
 MAX_FILES = 10**9  # per split
+# Bounds of counts no workload comes near, which keep the arithmetic on them exact in int64
+# and a typo (an extra digit group) from being taken for a workload
+MAX_COUNT = 2**31 - 1   # steps, epochs, samples in a batch or a row group, dimensions
+MAX_RANKS = 2**24       # parallelism degrees, ranks sharded over
+MAX_CALL_BYTES = 64 << 20  # bytes one read or write call moves: a stop never waits for more
+MAX_RATE = 2.0**50       # bytes per second (a PiB/s)
 NON_DEFAULT = "non-default"  # Rule.unimplemented: every value but the default is refused
 
 # Where the tf.data pipeline runs (Rule.acts_if of the keys that set it)
@@ -211,7 +217,11 @@ def _bound(x: float) -> str:
     """A bound as a person reads it: 2^20 for large powers of two, integers in full."""
     if float(x).is_integer():
         n = int(x)
-        return f"2^{n.bit_length() - 1}" if n >= 2**20 and n & (n - 1) == 0 else str(n)
+        if n >= 2**20 and n & (n - 1) == 0:
+            return f"2^{n.bit_length() - 1}"
+        if n >= 2**20 and n & (n + 1) == 0:
+            return f"2^{n.bit_length()} - 1"
+        return str(n)
     return f"{x:g}"
 
 
@@ -269,19 +279,20 @@ def section(cls: type, optional: bool = False, inert: str = "", acts_if: tuple =
 # --------------------------------------------------------------------------- model
 @dataclass(frozen=True)
 class Parallelism:
-    tensor: int = key(1, "int", minimum=1)
-    pipeline: int = key(1, "int", minimum=1)
-    data: int = key(-1, "int")  # < 0: comm_size // (tensor * pipeline); > 0 only in subset mode
+    tensor: int = key(1, "int", minimum=1, maximum=MAX_RANKS)
+    pipeline: int = key(1, "int", minimum=1, maximum=MAX_RANKS)
+    # < 0: comm_size // (tensor * pipeline); > 0 only in subset mode
+    data: int = key(-1, "int", minimum=-1, maximum=MAX_RANKS)
     zero_stage: int = key(0, "int", choices=(0, 1, 2, 3))
 
 
 @dataclass(frozen=True)
 class Transformer:
-    vocab_size: int = key(32000, "int", minimum=1)
-    hidden_size: int = key(2048, "int", minimum=1)
-    ffn_hidden_size: int = key(8192, "int", minimum=1)
-    num_attention_heads: int = key(32, "int", minimum=1)
-    num_kv_heads: int = key(8, "int", minimum=1)
+    vocab_size: int = key(32000, "int", minimum=1, maximum=MAX_COUNT)
+    hidden_size: int = key(2048, "int", minimum=1, maximum=2**20)
+    ffn_hidden_size: int = key(8192, "int", minimum=1, maximum=2**22)
+    num_attention_heads: int = key(32, "int", minimum=1, maximum=2**16)
+    num_kv_heads: int = key(8, "int", minimum=1, maximum=2**16)
 
 
 @dataclass(frozen=True)
@@ -289,10 +300,11 @@ class Model:
     name: str = key("default", "str")
     # The rest sizes checkpoints (checkpoint/sizing.py).
     type: str | None = key(None, "str", optional=True)  # 'transformer': LLM checkpoint sizing
-    model_size_bytes: int = key(10240, "int", minimum=0)  # alias: model_size
-    optimization_groups: tuple[int, ...] = key((), "ints", minimum=0)  # legacy explicit sizes
-    num_layers: int = key(-1, "int")
-    layer_parameters: tuple[int, ...] = key((), "ints", minimum=0)  # legacy explicit sizes
+    model_size_bytes: int = key(10240, "int", minimum=0, maximum=MAX_BYTES)  # alias: model_size
+    # legacy explicit sizes
+    optimization_groups: tuple[int, ...] = key((), "ints", minimum=0, maximum=MAX_BYTES)
+    num_layers: int = key(-1, "int", minimum=-1, maximum=2**20)  # -1: unset
+    layer_parameters: tuple[int, ...] = key((), "ints", minimum=0, maximum=MAX_BYTES)
     model_datatype: str = key("fp16", "str", choices=DATATYPES)
     optimizer_datatype: str = key("fp32", "str", choices=DATATYPES)
     parallelism: Parallelism = section(Parallelism)
@@ -368,7 +380,7 @@ class StageIn:
     scope: str = key("job", "str", choices=("job", "node"))  # one copy, or one per node
     odirect: bool = key(False, "bool")  # read the source and write the copy with O_DIRECT
     # bytes per read and write call, and the largest piece of a file one rank copies
-    buffer_bytes: int = key(64 << 20, "int", minimum=4096)
+    buffer_bytes: int = key(64 << 20, "int", minimum=4096, maximum=MAX_CALL_BYTES)
     # drop each source piece from the page cache before reading it (posix_fadvise), so the
     # copy reads storage, not memory
     drop_page_cache: bool = key(True, "bool")
@@ -406,9 +418,9 @@ class Storage:
 # --------------------------------------------------------------------------- dataset
 @dataclass(frozen=True)
 class Hdf5:
-    chunk_dims: tuple[int, ...] = key((), "ints", minimum=1)
-    num_dset_per_record: int = key(1, "int", minimum=1)
-    max_shape: tuple[int, ...] = key((), "ints", minimum=1)
+    chunk_dims: tuple[int, ...] = key((), "ints", minimum=1, maximum=MAX_COUNT)
+    num_dset_per_record: int = key(1, "int", minimum=1, maximum=2**16)
+    max_shape: tuple[int, ...] = key((), "ints", minimum=1, maximum=MAX_COUNT)
 
 
 # dataset.parquet.columns[i].dtype: the numeric types and bool of MLPerf's DLIO fork
@@ -481,10 +493,10 @@ def _parquet_columns(value: Any, path: str) -> tuple[ParquetColumn, ...]:
 class Parquet:
     # rows (samples) per row group, the read unit: MLPerf's DLIO fork's key and default
     # (its ConfigArguments.parquet_row_group_size); a file of fewer rows is one group
-    row_group_size: int = key(1024, "int", minimum=1)
+    row_group_size: int = key(1024, "int", minimum=1, maximum=MAX_COUNT)
     # the fork's: rows generated and handed to one write_table call (0: row_group_size);
     # each call starts its own row groups, so it can cut them shorter
-    generation_batch_size: int = key(0, "int", minimum=0)
+    generation_batch_size: int = key(0, "int", minimum=0, maximum=MAX_COUNT)
     # the fork's: how training reads the files; both read row groups (see formats/parquet.py)
     read_mode: str = key("default", "str", choices=("default", "row_group"))
     # the fork's: generate through s3dlio's generator; ours writes the same files
@@ -510,14 +522,14 @@ class Dataset:
     # beyond any data set a file system holds in one folder tree, and beyond memory at scale.
     num_files_train: int = key(8, "int", minimum=0, maximum=MAX_FILES)
     num_files_eval: int = key(0, "int", minimum=0, maximum=MAX_FILES)
-    num_samples_per_file: int = key(1, "int", minimum=1)
+    num_samples_per_file: int = key(1, "int", minimum=1, maximum=MAX_COUNT)
     generation_buffer_size: int = key(
-        2147483648, "int", minimum=1,
+        2147483648, "int", minimum=1, maximum=MAX_BYTES,
         inert="it sizes the writes of DLIO's indexed_binary generator; the C generator "
               "streams in chunks of its own")
     data_folder: str = key("./data", "str")
-    num_subfolders_train: int = key(0, "int", minimum=0)
-    num_subfolders_eval: int = key(0, "int", minimum=0)
+    num_subfolders_train: int = key(0, "int", minimum=0, maximum=MAX_FILES)
+    num_subfolders_eval: int = key(0, "int", minimum=0, maximum=MAX_FILES)
     file_prefix: str = key("img", "str")
     format: str = key("tfrecord", "str", choices=FORMATS)
     # hdf5 files are generated compressed (gzip, lzf) as DLIO writes them, parquet files with
@@ -533,13 +545,13 @@ class Dataset:
                                  acts_if=(("dataset.format", ("hdf5",)),
                                           ("dataset.compression", ("gzip",))))
     enable_chunking: bool = key(False, "bool", inert=DEAD)
-    chunk_size: int = key(0, "int", minimum=0, inert=DEAD)
+    chunk_size: int = key(0, "int", minimum=0, maximum=MAX_BYTES, inert=DEAD)
     keep_files: bool = key(True, "bool")
     record_element_type: str = key("uint8", "dtype")
     record_element_bytes: int | None = key(
-        None, "int", optional=True, minimum=1,
+        None, "int", optional=True, minimum=1, maximum=64,
         inert="the element size is dataset.record_element_type's, as DLIO derives it")
-    record_dims: tuple[int, ...] = key((), "ints", minimum=1)
+    record_dims: tuple[int, ...] = key((), "ints", minimum=1, maximum=MAX_COUNT)
     hdf5: Hdf5 = section(Hdf5, inert=HDF5_ONLY, acts_if=(("dataset.format", ("hdf5",)),))
     parquet: Parquet = section(Parquet, inert=PARQUET_ONLY,
                                acts_if=(("dataset.format", ("parquet",)),))
@@ -547,8 +559,8 @@ class Dataset:
     # extent; 'last_axis': DLIO's generator layout)
     sample_layout: str = key("first_axis", "str", choices=("first_axis", "last_axis"))
     # evaluation files hold num_samples_per_file samples, as every file does
-    eval_num_samples_per_file: int | None = key(None, "int", optional=True,
-                                                inert=RELEASED_UNREAD)
+    eval_num_samples_per_file: int | None = key(None, "int", optional=True, minimum=0,
+                                                maximum=MAX_COUNT, inert=RELEASED_UNREAD)
 
 
 # --------------------------------------------------------------------------- reader
@@ -557,7 +569,8 @@ class ReaderCache:
     """Ours: a node-local caching tier shared by the node's ranks (tiers/cache.py)."""
 
     folder: str = key("", "str")  # node-local storage (folder/node<k> on emulated nodes)
-    capacity_bytes: int | None = key(None, "int", optional=True, minimum=1)  # None: free space
+    # None: the folder's free space
+    capacity_bytes: int | None = key(None, "int", optional=True, minimum=1, maximum=MAX_BYTES)
     policy: str = key("none", "str", choices=("none", "lru"))
 
     def __post_init__(self) -> None:
@@ -587,11 +600,11 @@ class Reader:
         inert="the native engine deals every rank an exact share of each epoch's samples "
               "(reader.sample_shuffle, reader.file_shuffle), whatever DLIO's sampler would be")
     reader_classname: str | None = key(None, "str", optional=True, unimplemented=NON_DEFAULT)
-    batch_size: int = key(1, "int", minimum=1)
-    batch_size_eval: int = key(1, "int", minimum=1)
+    batch_size: int = key(1, "int", minimum=1, maximum=MAX_COUNT)
+    batch_size_eval: int = key(1, "int", minimum=1, maximum=MAX_COUNT)
     read_threads: int = key(1, "int", minimum=0, maximum=_core.MAX_THREADS)
     computation_threads: int = key(
-        1, "int", minimum=1,
+        1, "int", minimum=1, maximum=_core.MAX_THREADS,
         inert="it sets the threads of the batch map in DLIO's tf.data TFRecord pipeline, a "
               "stage the native engine does not have (reader.engine framework with "
               "reader.data_loader tensorflow runs it)",
@@ -604,7 +617,7 @@ class Reader:
     file_shuffle: str = key("off", "str", choices=SHUFFLES)
     sample_shuffle: str = key("off", "str", choices=SHUFFLES)
     shuffle_size: int = key(
-        1024, "int", minimum=1,
+        1024, "int", minimum=1, maximum=MAX_COUNT,
         inert="it sizes the shuffle buffer of DLIO's tf.data TFRecord pipeline, which runs with "
               "reader.engine framework, reader.data_loader tensorflow, dataset.format "
               "tfrecord and reader.sample_shuffle on; the native engine shuffles whole epochs "
@@ -621,7 +634,7 @@ class Reader:
     # romio_cb_read, ...); what the library kept is read back into summary.json
     mpiio_hints: tuple = key((), "hints")
     transfer_size: int | None = key(
-        None, "int", optional=True, minimum=1,
+        None, "int", optional=True, minimum=1, maximum=MAX_CALL_BYTES,
         inert="it is the buffer_size of DLIO's tf.data TFRecordDataset, which streams "
               "TFRecord files only (reader.engine framework runs it; the native engine reads "
               "whole TFRecord files in reads of that size)",
@@ -657,7 +670,8 @@ class Reader:
     # persistent worker processes starting): the reader threads begin reading that long after
     # the epoch's start; the native C engine's
     startup_time: float = key(0.0, "float", minimum=0, maximum=3600)
-    transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1, inert=BATCH_COPY,
+    transformed_record_dims: tuple[int, ...] = key((), "ints", minimum=1, maximum=MAX_COUNT,
+                                                   inert=BATCH_COPY,
                                                    acts_if=FRAMEWORK)
     transformed_record_element_type: str = key("uint8", "dtype", inert=BATCH_COPY,
                                                acts_if=FRAMEWORK)
@@ -704,8 +718,10 @@ class Reader:
 # --------------------------------------------------------------------------- train, evaluation
 @dataclass(frozen=True)
 class Train:
-    epochs: int = key(1, "int", minimum=1)
-    total_training_steps: int = key(-1, "int")  # > 0 caps the steps of each epoch
+    # the results keep a record per epoch and rank: plan.checks counts them in rank 0's memory
+    epochs: int = key(1, "int", minimum=1, maximum=MAX_COUNT)
+    # > 0 caps the steps of each epoch; -1 (DLIO's) and 0: no cap
+    total_training_steps: int = key(-1, "int", minimum=-1, maximum=MAX_COUNT)
     computation_time: TimeSpec = key(TimeSpec(), "timespec",
                                      stdev_key="computation_time_stdev",
                                      maximum=MAX_STEP_SECONDS)
@@ -725,17 +741,19 @@ class Train:
     # (mpi/pacing.py)
     batch_spin_us: float | None = key(None, "number", optional=True, minimum=0, maximum=1e6,
                                       unset="auto")
-    total_eval_steps: int | None = key(None, "int", optional=True, inert=RELEASED_UNREAD)
+    total_eval_steps: int | None = key(None, "int", optional=True, minimum=-1,
+                                       maximum=MAX_COUNT, inert=RELEASED_UNREAD)
 
 
 @dataclass(frozen=True)
 class Evaluation:
     eval_time: TimeSpec = key(TimeSpec(), "timespec", stdev_key="eval_time_stdev",
                               maximum=MAX_STEP_SECONDS)
-    eval_after_epoch: int = key(1, "int", minimum=0)
-    epochs_between_evals: int = key(1, "int", minimum=1)
+    eval_after_epoch: int = key(1, "int", minimum=0, maximum=MAX_COUNT)
+    epochs_between_evals: int = key(1, "int", minimum=1, maximum=MAX_COUNT)
     # evaluations come between epochs (epochs_between_evals), never between steps
-    steps_between_evals: int | None = key(None, "int", optional=True, inert=RELEASED_UNREAD)
+    steps_between_evals: int | None = key(None, "int", optional=True, minimum=-1,
+                                          maximum=MAX_COUNT, inert=RELEASED_UNREAD)
 
 
 # --------------------------------------------------------------------------- checkpoint
@@ -743,10 +761,10 @@ class Evaluation:
 class Ksm:
     """Kernel same-page merging of checkpoint tensors; present (even {}) = enabled."""
 
-    madv_mergeable_id: int = key(12, "int", minimum=0)
+    madv_mergeable_id: int = key(12, "int", minimum=0, maximum=MAX_COUNT)
     high_ram_trigger: float = key(30.0, "float", minimum=0, maximum=100)
     low_ram_exit: float = key(15.0, "float", minimum=0, maximum=100)
-    await_time: float = key(200, "number", minimum=0)
+    await_time: float = key(200, "number", minimum=0, maximum=MAX_STEP_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -760,7 +778,8 @@ class Drain:
     keep: str = key("all", "str", choices=("all", "last", "none"))
     restore_from: str = key("fast_tier", "str", choices=("fast_tier", "pfs"))
     odirect: bool = key(False, "bool")  # read the fast tier's files and write the copies so
-    buffer_bytes: int = key(64 << 20, "int", minimum=4096)  # bytes per read and write call
+    # bytes per read and write call
+    buffer_bytes: int = key(64 << 20, "int", minimum=4096, maximum=MAX_CALL_BYTES)
 
     def __post_init__(self) -> None:
         if not self.to.strip():
@@ -774,9 +793,10 @@ class Drain:
 @dataclass(frozen=True)
 class Checkpoint:
     checkpoint_folder: str = key("./checkpoints", "str")
-    checkpoint_after_epoch: int = key(1, "int", minimum=0)
-    epochs_between_checkpoints: int = key(1, "int", minimum=1)
-    steps_between_checkpoints: int = key(-1, "int")  # >= 0: step mode; < 0: epoch mode
+    checkpoint_after_epoch: int = key(1, "int", minimum=0, maximum=MAX_COUNT)
+    epochs_between_checkpoints: int = key(1, "int", minimum=1, maximum=MAX_COUNT)
+    # >= 0: step mode; -1: epoch mode
+    steps_between_checkpoints: int = key(-1, "int", minimum=-1, maximum=MAX_COUNT)
     # which ranks write: DLIO 2.0.0 reads it (all_ranks: every rank writes the whole
     # checkpoint), later DLIO does not; in dlio-mpi model.parallelism decides
     type: str = key("rank_zero", "str", choices=("rank_zero", "all_ranks"), inert=(
@@ -788,9 +808,11 @@ class Checkpoint:
     # DLIO never syncs whatever it says)
     fsync: bool = key(True, "bool")
     # checkpoint-only mode: emulated compute between checkpoints; None = unset (DLIO's -1)
-    time_between_checkpoints: TimeSpec | None = key(None, "timespec", optional=True, unset=-1)
-    num_checkpoints_write: int = key(-1, "int", minimum=-1)
-    num_checkpoints_read: int = key(-1, "int", minimum=-1)
+    time_between_checkpoints: TimeSpec | None = key(None, "timespec", optional=True, unset=-1,
+                                                    maximum=MAX_STEP_SECONDS)
+    # each save's room is checked before any I/O (checkpoint.folder)
+    num_checkpoints_write: int = key(-1, "int", minimum=-1, maximum=MAX_COUNT)
+    num_checkpoints_read: int = key(-1, "int", minimum=-1, maximum=MAX_COUNT)
     recovery_rank_shift: bool = key(False, "bool")
     rank_sync: bool = key(False, "bool")
     # false: DLIO writes tensors of ones (compressible, deduplicable)
@@ -811,15 +833,15 @@ class Checkpoint:
     async_write: bool = key(False, "bool")
     drain: Drain | None = section(Drain, optional=True)  # ours
     # ours: the snapshot copy's pace (bytes/s; a device-to-host copy over PCIe); 0: as fast
-    # as memcpy
-    snapshot_bytes_per_second: float = key(0, "number", minimum=0)
+    # as memcpy. A pace at which a snapshot would take over a day is refused (plan.checks)
+    snapshot_bytes_per_second: float = key(0, "number", minimum=0, maximum=MAX_RATE)
 
 
 # --------------------------------------------------------------------------- output, metric, ...
 @dataclass(frozen=True)
 class OutputMetric:
-    exclude_start_steps: int = key(1, "int", minimum=0)
-    exclude_end_steps: int = key(0, "int", minimum=0)
+    exclude_start_steps: int = key(1, "int", minimum=0, maximum=MAX_COUNT)
+    exclude_end_steps: int = key(0, "int", minimum=0, maximum=MAX_COUNT)
 
 
 @dataclass(frozen=True)
@@ -831,13 +853,13 @@ class Output:
     trace: bool = key(False, "bool")  # ours: per-rank Chrome trace-event files (metrics/trace.py)
     # ours: seconds between rank 0's progress lines when stdout is not a terminal; 0: no
     # progress shown (neither lines nor the bar a terminal gets)
-    progress_interval: float = key(10.0, "float", minimum=0)
+    progress_interval: float = key(10.0, "float", minimum=0, maximum=MAX_STEP_SECONDS)
     # ours: every N seconds the job's throughput, AU and read latency of the last N seconds
     # (fio's --status-interval), one line in the log and a row of interval_stats.json; 0: off.
     # 10 s: long runs get a readable time series (360 rows an hour) while each interval still
     # spans many steps, so its AU and percentiles mean something; costs one wake-up a rank
     # per interval. Below 0.01 s refused (config.loader.check_consistency)
-    stats_interval: float = key(10.0, "float", minimum=0)
+    stats_interval: float = key(10.0, "float", minimum=0, maximum=MAX_STEP_SECONDS)
 
 
 @dataclass(frozen=True)

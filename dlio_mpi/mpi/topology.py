@@ -11,6 +11,8 @@ hosts can be compared (barrier arrivals)."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import os
 import platform
 import socket
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 from .. import _core
 from ..errors import UserError
+from .host_memory import Budget, node_budget
 
 ENV_RANKS_PER_NODE = "DLIO_MPI_RANKS_PER_NODE"
 PING_PONGS = 8
@@ -31,6 +34,7 @@ class HostInfo:
     cpu_count: int
     memory_bytes: int
     processor: str
+    budget: Budget | None = None  # what the host could still give the job when it started
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,15 @@ class Topology:
         """Memory of the distinct hosts together (emulated nodes share their host's)."""
         return sum({h.hostname: h.memory_bytes for h in self.hosts}.values())
 
+    @property
+    def node_budget(self) -> Budget:
+        """The memory every node can still give the job: the least of the hosts' budgets,
+        each shared by the emulated nodes of its host."""
+        nodes_on = collections.Counter(h.hostname for h in self.hosts)
+        return min((dataclasses.replace(h.budget, bytes=h.budget.bytes // nodes_on[h.hostname],
+                                        shared_by=nodes_on[h.hostname])
+                    for h in self.hosts if h.budget is not None), key=lambda b: b.bytes)
+
 
 def emulated_ranks_per_node(environ=os.environ) -> int | None:
     """DLIO_MPI_RANKS_PER_NODE as a positive integer, None when unset; UserError otherwise."""
@@ -62,12 +75,15 @@ def emulated_ranks_per_node(environ=os.environ) -> int | None:
     return int(text)
 
 
-def host_info() -> HostInfo:
+def host_info(budget: bool = False) -> HostInfo:
+    """This host's description; with `budget`, what it can still give the job
+    (plan.memory.node_budget)."""
     try:
         memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         memory = 0
-    return HostInfo(socket.gethostname(), os.cpu_count() or 0, memory, platform.processor())
+    return HostInfo(socket.gethostname(), os.cpu_count() or 0, memory, platform.processor(),
+                    node_budget() if budget else None)
 
 
 def discover(comm, per_node: int | None) -> Topology:
@@ -84,7 +100,7 @@ def discover(comm, per_node: int | None) -> Topology:
     leaders = sorted(r for r in comm.allgather(comm.Get_rank() if local_rank == 0 else None)
                      if r is not None)
     offset = _clock_offset(comm, host)
-    infos = comm.allgather(host_info() if local_rank == 0 else None)
+    infos = comm.allgather(host_info(budget=True) if local_rank == 0 else None)
     hosts = tuple(i for i in infos if i is not None)
     per_node0 = comm.bcast(local_size, root=0)
     host_ranks = host.Get_size()

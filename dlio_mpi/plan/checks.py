@@ -9,12 +9,21 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from ..config.schema import MAX_STEP_SECONDS, keys_set
 from ..data.dataset import DatasetSplit
 from ..errors import UserError, install_hint
 from ..readers import (
     batches_in_flight,
 )
-from .limits import MAX_FILE_BYTES, MAX_PATH_BYTES, MAX_SAMPLES, SHAPE_BYTES_PER_FILE
+from .limits import (
+    CHECKPOINT_BLOCK,
+    EPOCH_RECORD_BYTES,
+    MAX_FILE_BYTES,
+    MAX_PATH_BYTES,
+    MAX_SAMPLES,
+    SHAPE_BYTES_PER_FILE,
+)
+from .memory import Held
 from .units import number_text, size_text
 
 
@@ -42,7 +51,8 @@ def check_measurable(steps: int, cfg, phase: str) -> None:
     if steps <= metric.exclude_start_steps + metric.exclude_end_steps:
         raise UserError(
             f"{phase} has {steps} steps per epoch, but output.metric.exclude_start_steps="
-            f"{metric.exclude_start_steps} and exclude_end_steps={metric.exclude_end_steps} "
+            f"{metric.exclude_start_steps} and output.metric.exclude_end_steps="
+            f"{metric.exclude_end_steps} "
             "exclude them all from AU; add files or lower the batch size or the exclusions")
 
 
@@ -81,28 +91,28 @@ def check_whole_file_reads(cfg, mode: str) -> None:
                         "extent of one); expected auto, file or file_once")
 
 
-def check_shape_memory(cfg, ranks_per_node: int, node_memory: int) -> None:
-    """Drawn sample shapes are kept for every file on every rank: refuse before drawing them
-    when the ranks of a node could not hold them."""
+def shapes_held(cfg) -> Held | None:
+    """Drawn sample shapes are kept for every file on every rank (none with one shape)."""
     ds = cfg.dataset
     if ds.record_dims or ds.record_length_bytes_stdev <= 0:
-        return  # one shape for all files
+        return None
     files = ds.num_files_train + ds.num_files_eval
-    per_rank = files * SHAPE_BYTES_PER_FILE
-    if per_rank * ranks_per_node > node_memory:
-        raise UserError(
-            f"dataset.num_files_train={ds.num_files_train} and num_files_eval="
-            f"{ds.num_files_eval} with dataset.record_length_bytes_stdev: the files' drawn "
-            f"sample shapes need {_memory(per_rank, ranks_per_node, node_memory)}")
+    return Held("dataset.num_files_train",
+                f"the drawn sample shapes of dataset.num_files_train={ds.num_files_train} and "
+                f"num_files_eval={ds.num_files_eval} files (dataset.record_length_bytes_stdev)",
+                per_rank=files * SHAPE_BYTES_PER_FILE,
+                lower="fewer files, or dataset.record_length_bytes_stdev: 0")
 
 
-def _sample_keys(ds) -> str:
-    """The keys that size a sample, with their values."""
+def _sample_keys(ds, per_file: bool = True) -> str:
+    """The keys that size a sample (and, `per_file`, a file of several), with their values."""
+    per_file = (f", dataset.num_samples_per_file={ds.num_samples_per_file}"
+                if per_file and ds.num_samples_per_file > 1 else "")
     if ds.record_dims:
-        return f"dataset.record_dims={list(ds.record_dims)}"
+        return f"dataset.record_dims={list(ds.record_dims)}{per_file}"
     stdev = ds.record_length_bytes_stdev
     return (f"dataset.record_length_bytes={number_text(ds.record_length_bytes)}"
-            + (f" (stdev {number_text(stdev)})" if stdev else ""))
+            + (f" (stdev {number_text(stdev)})" if stdev else "") + per_file)
 
 
 def _largest_sample(split: DatasetSplit) -> int:
@@ -138,14 +148,13 @@ def staging_memory(cfg, ranks_per_node: int, nodes: int) -> tuple[int, str, str]
             "more nodes, or reader.staging: none")
 
 
-def check_staging_memory(cfg, ranks_per_node: int, nodes: int, node_memory: int) -> None:
-    """Refuse, before any I/O, reader.staging that would hold more than 80 % of a node's
-    memory (staging_memory)."""
+def staging_held(cfg, ranks_per_node: int, nodes: int) -> Held | None:
+    """reader.staging's copies of the dataset (staging_memory), per node."""
     per_node, held, other = staging_memory(cfg, ranks_per_node, nodes)
-    if per_node > 0.8 * node_memory:
-        raise UserError(f"reader.staging: {cfg.reader.staging} keeps {held}, more than 80 % "
-                        f"of a node's {size_text(node_memory)}; expected a dataset that fits, "
-                        f"{other}")
+    if not per_node:
+        return None
+    return Held("reader.staging", f"reader.staging: {cfg.reader.staging} keeps {held}",
+                per_node=per_node, lower=other)
 
 
 def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
@@ -164,7 +173,7 @@ def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
             * split.samples_per_file
         if payload > MAX_FILE_BYTES:
             raise UserError(
-                f"{_sample_keys(ds)} of {ds.record_element_type} with "
+                f"{_sample_keys(ds, per_file=False)} of {ds.record_element_type} with "
                 f"dataset.num_samples_per_file={ds.num_samples_per_file}: a {split.name} file "
                 f"would hold {payload} bytes, more than the 2^62 bytes the engine addresses "
                 f"in a file")
@@ -176,21 +185,18 @@ def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
                 f"{MAX_PATH_BYTES}")
 
 
-def check_batch_memory(cfg, plan_bytes: int, steps: int, ranks: int, ranks_per_node: int,
-                        node_memory: int) -> None:
+def batch_held(cfg, plan_bytes: int, steps: int, ranks: int) -> Held | None:
     """The engine keeps one batch per rank in memory more than it reads ahead
-    (reader.keep_data; a torch DataLoader's batches in flight, readers.batches_in_flight):
-    refuse when even batches of the mean size cannot fit in a node's memory."""
-    if not cfg.reader.keep_data or steps == 0:
-        return
+    (reader.keep_data; a torch DataLoader's batches in flight, readers.batches_in_flight)."""
     slots, batch = _batch_buffers(cfg, plan_bytes, steps, ranks)
-    if slots * batch * ranks_per_node > node_memory:
-        raise UserError(
-            f"reader.prefetch_size={cfg.reader.prefetch_size}, reader.batch_size="
-            f"{cfg.reader.batch_size} and {_sample_keys(cfg.dataset)}: {slots} batch buffers "
-            f"of about {size_text(batch)} need "
-            f"{_memory(slots * batch, ranks_per_node, node_memory)}"
-            f"; lower them, or read without keeping the data (reader.keep_data: false)")
+    if not slots:
+        return None
+    return Held("reader.prefetch_size",
+                f"{slots} batch buffers of about {size_text(batch)} (reader.prefetch_size="
+                f"{cfg.reader.prefetch_size}, reader.batch_size={cfg.reader.batch_size}, "
+                f"{_sample_keys(cfg.dataset)})", per_rank=slots * batch,
+                lower="a smaller reader.prefetch_size or batch, or reading without keeping the "
+                      "data (reader.keep_data: false)")
 
 
 def _batch_buffers(cfg, plan_bytes: int, steps: int, ranks: int) -> tuple[int, int]:
@@ -202,54 +208,79 @@ def _batch_buffers(cfg, plan_bytes: int, steps: int, ranks: int) -> tuple[int, i
     return slots, plan_bytes // (steps * ranks)
 
 
-def check_snapshot_memory(cfg, snapshot: int, plan_bytes: int, steps: int, ranks: int,
-                          ranks_per_node: int, node_memory: int, staged: int = 0) -> None:
-    """checkpoint.async_write keeps a snapshot of each rank's share (`snapshot` bytes with
-    its patterns, the largest rank's) in memory all run, beside the reader's batch buffers
-    and what reader.staging holds of the dataset (`staged` bytes a node, staging_memory):
-    refuse, before any I/O, when a node would need more than 80 % of its memory for them."""
-    slots, batch = _batch_buffers(cfg, plan_bytes, steps, ranks)
-    per_rank = snapshot + slots * batch
-    if per_rank * ranks_per_node + staged <= 0.8 * node_memory:
+def checkpoint_held(cfg, checkpoint: Mapping | None) -> list[Held]:
+    """What checkpoints hold on a rank: an asynchronous save's snapshot of its share
+    (checkpoint.async_write), pt_save's tensors (as DLIO keeps them), the C core's or MPI-IO's
+    block buffer of a synchronous write or a restore, drain's copy buffer."""
+    if checkpoint is None:
+        return []
+    ck, held = cfg.checkpoint, []
+    share = checkpoint["bytes_per_rank"][1]
+    sized_by = ", ".join(keys_set(cfg, ("model.",)))  # what sizes the shares
+    of_share = f"the largest rank's share ({sized_by})" if sized_by else "the largest share"
+    if checkpoint["snapshot_bytes_per_rank"]:
+        held.append(Held("checkpoint.async_write",
+                         f"checkpoint.async_write's snapshot of {of_share}",
+                         per_rank=checkpoint["snapshot_bytes_per_rank"],
+                         lower="checkpoint.async_write: false, or more ranks (smaller shares)"))
+    if checkpoint["writer"] == "pt_save":  # its tensors, and a file's more while a load checks
+        held.append(Held("checkpoint.checkpoint_mechanism",
+                         f"checkpoint_mechanism pt_save's tensors of {of_share}",
+                         per_rank=2 * share,
+                         lower="checkpoint_mechanism native (streams from one buffer), or a "
+                               "smaller share (checkpoint.mode subset, more ranks)"))
+    else:  # a synchronous write's block; a restore's, and the bytes it compares it with
+        block = min(CHECKPOINT_BLOCK, share)
+        blocks = 2 if checkpoint["loads"] else 0 if ck.async_write else 1
+        held.append(Held("workflow.checkpoint", "the checkpoint writer's or reader's blocks",
+                         per_rank=blocks * block))
+    if ck.drain is not None:
+        held.append(Held("checkpoint.drain.buffer_bytes", "checkpoint.drain's copy buffer",
+                         per_rank=ck.drain.buffer_bytes,
+                         lower="a smaller checkpoint.drain.buffer_bytes"))
+    return held
+
+
+def check_snapshot_pace(cfg, checkpoint: Mapping | None) -> None:
+    """checkpoint.snapshot_bytes_per_second: refused where one snapshot of the largest
+    rank's share would take longer than a day (its stall is the step loop's)."""
+    rate = cfg.checkpoint.snapshot_bytes_per_second
+    if checkpoint is None or not checkpoint["snapshot_bytes_per_rank"] or not rate:
         return
-    held = (f"checkpoint.async_write: true keeps a snapshot of each rank's share of a "
-            f"checkpoint in memory ({size_text(snapshot)} for the largest share) beside {slots} "
-            f"batch buffers of about {size_text(batch)}")
-    if staged:
-        raise UserError(
-            f"{held} and reader.staging: {cfg.reader.staging}'s {size_text(staged)} per node: "
-            f"{size_text(per_rank * ranks_per_node + staged)} for a node of {ranks_per_node} "
-            f"rank(s), more than 80 % of the node's {size_text(node_memory)} of memory; "
-            "expected async_write: false, more ranks (smaller shares), or reader.staging: none")
-    raise UserError(
-        f"{held}: {_memory(per_rank, ranks_per_node, node_memory, 'more than 80 % of')}; "
-        "expected async_write: false, more ranks (smaller shares), or smaller batches")
+    share = checkpoint["bytes_per_rank"][1]
+    if share / rate > MAX_STEP_SECONDS:
+        least = math.ceil(share / MAX_STEP_SECONDS)
+        raise UserError(f"checkpoint.snapshot_bytes_per_second: {number_text(rate)} would take "
+                        f"{share / rate / 86400:,.1f} days to snapshot the largest rank's share "
+                        f"({size_text(share)}); expected at least {least} (a snapshot within "
+                        "a day), or 0 (as fast as memory copies)")
 
 
-def _memory(per_rank: int, ranks_per_node: int, node_memory: int,
-            more: str = "more than") -> str:
-    """'X per rank[, Y for the N ranks of a node], more than the node's Z of memory'."""
-    node = f", {size_text(per_rank * ranks_per_node)} for the {ranks_per_node} ranks of a node" \
-        if ranks_per_node > 1 else ""
-    return (f"{size_text(per_rank)} per rank{node}, {more} the node's {size_text(node_memory)} "
-            f"of memory")
+def run_held(cfg, ranks: int) -> list[Held]:
+    """What the run itself keeps: stage-in's copy buffer, and rank 0's record of every
+    epoch of every rank (the results, gathered there)."""
+    held = []
+    stage = cfg.storage.stage_in
+    if stage is not None and cfg.workflow.train:
+        held.append(Held("storage.stage_in.buffer_bytes", "storage.stage_in's copy buffer",
+                         per_rank=stage.buffer_bytes,
+                         lower="a smaller storage.stage_in.buffer_bytes"))
+    if cfg.workflow.train:
+        epochs = cfg.train.epochs * (2 if cfg.workflow.evaluation else 1)
+        held.append(Held("train.epochs", f"rank 0's records of {cfg.train.epochs} epoch(s) of "
+                                         f"{ranks} rank(s)",
+                         per_node=epochs * ranks * EPOCH_RECORD_BYTES,
+                         lower="fewer train.epochs"))
+    return held
 
 
-def check_tensor_memory(checkpoint: Mapping, local_ranks: int, node_memory: int) -> None:
-    """checkpoint_mechanism pt_save keeps each rank's checkpoint share in memory as tensors
-    (as DLIO does): refuse before any I/O when a node's ranks could not hold them."""
+def check_pt_save_importable() -> None:
+    """checkpoint_mechanism pt_save writes with torch.save: refused before any I/O where torch
+    cannot be imported."""
     try:
-        from ..checkpoint.torch_save import memory_needed  # imports torch
+        import torch  # noqa: F401
     except ImportError as exc:
         raise UserError(f"checkpoint.checkpoint_mechanism: pt_save writes with torch.save, but "
                         f"torch cannot be imported ({exc}); install it with "
                         f"{install_hint('torch')} (torch 2.13.0, the CPU build), or use "
                         "checkpoint_mechanism native") from None
-    need = memory_needed(checkpoint["bytes_per_rank"][1], local_ranks)
-    if need > node_memory:
-        raise UserError(f"checkpoint.checkpoint_mechanism: pt_save holds each rank's share of a "
-                        f"checkpoint in memory as tensors (and a file's worth more while a load "
-                        f"checks it): {need / 2**30:,.1f} GiB for the {local_ranks} rank(s) of a "
-                        f"node, which has {node_memory / 2**30:,.1f} GiB; expected "
-                        "checkpoint_mechanism native (streams from one buffer), or a smaller "
-                        "share (checkpoint.mode subset, more ranks)")

@@ -10,3 +10,9 @@ MAX_SAMPLES = 2**62     # sample ids are int64 everywhere
 MAX_PATH_BYTES = 4095   # the C engine formats file names into 4096-byte buffers (PATH_MAX_LEN)
 
 SHAPE_BYTES_PER_FILE = 8  # drawn sample shapes: two int32 per file, on every rank
+
+CHECKPOINT_BLOCK = 64 << 20  # the C core's and MPI-IO's checkpoint block (dio_shard_chunk)
+
+# rank 0's record of one rank's epoch (metrics.summary.EpochRecord with its latency
+# histogram of ~700 bins): 9.8 KiB measured with tracemalloc, rounded up
+EPOCH_RECORD_BYTES = 12 << 10
