@@ -219,6 +219,10 @@ class FolderLock:
                 raise self._in_use(holder)
 
     def _in_use(self, holder: dict) -> UserError:
+        if holder["host"] == socket.gethostname() and holder["pid"] == os.getpid():
+            return UserError(f"{os.path.dirname(self.path)} is claimed twice by this job, as "
+                             f"the {holder['what']} folder and the {self.what} folder; "
+                             "expected a folder of its own for each")
         return UserError(f"{os.path.dirname(self.path)} is in use by another dlio-mpi job "
                          f"({holder['what']} on {holder['host']}, pid {holder['pid']}, "
                          f"since {holder['since']}); wait for it, or if no such job is "

@@ -227,7 +227,8 @@ def test_the_workload_file_is_never_replaced(tmp_path):
     workload.write_text("workload:\n  dataset:\n    format: npz\n    num_files_train: 16\n"
                         "  workflow:\n    generate_data: true\n  reader:\n    batch_size: 2\n")
     before = workload.read_bytes()
-    res = run_cli(["run", str(workload), "output.folder=.", "dataset.data_folder=data"],
+    data = tmp_path.with_name(f"{tmp_path.name}_data")  # not inside output.folder
+    res = run_cli(["run", str(workload), "output.folder=.", f"dataset.data_folder={data}"],
                   cwd=tmp_path)
     refused(res, "config.yaml", "the workload file given")
     assert workload.read_bytes() == before and not (tmp_path / "summary.json").exists()
@@ -406,10 +407,13 @@ def test_a_lock_held_by_an_exited_unreaped_process_is_taken_over(tmp_path):
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
     lock.release()
     child.wait()
-    # a live process's lock is still refused
-    (tmp_path / LOCK_NAME).write_text(json.dumps({
-        "tool": "dlio-mpi", "what": "run", "host": socket.gethostname(), "pid": os.getpid(),
-        "start": Path("/proc/self/stat").read_text().rpartition(")")[2].split()[19],
-        "since": "2026-11-26T12:00:00"}))
-    with pytest.raises(Exception, match="is in use by another dlio-mpi job"):
-        FolderLock(str(tmp_path), "run").acquire()
+    # a live process's lock is still refused (another's: the parent); this process's own,
+    # as a folder it claimed already
+    for pid, said in ((os.getppid(), "is in use by another dlio-mpi job"),
+                      (os.getpid(), "is claimed twice by this job, as the run folder and")):
+        (tmp_path / LOCK_NAME).write_text(json.dumps({
+            "tool": "dlio-mpi", "what": "run", "host": socket.gethostname(), "pid": pid,
+            "start": Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19],
+            "since": "2026-11-26T12:00:00"}))
+        with pytest.raises(Exception, match=said):
+            FolderLock(str(tmp_path), "checkpoint").acquire()

@@ -142,7 +142,7 @@ def test_a_stage_folder_inside_the_data_folder_is_refused_before_any_io(tmp_path
     res = run_cli(["run", "demo", *_args(tmp_path, storage__stage_in__to=tmp_path / "data" /
                                          "bb")], ranks=2)
     assert res.returncode == 2 and "storage.stage_in.to" in res.stderr, res.stderr
-    assert "overlaps dataset.data_folder" in res.stderr
+    assert f"is inside dataset.data_folder {tmp_path / 'data'}" in res.stderr
     assert not (tmp_path / "data").exists()
 
 

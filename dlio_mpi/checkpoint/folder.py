@@ -36,14 +36,15 @@ MANIFEST = "dlio_mpi_checkpoints.json"
 class CheckpointFolder:
     """The manifest of one checkpoint folder, for this run (whose temporaries carry `tag`)."""
 
-    def __init__(self, root: str, tag: str) -> None:
+    def __init__(self, root: str, tag: str, key: str = "checkpoint.checkpoint_folder") -> None:
         self.root, self.tag = root, tag
+        self.key = key  # the configuration key of the folder, which its messages name
         self.body = self._read() or {"tool": "dlio-mpi", "checkpoints": {}, "temporaries": []}
 
     def _read(self) -> dict | None:
         path = os.path.join(self.root, MANIFEST)
-        return read_own_json(path, f"checkpoint.checkpoint_folder: {path} is not dlio-mpi's; "
-                                   "choose another checkpoint_folder")
+        return read_own_json(path, f"{self.key}: {path} is not dlio-mpi's; choose another "
+                                   "folder")
 
     def _present(self, checkpoint_ids: list[str]) -> list[str]:
         return [cid for cid in checkpoint_ids if os.path.lexists(os.path.join(self.root, cid))]
@@ -79,18 +80,17 @@ class CheckpointFolder:
         folder = os.path.join(self.root, cid)
         listed = self.body["checkpoints"].get(cid)
         if listed is None or os.path.islink(folder) or not os.path.isdir(folder):
-            raise UserError(f"checkpoint.checkpoint_folder: {folder} is not a checkpoint of an "
-                            "earlier dlio-mpi run; remove it or choose another "
-                            "checkpoint_folder")
+            raise UserError(f"{self.key}: {folder} is not a checkpoint of an earlier dlio-mpi "
+                            "run; remove it or choose another folder")
         files, tags = listed.get("files", {}), self.body.get("temporaries", [])
         with os.scandir(folder) as entries:
             strangers = [e.path for e in entries
                          if not (is_temporary_of(e.name, tags) or _unchanged(e, files.get(e.name))
                                  or _renamed_in(e, listed))]
         if strangers:
-            raise UserError(f"checkpoint.checkpoint_folder: {strangers[0]} was not written by "
-                            "an earlier dlio-mpi run, or changed since; dlio-mpi replaces only "
-                            "its own checkpoints: remove it or choose another checkpoint_folder")
+            raise UserError(f"{self.key}: {strangers[0]} was not written by an earlier dlio-mpi "
+                            "run, or changed since; dlio-mpi replaces only its own "
+                            "checkpoints: remove it or choose another folder")
 
     def begin(self, checkpoint_id: str, names: list[str]) -> None:
         """Claim a new checkpoint folder (refused if it appeared meanwhile): listed as
@@ -183,8 +183,7 @@ def in_the_way_of(root: str, schedule: Schedule) -> list[str]:
 
 
 def check_checkpoint_space(folder: CheckpointFolder, saves: int, replaced: list[str],
-                           checkpoint_bytes: int, key: str = "checkpoint.checkpoint_folder"
-                           ) -> None:
+                           checkpoint_bytes: int) -> None:
     """Refuse up front when the checkpoint folder's file system has less room than the run's
     `saves` checkpoints take (all kept, or as many as it holds at once), less those of ours
     they replace."""
@@ -198,7 +197,7 @@ def check_checkpoint_space(folder: CheckpointFolder, saves: int, replaced: list[
         return  # making the folder says why
     free = st.f_bavail * st.f_frsize
     if need > free:
-        raise UserError(f"{key}: the run's {saves:,} "
+        raise UserError(f"{folder.key}: the run's {saves:,} "
                         f"checkpoint(s) take {need / 2**30:,.2f} GiB ({need:,} bytes), but the "
                         f"file system of {folder.root} has {free / 2**30:,.2f} GiB free (at "
                         f"{where}); free space, choose another folder, or write fewer or "

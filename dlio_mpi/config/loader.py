@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import difflib
 import logging
-import os
 import re
 from collections.abc import Sequence
 from dataclasses import fields, replace
@@ -568,15 +567,11 @@ def check_consistency(cfg: Config) -> None:
 
 
 def _check_drain(ck) -> None:
-    """checkpoint.drain: a folder of its own, and restores that find what they read."""
+    """checkpoint.drain: restores that find what they read (its folder is checked against
+    every other folder of the run by plan/folders.py)."""
     drain = ck.drain
     if drain is None:
         return
-    fast, pfs = (os.path.abspath(p) for p in (ck.checkpoint_folder, drain.to))
-    if fast == pfs or pfs.startswith(fast + os.sep) or fast.startswith(pfs + os.sep):
-        raise ConfigError(f"checkpoint.drain.to: {drain.to!r} is checkpoint_folder "
-                          f"({ck.checkpoint_folder!r}) or holds it or lies in it; expected a "
-                          "folder of its own (on the parallel file system)")
     if drain.keep != "all" and drain.restore_from == "fast_tier" and \
             ck.num_checkpoints_read > 0:
         raise ConfigError(f"checkpoint.drain.keep: {drain.keep} removes drained checkpoints "

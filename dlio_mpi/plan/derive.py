@@ -4,31 +4,34 @@ on every rank, before anything is touched; `dlio-mpi validate` prints it."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..data.dataset import DatasetSplit, LayoutTable, describe_dataset
 from ..errors import UserError, check_all, on_root
 from ..formats import adopt_layouts, implemented_formats, learned_layouts
+from ..mpi.host_memory import Budget, node_budget
 from ..mpi.topology import emulated_ranks_per_node, host_info, plan_topology
 from ..readers import engine_refusal
 from ..sampling.requests import READ_MODES
 from ..sampling.sharding import steps_per_epoch
-from ..tiers.stage_in import check_folders
 from .checks import (
     access_order_refusal,
-    check_batch_memory,
+    batch_held,
     check_measurable,
+    check_pt_save_importable,
     check_reader_fits,
-    check_shape_memory,
     check_sizes,
-    check_snapshot_memory,
-    check_staging_memory,
-    check_tensor_memory,
+    check_snapshot_pace,
     check_whole_file_reads,
-    staging_memory,
+    checkpoint_held,
+    run_held,
+    shapes_held,
+    staging_held,
 )
+from .folders import check_folders_apart
+from .limits import MAX_FILE_BYTES
+from .memory import check_memory
 from .notes import plan_notes, resolve_read_mode, unused_hints_note
 
 
@@ -132,25 +135,31 @@ def derive_plan_everywhere(comm, derive: Callable[[], RunPlan]) -> RunPlan:
 
 def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int | None = None,
                 memory_bytes: int | None = None, generating: bool = False,
-                local_ranks: int = 1) -> RunPlan:
+                local_ranks: int = 1, budget: Budget | None = None) -> RunPlan:
     """Check what needs the rank count and derive the plan; raises UserError. Without a
     topology (validate --ranks) the ranks are on one node, or on emulated nodes of
     DLIO_MPI_RANKS_PER_NODE ranks, with this host's memory each. `generating`: the data will
     be generated whatever workflow.generate_data says (`dlio-mpi generate`). `local_ranks`:
-    the processes of this host deriving the plan at once (each holds its tables)."""
+    the processes of this host deriving the plan at once (each holds its tables). `budget`:
+    the memory a node can still give the job (plan.memory; default: this host's, or the whole
+    of `memory_bytes` per node when that is given)."""
     # Memory is judged on the job's own nodes; a plan for ranks not running (validate) can
     # only say whether one rank would fit in this host's memory.
     known = ranks_per_node is not None and nodes is not None
     if not known:
         ranks_per_node, nodes = plan_topology(ranks, emulated_ranks_per_node())
+    if budget is None:
+        budget = node_budget() if memory_bytes is None else Budget(memory_bytes // nodes,
+                                                                    "the node's memory")
     if memory_bytes is None:
         memory_bytes = host_info().memory_bytes * nodes
     fmt = cfg.dataset.format
-    node = (ranks_per_node if known else 1, memory_bytes // nodes)
-    if cfg.storage.stage_in is not None and cfg.workflow.train:
-        check_folders(cfg.storage.stage_in.to,
-                      os.path.join(cfg.storage.storage_root, cfg.dataset.data_folder))
-    check_staging_memory(cfg, ranks_per_node, nodes, memory_bytes // nodes)
+    # the ranks a node holds: the job's; a plan for ranks not running (validate) can only say
+    # whether the ranks deriving it on this host would fit
+    counted = ranks_per_node if known else max(local_ranks, 1)
+    check_folders_apart(cfg)
+    held = [h for h in (shapes_held(cfg), staging_held(cfg, ranks_per_node, nodes)) if h]
+    check_memory(held, counted, budget)  # before the shapes are drawn
     mode = resolve_read_mode(cfg)
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
@@ -164,7 +173,6 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
                             f"implemented: {', '.join(implemented_formats())}")
         check_reader_fits(cfg)
         check_whole_file_reads(cfg, mode)
-        check_shape_memory(cfg, max(local_ranks, node[0]), node[1])
         splits = describe_dataset(cfg)
         check_sizes(cfg, splits)
         train = splits["train"]
@@ -185,18 +193,17 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
             check_measurable(steps, cfg, "training")
             epoch_bytes = _epoch_bytes(train, layouts["train"], mode,
                                        steps * cfg.reader.batch_size * ranks)
-            check_batch_memory(cfg, epoch_bytes, steps, ranks, *node)
+            held.append(batch_held(cfg, epoch_bytes, steps, ranks))
             if cfg.workflow.evaluation:
                 eval_steps = _steps(splits["valid"], ranks, cfg.reader.batch_size_eval,
                                     "reader.batch_size_eval", "dataset.num_files_eval")
                 check_measurable(eval_steps, cfg, "evaluation")
     checkpoint = _checkpoint_plan(cfg, ranks, steps)
     if checkpoint is not None and checkpoint["writer"] == "pt_save":
-        check_tensor_memory(checkpoint, max(local_ranks, node[0]), node[1])
-    if checkpoint is not None and checkpoint["snapshot_bytes_per_rank"]:
-        check_snapshot_memory(cfg, checkpoint["snapshot_bytes_per_rank"], epoch_bytes, steps,
-                              ranks, max(local_ranks, node[0]), node[1],
-                              staging_memory(cfg, ranks_per_node, nodes)[0])
+        check_pt_save_importable()
+    check_snapshot_pace(cfg, checkpoint)
+    check_memory([h for h in (*held, *checkpoint_held(cfg, checkpoint),
+                              *run_held(cfg, ranks)) if h], counted, budget)
     return RunPlan(
         ranks=ranks, format=fmt, read_mode=mode, train_files=files, train_samples=samples,
         samples_per_rank=steps * cfg.reader.batch_size, steps_per_epoch=steps,
@@ -233,6 +240,12 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
 
     ck = cfg.checkpoint
     sizing = checkpoint_layout(cfg, ranks).summary()
+    if sizing["total_bytes"] > MAX_FILE_BYTES:  # shares past what int64 offsets address
+        from ..config.schema import keys_set
+
+        raise UserError(f"{', '.join(keys_set(cfg, ('model.',))) or 'model'}: a checkpoint of "
+                        f"{sizing['total_bytes']:,} bytes, more than the 2^62 bytes dlio-mpi "
+                        "addresses; expected a smaller model")
     schedule = Schedule.of(cfg, steps)
     saves, loads = schedule.saves, schedule.loads
     if cfg.workflow.train:

@@ -200,14 +200,6 @@ def rerooted(split: DatasetSplit, root: str) -> DatasetSplit:
     return dataclasses.replace(split, naming=dataclasses.replace(split.naming, root=root))
 
 
-def check_folders(to: str, source: str) -> None:
-    """Refuse a stage folder that is, holds or lies in the data folder."""
-    a, b = os.path.realpath(to), os.path.realpath(source)
-    if a == b or a.startswith(b + os.sep) or b.startswith(a + os.sep):
-        raise UserError(f"storage.stage_in.to: {to} overlaps dataset.data_folder {source}; "
-                        "expected a folder on the faster tier, outside the data folder")
-
-
 def deal(sizes: np.ndarray, piece: int, copiers: int, me: int
          ) -> tuple[list[tuple[int, int, int]], list[int]]:
     """This copier's pieces (file, offset, length), in file order: each file cut in pieces of
