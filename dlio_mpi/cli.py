@@ -107,21 +107,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    """(configuration, workload source, its overrides, Hydra's record to write) of the
-    command line: DLIO's own included (--config-dir, ++hydra.run.dir, ++hydra.output_subdir)."""
+    """(configuration, workload source, its overrides, Hydra's record to write, the workload
+    file's absolute path) of the command line: DLIO's own included (--config-dir,
+    ++hydra.run.dir, ++hydra.output_subdir)."""
     from .config import load_config, split_args
-    from .config.hydra import resolve_source, split_hydra
+    from .config.hydra import resolve_source, split_hydra, workload_choice
+    from .config.loader import source_file
     from .results.names import RESERVED
 
     source, given = split_args(args.args)
     config_dir = getattr(args, "config_dir", None)  # pack has none
     overrides, hydra_given, hydra = split_hydra(given, config_dir, RESERVED)
-    if source.startswith("workload=") or "/" not in source and not source.endswith(
-            (".yaml", ".yml")):  # a workload named, as Hydra's config group choice
-        name = source.removeprefix("workload=")
+    name = workload_choice(source)
+    if name is not None:  # a workload named, as Hydra's config group choice
         hydra = replace(hydra, task_overrides=(f"workload={name}", *hydra.task_overrides))
-    else:
-        name = None
     source = resolve_source(source, config_dir)
     cfg = load_config(source, overrides)
     if cfg.output.log_file == hydra.output_subdir:
@@ -130,14 +129,14 @@ def _load(args):
         raise ConfigError(f"hydra.output_subdir: {hydra.output_subdir!r} is output.log_file's "
                           "name; expected another folder name")
     record = hydra.record_files(cfg.to_dict(), hydra_given, name)
-    return cfg, source, overrides, record
+    return cfg, source, overrides, record, source_file(source)
 
 
 def _command(args, comm) -> int:
     from .config import ConfigError
     from .errors import UserError, check_all, on_root
 
-    cfg, source, overrides, hydra_record = check_all(
+    cfg, source, overrides, hydra_record, workload_file = check_all(
         comm, lambda: _load(args), expected=(ConfigError, UserError, OSError))
     if args.command == "validate":
         from .plan.derive import derive_plan, derive_plan_everywhere
@@ -159,7 +158,8 @@ def _command(args, comm) -> int:
 
             given = is_given(source, overrides, "dataset.record_length_bytes")
             record = plan_record(plan, cfg, warnings=_space_warnings(cfg, plan)
-                                 + validate_warnings(cfg, plan, given))
+                                 + validate_warnings(cfg, plan, given),
+                                 workload_file=workload_file)
             print(json.dumps(record, indent=2) if args.json else render_plan(record))
         return 0
     if args.command == "pack":
@@ -175,8 +175,7 @@ def _command(args, comm) -> int:
         on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
         run_generation(comm, cfg, plan, check_every_file=True)
         return 0
-    path = source[len("workload="):] if source.startswith("workload=") else source
-    run(comm, cfg, workload=path if os.path.isfile(path) else None, hydra_record=hydra_record)
+    run(comm, cfg, workload=workload_file, hydra_record=hydra_record)
     return 0
 
 

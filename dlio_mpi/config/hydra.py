@@ -10,9 +10,9 @@ workload's and writes that record in Hydra's layout."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -104,15 +104,39 @@ def split_hydra(overrides: Sequence[str], config_dir: str | None,
         t for t in overrides if _hydra_key(t) is None))
 
 
+def workload_choice(source: str) -> str | None:
+    """The workload `source` names as Hydra's config group choice (`workload=NAME`, or a bare
+    name that is not a YAML path), else None (a path)."""
+    if source.startswith("workload="):
+        return source[len("workload="):]
+    if "/" in source or source.endswith((".yaml", ".yml")):
+        return None
+    return source
+
+
 def resolve_source(source: str, config_dir: str | None) -> str:
-    """The workload `source` with --config-dir DIR: DIR/workload/NAME.yaml where there is one
-    (Hydra looks in DIR first), else `source` as it is (a shipped workload, a path)."""
+    """The workload `source` with --config-dir DIR: DIR/workload/NAME.yaml, which must be a
+    regular file (Hydra reads it; a shipped file of that name runs only without
+    --config-dir, so that no other file runs unnoticed); `source` as it is without one."""
     if config_dir is None:
         return source
-    folder = Path(config_dir)
-    if not folder.is_dir():
+    if not os.path.isdir(config_dir):
         raise ConfigError(f"--config-dir: {config_dir} is not a folder; expected the folder "
                           f"whose workload/NAME.yaml holds the workloads")
-    name = source[len("workload="):] if source.startswith("workload=") else source
-    candidate = folder / "workload" / f"{name}.yaml"
-    return str(candidate) if "/" not in name and candidate.is_file() else source
+    name = workload_choice(source)
+    if name is None or not name or name.startswith("/"):
+        raise ConfigError(f"--config-dir {config_dir}: takes workload=NAME (its "
+                          f"workload/NAME.yaml), got the workload {source!r}; give "
+                          "workload=NAME, or the YAML path without --config-dir")
+    candidate = os.path.abspath(os.path.join(config_dir, "workload", f"{name}.yaml"))
+    try:  # a stat, never an open: a FIFO there must not block
+        mode = os.stat(candidate).st_mode
+    except OSError as exc:
+        raise ConfigError(f"--config-dir {config_dir}: no workload file {candidate} "
+                          f"({exc.strerror}); expected workload={name}'s YAML file there "
+                          "(the shipped workloads run only without --config-dir)") from None
+    if not stat.S_ISREG(mode):
+        what = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ConfigError(f"--config-dir {config_dir}: {candidate} is {what}; expected "
+                          f"workload={name}'s YAML file there")
+    return candidate
