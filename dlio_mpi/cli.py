@@ -113,11 +113,10 @@ def _load(args):
     from .config import load_config, split_args
     from .config.hydra import resolve_source, split_hydra, workload_choice
     from .config.loader import source_file
-    from .results.names import RESERVED
 
     source, given = split_args(args.args)
     config_dir = getattr(args, "config_dir", None)  # pack has none
-    overrides, hydra_given, hydra = split_hydra(given, config_dir, RESERVED)
+    overrides, hydra_given, hydra = split_hydra(given, config_dir)
     name = workload_choice(source)
     if name is not None:  # a workload named, as Hydra's config group choice
         hydra = replace(hydra, task_overrides=(f"workload={name}", *hydra.task_overrides))

@@ -138,16 +138,29 @@ def test_config_dir_takes_a_workload_name_not_a_path(tmp_path):
         "--config-dir\n"), res.stderr
 
 
+SUBDIR_EXPECTED = (
+    "hydra.output_subdir: expected a folder name inside the run folder (no '/'), other than "
+    "summary.json, per_epoch_stats.json, config.yaml, dlio_mpi_results.json, access_log, "
+    "report, interval_stats.json, dlio_mpi.lock, RANK_output.json, RANK_per_epoch_stats.json, "
+    "trace_rankR.json[.gz] and names holding .dlio_mpi- (the run's temporaries), or null; "
+    "got ")
+
+
 @pytest.mark.parametrize("args,message", [
     (["++hydra.job.name=x"], "override '++hydra.job.name=x': hydra.job.name is not "
      "implemented yet in dlio-mpi; accepted Hydra settings: hydra.run.dir=VALUE, "
      "hydra.output_subdir=VALUE"),
     (["++hydra.run.dir=a", "output.folder=b"], "overrides 'output.folder=b' and "
      "hydra.run.dir=a both set the output folder (DLIO's is Hydra's run folder); keep one"),
-    (["++hydra.output_subdir=a/b"], "hydra.output_subdir: expected a folder name inside the "
-     "run folder (no '/'), other than summary.json, per_epoch_stats.json, config.yaml, "
-     "dlio_mpi_results.json, access_log, report, interval_stats.json, dlio_mpi.lock, or null; "
-     "got 'a/b'"),
+    (["++hydra.output_subdir=a/b"], f"{SUBDIR_EXPECTED}'a/b'"),
+    # any name the run writes in its folder: the clash would end the run after training
+    (["++hydra.output_subdir=0_output.json"], f"{SUBDIR_EXPECTED}'0_output.json'"),
+    (["++hydra.output_subdir=12_per_epoch_stats.json"],
+     f"{SUBDIR_EXPECTED}'12_per_epoch_stats.json'"),
+    (["++hydra.output_subdir=trace_rank3.json.gz"], f"{SUBDIR_EXPECTED}'trace_rank3.json.gz'"),
+    (["++hydra.output_subdir=summary.json.dlio_mpi-0a1b2c3d4e5f.tmp"],
+     f"{SUBDIR_EXPECTED}'summary.json.dlio_mpi-0a1b2c3d4e5f.tmp'"),
+    (["++hydra.output_subdir=interval_stats.json"], f"{SUBDIR_EXPECTED}'interval_stats.json'"),
     (["--config-dir=nowhere"], "--config-dir: nowhere is not a folder; expected the folder "
      "whose workload/NAME.yaml holds the workloads"),
 ])

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..results.names import WRITTEN_TEXT, is_written_name
 
 HYDRA_KEYS = ("hydra.run.dir", "hydra.output_subdir")
 RECORD_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # Hydra's, in output_subdir
@@ -67,12 +68,13 @@ def _hydra_key(text: str) -> str | None:
     return key if key == "hydra" or key.startswith("hydra.") else None
 
 
-def split_hydra(overrides: Sequence[str], config_dir: str | None,
-                reserved: Sequence[str] = ()) -> tuple[list[str], list[str], HydraRun]:
+def split_hydra(overrides: Sequence[str], config_dir: str | None
+                ) -> tuple[list[str], list[str], HydraRun]:
     """(the workload's overrides, the hydra ones as given, what they ask). hydra.run.dir sets
     output.folder (DLIO's output folder is Hydra's run folder); hydra.output_subdir names the
-    folder inside it of Hydra's record (no '/', none of `reserved`: the names of the run's
-    own results). Any other hydra key is refused, naming the ones taken."""
+    folder inside it of Hydra's record (no '/', no name the run writes there: a clash would
+    end the run after it had trained). Any other hydra key is refused, naming the ones
+    taken."""
     workload, hydra, values = [], [], {}
     for text in overrides:
         key = _hydra_key(text)
@@ -90,9 +92,9 @@ def split_hydra(overrides: Sequence[str], config_dir: str | None,
     if "hydra.run.dir" in values and not (isinstance(run_dir, str) and run_dir.strip()):
         raise ConfigError(f"hydra.run.dir: expected a folder, got {run_dir!r}")
     if subdir is not None and (not isinstance(subdir, str) or subdir in ("", ".", "..")
-                               or "/" in subdir or subdir in reserved):
+                               or "/" in subdir or is_written_name(subdir)):
         raise ConfigError(f"hydra.output_subdir: expected a folder name inside the run folder "
-                          f"(no '/'), other than {', '.join(reserved)}, or null; got {subdir!r}")
+                          f"(no '/'), other than {WRITTEN_TEXT}, or null; got {subdir!r}")
     if run_dir is not None:
         given = [t for t in workload if t.strip().lstrip("+").removeprefix("workload.")
                  .startswith("output.folder=")]
