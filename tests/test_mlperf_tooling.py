@@ -161,6 +161,11 @@ SUBDIR_EXPECTED = (
     (["++hydra.output_subdir=summary.json.dlio_mpi-0a1b2c3d4e5f.tmp"],
      f"{SUBDIR_EXPECTED}'summary.json.dlio_mpi-0a1b2c3d4e5f.tmp'"),
     (["++hydra.output_subdir=interval_stats.json"], f"{SUBDIR_EXPECTED}'interval_stats.json'"),
+    (["++hydra.run.dir=a", "++hydra.run.dir=b"], "overrides '++hydra.run.dir=a' and "
+     "'++hydra.run.dir=b' both set hydra.run.dir; keep one"),  # the last won silently
+    (["++hydra.output_subdir=x", "hydra.output_subdir=null"], "overrides "
+     "'++hydra.output_subdir=x' and 'hydra.output_subdir=null' both set hydra.output_subdir; "
+     "keep one"),
     (["--config-dir=nowhere"], "--config-dir: nowhere is not a folder; expected the folder "
      "whose workload/NAME.yaml holds the workloads"),
 ])

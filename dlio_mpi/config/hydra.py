@@ -75,7 +75,7 @@ def split_hydra(overrides: Sequence[str], config_dir: str | None
     folder inside it of Hydra's record (no '/', no name the run writes there: a clash would
     end the run after it had trained). Any other hydra key is refused, naming the ones
     taken."""
-    workload, hydra, values = [], [], {}
+    workload, hydra, values, given = [], [], {}, {}
     for text in overrides:
         key = _hydra_key(text)
         if key is None:
@@ -85,8 +85,10 @@ def split_hydra(overrides: Sequence[str], config_dir: str | None
             accepted = ", ".join(f"{k}=VALUE" for k in HYDRA_KEYS)
             raise ConfigError(f"override '{text}': {key} is not implemented yet in dlio-mpi; "
                               f"accepted Hydra settings: {accepted}")
-        value = yaml.safe_load(text.partition("=")[2]) if "=" in text else None
-        values[key] = value
+        if key in given:  # as the workload's overrides: a mistake, not a sequence
+            raise ConfigError(f"overrides '{given[key]}' and '{text}' both set {key}; keep one")
+        given[key] = text
+        values[key] = yaml.safe_load(text.partition("=")[2]) if "=" in text else None
         hydra.append(text)
     run_dir, subdir = values.get("hydra.run.dir"), values.get("hydra.output_subdir")
     if "hydra.run.dir" in values and not (isinstance(run_dir, str) and run_dir.strip()):
