@@ -692,6 +692,27 @@ def test_settings_without_effect_are_noted_in_the_plan(override, shown):
     assert "eu-west-1" not in notes[0]  # sections are named, not shown (they hold secrets)
 
 
+@pytest.mark.parametrize("overrides, says", [
+    ([], "every read lands in one small buffer per reader thread (no ring of batches) and no "
+         "batch is kept: the same system calls and bytes from storage as with true"),
+    (["reader.file_access=shared"], "every MPI-IO read lands in one reused batch buffer"),
+    (["reader.staging=read_once"], "no effect with reader.staging read_once"),
+    (["reader.engine=framework"], "no effect with reader.engine framework"),
+])
+def test_keep_data_false_is_noted_in_the_plan(overrides, says):
+    """reader.keep_data (ours, not DLIO's): the plan says what false does, or that it has no
+    effect; reader.staging replicated says it in its reader line."""
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
+
+    cfg = load_config("demo", ["reader.keep_data=false", *overrides])
+    notes = [n for n in derive_plan(cfg, 2).notes if "reader.keep_data" in n]
+    assert len(notes) == 1 and says in notes[0], notes
+    assert f"note            {notes[0]}" in describe_plan(derive_plan(cfg, 2), cfg)
+    kept = load_config("demo", overrides)  # true, the default: nothing to say
+    assert not [n for n in derive_plan(kept, 2).notes if "reader.keep_data" in n]
+
+
 def test_notes_of_one_reason_are_one_line():
     from dlio_mpi.config import support_notes
 
