@@ -133,10 +133,11 @@ def _load(args):
 
 def _command(args, comm) -> int:
     from .config import ConfigError
-    from .errors import UserError, check_all, on_root
+    from .errors import UserError, check_all, on_root, stop_if_asked
 
     cfg, source, overrides, hydra_record, workload_file = check_all(
         comm, lambda: _load(args), expected=(ConfigError, UserError, OSError))
+    stop_if_asked(comm)  # a signal during start-up (imports, MPI_Init, the loading)
     if args.command == "validate":
         from .plan.derive import derive_plan, derive_plan_everywhere
         from .plan.render import plan_record, render_plan
@@ -260,6 +261,17 @@ def _report(folders: list[str], output: str | None) -> int:
     return 0
 
 
+def _record_stops() -> None:
+    """From here on SIGINT and SIGTERM are recorded by the C core (the run's stop handling)
+    rather than raising KeyboardInterrupt: a rank ending alone during start-up would leave the
+    others waiting in MPI_Init or a collective, or take them down with MPI_Abort. The ranks
+    agree on a stop once the configuration is loaded (errors.stop_if_asked); a second signal
+    ends the process at once."""
+    from . import _core
+
+    _core.stop_on_signals()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["calibrate"]:  # its own options; one process, no MPI (calibrate/)
@@ -290,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\n".join(list_workloads()))
         return 0
+    _record_stops()  # before MPI_Init and the loading of the configuration
     from mpi4py import MPI
 
     from .errors import JobError, describe
@@ -299,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         return _command(args, comm)
     except JobError as exc:
         if comm.Get_rank() == 0:
-            print(f"dlio-mpi: error: {exc}", file=sys.stderr, flush=True)
+            print(f"dlio-mpi: {exc.heading}{exc}", file=sys.stderr, flush=True)
             if args.command == "validate" and args.json:
                 _print_json_error(str(exc), exc.exit_status)
         return exc.exit_status

@@ -39,6 +39,7 @@ class JobError(UserError):
     """A UserError that all ranks agreed on; rank 0 reports it, every rank exits non-zero."""
 
     exit_status = 2
+    heading = "error: "  # what rank 0's line says after "dlio-mpi: "
 
 
 class Stopped(JobError):
@@ -48,6 +49,24 @@ class Stopped(JobError):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.exit_status = 128 + signum
+
+
+def startup_stop_text(signum: int) -> str:
+    """What the job says when a signal stops it before the run's own stop handling."""
+    import signal
+
+    return f"stopped by {signal.Signals(signum).name} during start-up"
+
+
+def stop_if_asked(comm) -> None:
+    """Start-up's agreement on a stop: a SIGINT or SIGTERM any rank recorded so far (cli.main
+    records them before MPI starts) ends every rank with Stopped, said as a stop, not an
+    error."""
+    signum = agreed_stop(comm)
+    if signum:
+        stop = Stopped(startup_stop_text(signum), signum)
+        stop.heading = ""
+        raise stop
 
 
 def describe(exc: BaseException) -> str:
