@@ -1,9 +1,10 @@
 """The command line: dlio-mpi run, generate, validate, list-workloads, pack, calibrate,
 datasize and report.
 
-Every rank runs this. Errors the ranks agree on (bad configuration, missing data) are printed
-once by rank 0 and every rank exits with status 2; any other exception on any rank is printed
-by that rank and aborts the whole job (MPI_Abort), so no rank waits forever for a dead peer."""
+Every rank runs this. Errors the ranks agree on (bad configuration, missing data, a batch that
+failed in training: its step's allreduce tells every rank) are printed once by rank 0 and every
+rank exits with status 2; any other exception on any rank is printed by that rank and aborts
+the whole job (MPI_Abort), so no rank waits forever for a dead peer."""
 
 from __future__ import annotations
 

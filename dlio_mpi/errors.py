@@ -3,6 +3,9 @@
 - `check_all(comm, fn)`: every rank runs a check; the outcome is agreed with one allgather, so
   either every rank goes on or every rank raises `JobError` with the same message.
 - `on_root(comm, fn)`: rank 0 computes something and broadcasts the result or its error.
+- `agreed_failure(comm, exc)`: where every rank already knows that one failed (a batch that
+  failed in training is carried by its step's allreduce: training._end_failed), their
+  messages as one JobError.
 Anything else that fails on a rank is fatal: the entry point prints it once and aborts the
 communicator (see cli.main)."""
 
@@ -83,16 +86,24 @@ def describe(exc: BaseException) -> str:
 def check_all(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)) -> T:
     """Run `fn` on every rank; if it raised `expected` on any rank, raise JobError everywhere
     with the distinct messages (and which ranks saw them when not all did)."""
-    result, message = None, None
+    result, failure = None, None
     try:
         result = fn()
     except expected as exc:
-        message = describe(exc)
-    messages = comm.allgather(message)
-    failed = [(rank, msg) for rank, msg in enumerate(messages) if msg is not None]
-    if failed:
-        raise JobError(_merge(failed, comm.Get_size()))
+        failure = exc
+    agreed = agreed_failure(comm, failure)
+    if agreed is not None:
+        raise agreed
     return result
+
+
+def agreed_failure(comm, failure: BaseException | None) -> JobError | None:
+    """Collectively: this rank's `failure` (None: none) and the others' as one JobError, with
+    the distinct messages (and which ranks saw them when not all did); None when no rank
+    failed."""
+    messages = comm.allgather(None if failure is None else describe(failure))
+    failed = [(rank, msg) for rank, msg in enumerate(messages) if msg is not None]
+    return JobError(_merge(failed, comm.Get_size())) if failed else None
 
 
 def on_root(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)) -> T:
