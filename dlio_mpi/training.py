@@ -15,7 +15,7 @@ import numpy as np
 
 from . import _core, progress
 from .metrics.epoch_trace import BYTES, OPS, SYNCED, EpochTrace
-from .metrics.intervals import IntervalStats
+from .metrics.intervals import EpochIntervals, IntervalStats
 from .mpi.pacing import Pacing, StepSync
 from .readers import ReaderBackend
 from .sampling.requests import ReadPlan
@@ -72,12 +72,8 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
             pauses.append((end, paused, start))
         block_end = _core.now_ns()
         table = records[:done]
-    except Exception as exc:
+    except BaseException as exc:
         _end_failed(comm, barrier_, followed, exc)
-    except BaseException:
-        if followed is not None:
-            followed.abandon()
-        raise
     finally:
         shown.close()
         if barrier_ is not None:
@@ -106,11 +102,13 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         if reader.cache_attached else None, **_loader_costs(before, after))
 
 
-def _end_failed(comm, sync: StepSync | None, followed, exc: Exception) -> NoReturn:
+def _end_failed(comm, sync: StepSync | None, followed: EpochIntervals | None,
+                exc: BaseException) -> NoReturn:
     """The epoch failed on this rank with `exc`. Where the step's allreduce told every rank
     (the C step loop joins it with its failed batch: StepSync.failed), all of them are here
     and raise one JobError with the failing ranks' messages, which ends the job with exit
-    status 2 and MPI_Finalize; else the failure is this rank's alone and aborts the job."""
+    status 2 and MPI_Finalize; else `exc` goes on as it is (one rank's own failure aborts
+    the job)."""
     if sync is None or not sync.failed:
         if followed is not None:
             followed.abandon()
