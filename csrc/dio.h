@@ -430,6 +430,11 @@ void dio_engine_wake(dio_engine *e);
  * the MPI library's MPI_Start and MPI_Test (looked up by the caller; request points at the
  * MPI_Request).  Polled with sched_yield between tests for spin_ns, then with naps of
  * nap_ns.  request NULL: no synchronisation (evaluation). */
+/* What a rank whose batch failed sends in its step's allreduce (above any signal number):
+ * every rank learns of the failure in that step and ends the loop there, so that the job can
+ * end with an error all ranks agree on rather than one rank aborting it. */
+#define DIO_STEP_FAILED 0x10000
+
 typedef struct dio_step_sync {
     int   (*start)(void *request);
     int   (*test)(void *request, int *flag, void *status);
@@ -437,8 +442,9 @@ typedef struct dio_step_sync {
     int64_t spin_ns;
     int64_t nap_ns;
     /* The request is an allreduce (MAX) of one int32 when these are set: before each start
-     * *stop_out = the stop signal this process received (dio_stop_signal), after completion
-     * *stop_in != 0 ends the loop on every rank after the same step.  NULL: a barrier. */
+     * *stop_out = the stop signal this process received (dio_stop_signal), or
+     * DIO_STEP_FAILED when its batch failed; after completion *stop_in != 0 ends the loop on
+     * every rank after the same step.  NULL: a barrier. */
     int32_t *stop_out;
     const int32_t *stop_in;
 } dio_step_sync;
@@ -470,9 +476,11 @@ typedef struct dio_step_record {
 
 /* Run steps->nsteps steps of the epoch started on e: take the next batch, spend its host CPU
  * time, wait compute_ns[i] with the pacer, synchronise (sync may be NULL); out[i] gets step
- * i's record, the first step starting at steps->start_ns.  Call without the GIL.  Returns the number of steps run (nsteps, or
- * fewer when the ranks agreed to stop, see dio_step_sync), or -errno when a batch failed (the
- * engine's error) or the MPI calls failed; the records of the steps before are filled. */
+ * i's record, the first step starting at steps->start_ns.  Call without the GIL.  Returns the
+ * number of steps run (nsteps, or fewer when the ranks agreed to stop, see dio_step_sync), or
+ * -errno when a batch failed (the engine's error), another rank's did (ECONNABORTED; both after
+ * the step's allreduce, which carried DIO_STEP_FAILED: *sync->stop_in says so on every rank)
+ * or the MPI calls failed; the records of the steps before are filled. */
 int64_t dio_engine_run_steps(dio_engine *e, dio_pacer *pacer, const dio_step_sync *sync,
                              const dio_step_plan *steps, dio_step_record *out, dio_error *err);
 

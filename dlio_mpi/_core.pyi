@@ -86,6 +86,7 @@ REQ_MMAP: int
 REQ_CACHED: int
 REQ_FILL: int
 REQ_HIT: int
+STEP_FAILED: int  # what a rank whose batch failed sends in the step's allreduce
 
 class Engine:
     def __init__(self, threads: int, prefetch: int, odirect: bool = False, fd_cache: int = 256,

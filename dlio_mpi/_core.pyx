@@ -182,6 +182,8 @@ cdef extern from "dio.h" nogil:
 
     int dio_engine_next(dio_engine *e, dio_batch *out, int flags, dio_error *err)
 
+    int32_t DIO_STEP_FAILED
+
     ctypedef struct dio_step_sync:
         int (*start)(void *request)
         int (*test)(void *request, int *flag, void *status)
@@ -583,6 +585,10 @@ def sync_once(tuple sync):
     with nogil:
         rc = dio_step_sync_once(&s, &err)
     _check(rc, &err)
+
+
+# what a rank whose batch failed sends in the step's allreduce (StepSync.failed)
+STEP_FAILED = DIO_STEP_FAILED
 
 
 def stop_on_signals():

@@ -1,9 +1,10 @@
 """The command line: dlio-mpi run, generate, validate, list-workloads, pack, calibrate,
 datasize and report.
 
-Every rank runs this. Errors the ranks agree on (bad configuration, missing data) are printed
-once by rank 0 and every rank exits with status 2; any other exception on any rank is printed
-by that rank and aborts the whole job (MPI_Abort), so no rank waits forever for a dead peer."""
+Every rank runs this. Errors the ranks agree on (bad configuration, missing data, a batch that
+failed in training: its step's allreduce tells every rank) are printed once by rank 0 and every
+rank exits with status 2; any other exception on any rank is printed by that rank and aborts
+the whole job (MPI_Abort), so no rank waits forever for a dead peer."""
 
 from __future__ import annotations
 
@@ -107,21 +108,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _load(args):
-    """(configuration, workload source, its overrides, Hydra's record to write) of the
-    command line: DLIO's own included (--config-dir, ++hydra.run.dir, ++hydra.output_subdir)."""
+    """(configuration, workload source, its overrides, Hydra's record to write, the workload
+    file's absolute path) of the command line: DLIO's own included (--config-dir,
+    ++hydra.run.dir, ++hydra.output_subdir)."""
     from .config import load_config, split_args
-    from .config.hydra import resolve_source, split_hydra
-    from .results.names import RESERVED
+    from .config.hydra import resolve_source, split_hydra, workload_choice
+    from .config.loader import source_file
 
     source, given = split_args(args.args)
     config_dir = getattr(args, "config_dir", None)  # pack has none
-    overrides, hydra_given, hydra = split_hydra(given, config_dir, RESERVED)
-    if source.startswith("workload=") or "/" not in source and not source.endswith(
-            (".yaml", ".yml")):  # a workload named, as Hydra's config group choice
-        name = source.removeprefix("workload=")
+    overrides, hydra_given, hydra = split_hydra(given, config_dir)
+    name = workload_choice(source)
+    if name is not None:  # a workload named, as Hydra's config group choice
         hydra = replace(hydra, task_overrides=(f"workload={name}", *hydra.task_overrides))
-    else:
-        name = None
     source = resolve_source(source, config_dir)
     cfg = load_config(source, overrides)
     if cfg.output.log_file == hydra.output_subdir:
@@ -130,15 +129,16 @@ def _load(args):
         raise ConfigError(f"hydra.output_subdir: {hydra.output_subdir!r} is output.log_file's "
                           "name; expected another folder name")
     record = hydra.record_files(cfg.to_dict(), hydra_given, name)
-    return cfg, source, overrides, record
+    return cfg, source, overrides, record, source_file(source)
 
 
 def _command(args, comm) -> int:
     from .config import ConfigError
-    from .errors import UserError, check_all, on_root
+    from .errors import UserError, check_all, on_root, stop_if_asked
 
-    cfg, source, overrides, hydra_record = check_all(
+    cfg, source, overrides, hydra_record, workload_file = check_all(
         comm, lambda: _load(args), expected=(ConfigError, UserError, OSError))
+    stop_if_asked(comm)  # a signal during start-up (imports, MPI_Init, the loading)
     if args.command == "validate":
         from .plan.derive import derive_plan, derive_plan_everywhere
         from .plan.render import plan_record, render_plan
@@ -159,7 +159,8 @@ def _command(args, comm) -> int:
 
             given = is_given(source, overrides, "dataset.record_length_bytes")
             record = plan_record(plan, cfg, warnings=_space_warnings(cfg, plan)
-                                 + validate_warnings(cfg, plan, given))
+                                 + validate_warnings(cfg, plan, given),
+                                 workload_file=workload_file)
             print(json.dumps(record, indent=2) if args.json else render_plan(record))
         return 0
     if args.command == "pack":
@@ -175,8 +176,7 @@ def _command(args, comm) -> int:
         on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
         run_generation(comm, cfg, plan, check_every_file=True)
         return 0
-    path = source[len("workload="):] if source.startswith("workload=") else source
-    run(comm, cfg, workload=path if os.path.isfile(path) else None, hydra_record=hydra_record)
+    run(comm, cfg, workload=workload_file, hydra_record=hydra_record)
     return 0
 
 
@@ -262,6 +262,17 @@ def _report(folders: list[str], output: str | None) -> int:
     return 0
 
 
+def _record_stops() -> None:
+    """From here on SIGINT and SIGTERM are recorded by the C core (the run's stop handling)
+    rather than raising KeyboardInterrupt: a rank ending alone during start-up would leave the
+    others waiting in MPI_Init or a collective, or take them down with MPI_Abort. The ranks
+    agree on a stop once the configuration is loaded (errors.stop_if_asked); a second signal
+    ends the process at once."""
+    from . import _core
+
+    _core.stop_on_signals()
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["calibrate"]:  # its own options; one process, no MPI (calibrate/)
@@ -292,6 +303,7 @@ def main(argv: list[str] | None = None) -> int:
 
         print("\n".join(list_workloads()))
         return 0
+    _record_stops()  # before MPI_Init and the loading of the configuration
     from mpi4py import MPI
 
     from .errors import JobError, describe
@@ -301,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         return _command(args, comm)
     except JobError as exc:
         if comm.Get_rank() == 0:
-            print(f"dlio-mpi: error: {exc}", file=sys.stderr, flush=True)
+            print(f"dlio-mpi: {exc.heading}{exc}", file=sys.stderr, flush=True)
             if args.command == "validate" and args.json:
                 _print_json_error(str(exc), exc.exit_status)
         return exc.exit_status

@@ -3,6 +3,9 @@
 - `check_all(comm, fn)`: every rank runs a check; the outcome is agreed with one allgather, so
   either every rank goes on or every rank raises `JobError` with the same message.
 - `on_root(comm, fn)`: rank 0 computes something and broadcasts the result or its error.
+- `agreed_failure(comm, exc)`: where every rank already knows that one failed (a batch that
+  failed in training is carried by its step's allreduce: training._end_failed), their
+  messages as one JobError.
 Anything else that fails on a rank is fatal: the entry point prints it once and aborts the
 communicator (see cli.main)."""
 
@@ -39,6 +42,7 @@ class JobError(UserError):
     """A UserError that all ranks agreed on; rank 0 reports it, every rank exits non-zero."""
 
     exit_status = 2
+    heading = "error: "  # what rank 0's line says after "dlio-mpi: "
 
 
 class Stopped(JobError):
@@ -85,6 +89,22 @@ def stopped_everywhere(signum: int) -> Stopped:
     return Stopped(f"stopped by {_signal_name(signum)}", signum)
 
 
+def startup_stop_text(signum: int) -> str:
+    """What the job says when a signal stops it before the run's own stop handling."""
+    return f"stopped by {_signal_name(signum)} during start-up"
+
+
+def stop_if_asked(comm) -> None:
+    """Start-up's agreement on a stop: a SIGINT or SIGTERM any rank recorded so far (cli.main
+    records them before MPI starts) ends every rank with Stopped, said as a stop, not an
+    error."""
+    signum = agreed_stop(comm)
+    if signum:
+        stop = Stopped(startup_stop_text(signum), signum)
+        stop.heading = ""
+        raise stop
+
+
 def describe(exc: BaseException) -> str:
     """One line for an exception: an OSError's own text (the C core's names the file), with
     the file added where it does not, without Python's "[Errno N]" decoration."""
@@ -100,21 +120,33 @@ def check_all(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueErro
     """Run `fn` on every rank; if it raised `expected` on any rank, raise JobError everywhere
     with the distinct messages (and which ranks saw them when not all did); else, if it
     raised StopRequested on any rank, Stopped everywhere."""
-    result, message, stop = None, None, 0
+    result, failure = None, None
     try:
         result = fn()
     except StopRequested as exc:
-        stop = exc.signum
+        failure = exc
     except expected as exc:
-        message = describe(exc)
-    outcomes = comm.allgather((message, stop))
+        failure = exc
+    agreed = agreed_failure(comm, failure)
+    if agreed is not None:
+        raise agreed
+    return result
+
+
+def agreed_failure(comm, failure: BaseException | None) -> JobError | None:
+    """Collectively: this rank's `failure` (None: none) and the others' as one JobError, with
+    the distinct messages (and which ranks saw them when not all did); a StopRequested is a
+    stop, not a failure: Stopped when no rank failed otherwise; None when no rank did either."""
+    if isinstance(failure, StopRequested):
+        mine = (None, failure.signum)
+    else:
+        mine = (None if failure is None else describe(failure), 0)
+    outcomes = comm.allgather(mine)
     failed = [(rank, msg) for rank, (msg, _) in enumerate(outcomes) if msg is not None]
     if failed:  # a failure outweighs a stop
-        raise JobError(_merge(failed, comm.Get_size()))
+        return JobError(_merge(failed, comm.Get_size()))
     stops = [signum for _, signum in outcomes if signum]
-    if stops:
-        raise stopped_everywhere(max(stops))
-    return result
+    return stopped_everywhere(max(stops)) if stops else None
 
 
 def on_root(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)) -> T:

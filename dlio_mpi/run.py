@@ -507,6 +507,7 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, record: RunRecord) -
     checkpoints, trace, stage_in = record.checkpoints, record.trace, record.stage_in
     train_epochs, eval_epochs = record.train_epochs, record.eval_epochs
     header = _header(comm, cfg, plan, topo, pacing, start, time.time())
+    header["dlio_mpi"]["workload_file"] = out.workload  # the file read, absolute
     header["dlio_mpi"]["complete"] = not stopped_by
     header["dlio_mpi"]["stopped_by"] = signal.Signals(stopped_by).name if stopped_by else None
     wall_offset = time.time_ns() - _core.now_ns()  # rank 0's: checkpoint records' clock
@@ -718,7 +719,8 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
                  start: float, striping: dict | None) -> dict | None:
     root = data_root(cfg)
     filesystems = on_root(comm, lambda: describe_filesystems(_run_folders(cfg, plan, root)))
-    say(comm, describe_plan(plan, cfg, filesystems, striping), out=out)
+    say(comm, describe_plan(plan, cfg, filesystems, striping, workload_file=out.workload),
+        out=out)
     checkpoints = None
     if cfg.workflow.checkpoint:  # its folder made ready (or refused) before any other I/O
         checkpoints = Checkpoints(open_checkpointer(

@@ -7,13 +7,15 @@ the wait/compute/sync split, storage stalls, the emulator's own overhead) is der
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 import numpy as np
 
 from . import _core, progress
 from .metrics.epoch_trace import BYTES, OPS, SYNCED, EpochTrace
-from .metrics.intervals import IntervalStats
+from .metrics.intervals import EpochIntervals, IntervalStats
 from .mpi.pacing import Pacing, StepSync
 from .readers import ReaderBackend
 from .sampling.requests import ReadPlan
@@ -70,10 +72,8 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
             pauses.append((end, paused, start))
         block_end = _core.now_ns()
         table = records[:done]
-    except BaseException:
-        if followed is not None:
-            followed.abandon()
-        raise
+    except BaseException as exc:
+        _end_failed(comm, barrier_, followed, exc)
     finally:
         shown.close()
         if barrier_ is not None:
@@ -100,6 +100,25 @@ def run_epoch(comm, reader: ReaderBackend, plan: ReadPlan, compute_s: np.ndarray
         request_trace=reader.request_trace.head(requests) if reader.request_trace else None,
         cache=epoch_cache(before, after, plan, requests)
         if reader.cache_attached else None, **_loader_costs(before, after))
+
+
+def _end_failed(comm, sync: StepSync | None, followed: EpochIntervals | None,
+                exc: BaseException) -> NoReturn:
+    """The epoch failed on this rank with `exc`. Where the step's allreduce told every rank
+    (the C step loop joins it with its failed batch: StepSync.failed), all of them are here
+    and raise one JobError with the failing ranks' messages, which ends the job with exit
+    status 2 and MPI_Finalize; else `exc` goes on as it is (one rank's own failure aborts
+    the job)."""
+    if sync is None or not sync.failed:
+        if followed is not None:
+            followed.abandon()
+        raise exc
+    from .errors import agreed_failure
+
+    if followed is not None:  # every rank ends its interval thread: none is left in MPI
+        followed.finish(_core.now_ns())
+    mine = None if isinstance(exc, OSError) and exc.errno == errno.ECONNABORTED else exc
+    raise agreed_failure(comm, mine) from exc
 
 
 def _ns(seconds) -> np.ndarray:

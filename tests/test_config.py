@@ -692,6 +692,27 @@ def test_settings_without_effect_are_noted_in_the_plan(override, shown):
     assert "eu-west-1" not in notes[0]  # sections are named, not shown (they hold secrets)
 
 
+@pytest.mark.parametrize("overrides, says", [
+    ([], "every read lands in one small buffer per reader thread (no ring of batches) and no "
+         "batch is kept: the same system calls and bytes from storage as with true"),
+    (["reader.file_access=shared"], "every MPI-IO read lands in one reused batch buffer"),
+    (["reader.staging=read_once"], "no effect with reader.staging read_once"),
+    (["reader.engine=framework"], "no effect with reader.engine framework"),
+])
+def test_keep_data_false_is_noted_in_the_plan(overrides, says):
+    """reader.keep_data (ours, not DLIO's): the plan says what false does, or that it has no
+    effect; reader.staging replicated says it in its reader line."""
+    from dlio_mpi.plan.derive import derive_plan
+    from dlio_mpi.plan.render import describe_plan
+
+    cfg = load_config("demo", ["reader.keep_data=false", *overrides])
+    notes = [n for n in derive_plan(cfg, 2).notes if "reader.keep_data" in n]
+    assert len(notes) == 1 and says in notes[0], notes
+    assert f"note            {notes[0]}" in describe_plan(derive_plan(cfg, 2), cfg)
+    kept = load_config("demo", overrides)  # true, the default: nothing to say
+    assert not [n for n in derive_plan(kept, 2).notes if "reader.keep_data" in n]
+
+
 def test_notes_of_one_reason_are_one_line():
     from dlio_mpi.config import support_notes
 
@@ -962,8 +983,9 @@ def test_an_async_snapshot_past_memory_is_refused_with_the_figures():
         derive_plan(cfg, 4, ranks_per_node=2, nodes=2, memory_bytes=2 * 2**30)
     assert str(info.value).startswith(
         "checkpoint.async_write: a node's 2 rank(s) would hold 1.3 GiB of memory: "
-        "checkpoint.async_write's snapshot of the largest rank's share 1.3 GiB (664.0 MiB per "
-        "rank); 3 batch buffers of about 2.0 MiB"), str(info.value)
+        "checkpoint.async_write's snapshot of the largest rank's share (model.model_size_bytes="
+        "629145600, model.parallelism.zero_stage=3) 1.3 GiB (664.0 MiB per rank); 3 batch "
+        "buffers of about 2.0 MiB"), str(info.value)
     assert str(info.value).endswith(
         "more than 80 % of the 1.0 GiB the node can give this job (the node's memory); "
         "expected checkpoint.async_write: false, or more ranks (smaller shares)")
@@ -991,8 +1013,9 @@ def test_an_async_snapshot_counts_what_reader_staging_holds():
                     ranks_per_node=2, nodes=2, memory_bytes=2 * 2**30)
     assert str(info.value).startswith(
         "checkpoint.async_write: a node's 2 rank(s) would hold 896.1 MiB of memory: "
-        "checkpoint.async_write's snapshot of the largest rank's share 628.0 MiB (314.0 MiB per "
-        "rank); reader.staging: replicated keeps a copy of the dataset in every rank's memory, "
+        "checkpoint.async_write's snapshot of the largest rank's share (model.model_size_bytes="
+        "262144000, model.parallelism.zero_stage=3) 628.0 MiB (314.0 MiB per rank); "
+        "reader.staging: replicated keeps a copy of the dataset in every rank's memory, "
         "about 256.0 MiB per node"), str(info.value)
     sync = [o for o in over if not o.startswith("checkpoint.async_write")]
     for fits in ([*over], [*over, "reader.staging=read_once"],

@@ -107,11 +107,17 @@ def test_a_parquet_workload_without_a_record_length_is_sized_by_its_columns(args
 
 @pytest.mark.parametrize(("args", "words"), [
     (["--accelerators", "0", "--host-memory-gb", "1"],
-     "--accelerators 0: expected a whole number >= 1"),
+     "--accelerators 0: expected a whole number from 1 to 16,777,216"),
     (["--accelerators", "2.5", "--host-memory-gb", "1"],
-     "--accelerators 2.5: expected a whole number >= 1"),
+     "--accelerators 2.5: expected a whole number from 1 to 16,777,216"),
     (["--accelerators", "2", "--hosts", "x", "--host-memory-gb", "1"],
-     "--hosts x: expected a whole number >= 1"),
+     "--hosts x: expected a whole number from 1 to 16,777,216"),
+    (["--accelerators", "100000000000000000000", "--host-memory-gb", "1"],
+     "--accelerators 100000000000000000000: expected a whole number from 1 to 16,777,216"),
+    (["--accelerators", "2", "--hosts", "3", "--host-memory-gb", "1"],
+     "--hosts 3: more hosts than --accelerators 2; expected at most one host per accelerator"),
+    (["--accelerators", "2", "--host-memory-gb", "1e308"],  # was an OverflowError
+     "--host-memory-gb 1e308: expected a number of GiB > 0 and <= 1,048,576"),
     (["--accelerators", "2", "--host-memory-gb", "-3"],
      "--host-memory-gb -3: expected a number of GiB > 0"),
     (["--accelerators", "2", "--host-memory-gb", "nan"],
@@ -144,6 +150,20 @@ def test_datasize_runs_without_mpi():
                          timeout=60)
     assert res.returncode == 0, res.stderr
     assert "Number of training files: 28000" in res.stdout  # 500 x 7 x 8
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_datasize_started_by_mpiexec_prints_once(ranks):
+    """It runs without MPI: each process started computes the same; the launcher's rank 0
+    alone prints, its output and its refusals."""
+    res = run_cli(["datasize", "unet3d_h100", "--accelerators", "8", "--host-memory-gb", "64"],
+                  ranks=ranks)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("Number of training files: 28000\n") == 1, res.stdout
+    res = run_cli(["datasize", "unet3d_h100", "--accelerators", "8", "--host-memory-gb", "0"],
+                  ranks=ranks)
+    assert res.returncode == 2 and res.stdout == ""
+    assert res.stderr.count("dlio-mpi datasize: error: --host-memory-gb 0") == 1, res.stderr
 
 
 def _rule_warnings(args: list[str], ranks: int, env: dict | None = None) -> list[str]:

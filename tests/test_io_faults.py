@@ -2,9 +2,10 @@
 
 - Where a data file should be there is a FIFO, a directory, a truncated file or nothing; the
   data is vouched for by its manifest or not (foreign data, probed); the file is one start-up
-  checks look at (an error all ranks agree on: exit 2) or one only the engine opens (the rank
-  that reads it aborts the job: exit 1). Every case ends within seconds with exactly one message
-  naming the file.
+  checks look at (an error all ranks agree on) or one only the engine opens (the rank that
+  reads it says so in its step's allreduce, and the ranks agree there: no MPI_Abort, so
+  MPICH's shared-memory segment is removed). Every case ends within seconds with exit status 2
+  and exactly one message naming the file.
 - The I/O watchdog: an open or read stuck in the kernel (made so by the engine's test hook
   DLIO_MPI_TEST_STALL, as a dead NFS or Lustre server would) is reported once by the rank
   that waits for it, while the other rank waits in the step barrier; with
@@ -28,6 +29,7 @@ import pytest
 from conftest import mpiexec
 from dlio_mpi.data.catalog import spot_indices
 from dlio_mpi.data.manifest import MANIFEST_NAME
+from helpers import ended_after, rank_pids, started_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -49,16 +51,23 @@ class Job:
         return [line for line in self.output.splitlines() if name in line]
 
 
-def run_job(folder: Path, *overrides: str, env: dict | None = None) -> Job:
-    """`dlio-mpi run` on RANKS ranks of the 16-file workload in folder (no generation); a run
-    that outlives BOUND fails the test (and is killed)."""
+def job_command(folder: Path, *overrides: str, ranks: int = RANKS, compute: float = 0
+                ) -> list[str]:
+    """`dlio-mpi run` on `ranks` ranks of the 16-file workload in folder (no generation),
+    steps of `compute` seconds."""
     over = [f"dataset.data_folder={folder / 'data'}", f"output.folder={folder / 'out'}",
             f"dataset.num_files_train={FILES}", "dataset.record_length_bytes=4096",
             "dataset.record_length_bytes_stdev=0", "reader.batch_size=2",
-            "train.computation_time=0", "train.epochs=1", "workflow.generate_data=false",
+            f"train.computation_time={compute}", "train.epochs=1",
+            "workflow.generate_data=false",
             *overrides]
-    cmd = [mpiexec(), "-n", str(RANKS), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
-           *over]
+    return [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run", "demo",
+            *over]
+
+
+def run_job(folder: Path, *overrides: str, env: dict | None = None) -> Job:
+    """job_command run; a run that outlives BOUND fails the test (and is killed)."""
+    cmd = job_command(folder, *overrides)
     start = time.monotonic()
     try:
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=BOUND,
@@ -140,11 +149,57 @@ def test_a_bad_data_file_ends_the_job_with_one_message_naming_it(data, fault, ma
     named = job.lines_naming(path.name)
     assert len(named) == 1, job.output
     assert re.search(expected_message(fault, path, manifest, at_startup), named[0]), job.output
-    # agreed at start-up: printed by rank 0, exit 2; else the reading rank aborts the job
-    agreed = at_startup or (fault == "deleted" and not manifest)
-    assert job.returncode == (2 if agreed else 1), job.output
-    assert named[0].startswith("dlio-mpi: error: " if agreed else "dlio-mpi: rank "), job.output
+    # agreed at start-up, or in the step's allreduce (naming the rank that read it): printed
+    # by rank 0, exit 2
+    assert job.returncode == 2, job.output
+    assert named[0].startswith("dlio-mpi: error: "), job.output
+    if not at_startup and not (fault == "deleted" and not manifest):  # shuffled: any rank
+        assert re.search(r" \(on rank [01]\)$", named[0]), job.output
+    assert "Abort" not in job.output
     assert job.seconds < BOUND
+
+
+def _mpich_segments(marker: str) -> set[str]:
+    """The MPICH shared-memory segments (/dev/shm/mpich_shm_*) the job's ranks have mapped."""
+    found = set()
+    for pid in rank_pids(marker):
+        try:
+            with open(f"/proc/{pid}/maps") as fp:
+                found |= set(re.findall(r"/dev/shm/mpich_shm_\S+", fp.read()))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm: no MPICH segment")
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_failed_read_on_one_rank_ends_every_rank_with_exit_2_and_leaves_no_segment(
+        data, ranks):
+    """The rank whose batch fails tells the others in its step's allreduce; they agree on the
+    message and exit 2 through MPI_Finalize, which removes MPICH's node segment (MPI_Abort,
+    as before, left its 2 MiB in /dev/shm until reboot)."""
+    index = FILES // 2 + 1  # unshuffled, the last rank's second file (start-up checks skip it)
+    assert index not in spot_indices(FILES)
+    spoil(data_file(data, index), "truncated")
+    marker = str(data / "out")
+    cmd = job_command(data, *UNSHUFFLED, ranks=ranks, compute=1)
+    segments: set[str] = set()
+
+    def mapped() -> bool:  # the job's own segments, whatever other jobs do meanwhile
+        segments.update(_mpich_segments(marker))
+        return len(rank_pids(marker)) == ranks and bool(segments)
+
+    job = started_until(cmd, mapped, timeout=BOUND)
+    out, err = ended_after(job, lambda: None, timeout=BOUND)
+    assert job.returncode == 2, out + err
+    ours = [line for line in err.splitlines() if line.startswith("dlio-mpi")]
+    assert ours == [f"dlio-mpi: error: short read of {data_file(data, index)} at offset 0: "
+                    "expected 4096 bytes, got 1000 (the file ends before the data planned "
+                    f"from its layout) (on rank {ranks - 1})"], err
+    assert "Abort" not in out + err
+    assert not [name for name in segments if os.path.exists(name)], segments
+    assert '"state": "failed"' in (data / "out" / "dlio_mpi_results.json").read_text()
+    assert ours[0] in (data / "out" / "dlio.log").read_text()
 
 
 def _rank_reading(index: int) -> int:

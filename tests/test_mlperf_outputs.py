@@ -62,8 +62,11 @@ NUMBER = (int, float)
 def _run(tmp: Path, workload: str, overrides: list[str], ranks: int = 2) -> Path:
     configs = tmp / "configs"
     (configs / "workload").mkdir(parents=True, exist_ok=True)
-    shutil.copy(workload_dir().joinpath("mlperf", "unet3d_b200.yaml"),
-                configs / "workload" / "unet3d_b200.yaml")
+    # the workload's file in the config dir, as mlpstorage's configs hold it (a shipped file
+    # runs only without --config-dir)
+    shipped = workload_dir().joinpath(*(["mlperf"] if workload == "unet3d_b200" else []),
+                                      f"{workload}.yaml")
+    shutil.copy(shipped, configs / "workload" / f"{workload}.yaml")
     line = ["run", f"workload={workload}", "++hydra.run.dir=results/run",
             "++hydra.output_subdir=dlio_config", *overrides, f"--config-dir={configs}"]
     res = run_cli(line, ranks=ranks, cwd=tmp, timeout=240)

@@ -8,6 +8,7 @@ dlio_config/{config,hydra,overrides}.yaml there. The same line runs with `dlio-m
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -63,6 +64,10 @@ def test_mlpstorage_s_command_line_runs_and_leaves_what_its_checker_reads(tmp_pa
     assert hydra["overrides"]["task"] == overrides
     summary = json.loads((run / "summary.json").read_text())
     assert summary["num_accelerators"] == 2 and summary["metric"]["train_au_mean_percentage"]
+    ran = str((configs / "workload" / "unet3d_b200.yaml").resolve())  # the file that ran
+    assert summary["dlio_mpi"]["workload_file"] == ran
+    assert f"workload file   {ran}\n" in res.stdout and \
+        f"workload file   {ran}\n" in (run / "dlio.log").read_text()
     # mlpstorage then writes its logs beside ours: a later run there refuses, naming one
     (run / "training_run.stdout.log").write_text("the tool's\n")
     again = run_cli(line, ranks=2, cwd=tmp_path)
@@ -87,15 +92,59 @@ def test_without_output_subdir_no_record_is_written(tmp_path):
     assert not [p for p in run.iterdir() if p.is_dir()]
 
 
-def test_config_dir_falls_back_to_the_shipped_workloads_as_hydra_s_search_path(tmp_path):
+def test_config_dir_names_the_file_it_reads(tmp_path):
     configs = _mlperf_layout(tmp_path)
-    plan = run_cli(["validate", "workload=unet3d_h100", f"--config-dir={configs}", "--json"],
-                   ranks=1, cwd=tmp_path)
-    assert plan.returncode == 0, plan.stderr
-    assert json.loads(plan.stdout)["train"]["files"] == 168  # DLIO 2.0.0's unet3d_h100
     plan = run_cli(["validate", "workload=unet3d_b200", f"--config-dir={configs}", "--json"],
-                   ranks=1, cwd=tmp_path)
-    assert json.loads(plan.stdout)["train"]["files"] == 7200  # the file in the config dir
+                   ranks=2, cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    record = json.loads(plan.stdout)
+    assert record["train"]["files"] == 7200  # the file in the config dir
+    assert record["workload_file"] == str(configs / "workload" / "unet3d_b200.yaml")
+    # without --config-dir, the shipped file of that name, and the plan says which
+    plan = run_cli(["validate", "workload=unet3d_h100"], ranks=2, cwd=tmp_path)
+    shipped = str(Path(workload_dir().joinpath("unet3d_h100.yaml")).resolve())
+    assert f"workload file   {shipped}\n" in plan.stdout, plan.stdout
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("what", ["missing", "fifo", "folder"])
+def test_config_dir_without_the_workload_s_file_is_refused_naming_it(tmp_path, what, ranks):
+    # Hydra would fall back to DLIO's own unet3d_h100 (which checkpoints; MLPerf's does not)
+    configs = _mlperf_layout(tmp_path)
+    searched = configs / "workload" / "unet3d_h100.yaml"
+    if what == "fifo":
+        os.mkfifo(searched)  # never opened: a read would block
+    elif what == "folder":
+        searched.mkdir()
+    res = run_cli(["run", "workload=unet3d_h100", "++hydra.run.dir=results/run",
+                   f"--config-dir={configs}"], ranks=ranks, cwd=tmp_path, timeout=60)
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0].startswith(
+        f"dlio-mpi: error: --config-dir {configs}: "), res.stderr
+    assert str(searched) in errors[0]
+    assert {"missing": "No such file", "fifo": "is not a regular file",
+            "folder": "is a folder"}[what] in errors[0]
+    assert list((tmp_path / "results" / "run").iterdir()) == []
+
+
+def test_config_dir_takes_a_workload_name_not_a_path(tmp_path):
+    configs = _mlperf_layout(tmp_path)
+    path = configs / "workload" / "unet3d_b200.yaml"
+    res = run_cli(["validate", str(path), f"--config-dir={configs}"], ranks=2, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.endswith(
+        f"dlio-mpi: error: --config-dir {configs}: takes workload=NAME (its workload/NAME.yaml), "
+        f"got the workload '{path}'; give workload=NAME, or the YAML path without "
+        "--config-dir\n"), res.stderr
+
+
+SUBDIR_EXPECTED = (
+    "hydra.output_subdir: expected a folder name inside the run folder (no '/'), other than "
+    "summary.json, per_epoch_stats.json, config.yaml, dlio_mpi_results.json, access_log, "
+    "report, interval_stats.json, dlio_mpi.lock, RANK_output.json, RANK_per_epoch_stats.json, "
+    "trace_rankR.json[.gz] and names holding .dlio_mpi- (the run's temporaries), or null; "
+    "got ")
 
 
 @pytest.mark.parametrize("args,message", [
@@ -104,15 +153,26 @@ def test_config_dir_falls_back_to_the_shipped_workloads_as_hydra_s_search_path(t
      "hydra.output_subdir=VALUE"),
     (["++hydra.run.dir=a", "output.folder=b"], "overrides 'output.folder=b' and "
      "hydra.run.dir=a both set the output folder (DLIO's is Hydra's run folder); keep one"),
-    (["++hydra.output_subdir=a/b"], "hydra.output_subdir: expected a folder name inside the "
-     "run folder (no '/'), other than summary.json, per_epoch_stats.json, config.yaml, "
-     "dlio_mpi_results.json, access_log, report, interval_stats.json, dlio_mpi.lock, or null; "
-     "got 'a/b'"),
+    (["++hydra.output_subdir=a/b"], f"{SUBDIR_EXPECTED}'a/b'"),
+    # any name the run writes in its folder: the clash would end the run after training
+    (["++hydra.output_subdir=0_output.json"], f"{SUBDIR_EXPECTED}'0_output.json'"),
+    (["++hydra.output_subdir=12_per_epoch_stats.json"],
+     f"{SUBDIR_EXPECTED}'12_per_epoch_stats.json'"),
+    (["++hydra.output_subdir=trace_rank3.json.gz"], f"{SUBDIR_EXPECTED}'trace_rank3.json.gz'"),
+    (["++hydra.output_subdir=summary.json.dlio_mpi-0a1b2c3d4e5f.tmp"],
+     f"{SUBDIR_EXPECTED}'summary.json.dlio_mpi-0a1b2c3d4e5f.tmp'"),
+    (["++hydra.output_subdir=interval_stats.json"], f"{SUBDIR_EXPECTED}'interval_stats.json'"),
+    (["++hydra.run.dir=a", "++hydra.run.dir=b"], "overrides '++hydra.run.dir=a' and "
+     "'++hydra.run.dir=b' both set hydra.run.dir; keep one"),  # the last won silently
+    (["++hydra.output_subdir=x", "hydra.output_subdir=null"], "overrides "
+     "'++hydra.output_subdir=x' and 'hydra.output_subdir=null' both set hydra.output_subdir; "
+     "keep one"),
     (["--config-dir=nowhere"], "--config-dir: nowhere is not a folder; expected the folder "
      "whose workload/NAME.yaml holds the workloads"),
 ])
 def test_hydra_settings_dlio_mpi_lacks_are_refused_before_any_io(args, message, tmp_path):
-    res = run_cli(["run", "workload=unet3d_h100", *args], ranks=2, cwd=tmp_path)
+    ranks = 3 if "0_output.json" in " ".join(args) else 2  # printed once on 3 ranks too
+    res = run_cli(["run", "workload=unet3d_h100", *args], ranks=ranks, cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.endswith(f"dlio-mpi: error: {message}\n"), res.stderr
     assert list(tmp_path.iterdir()) == []

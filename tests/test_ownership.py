@@ -379,7 +379,8 @@ def test_one_run_at_a_time_in_an_output_folder(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["summary.json", "dlio_mpi_results.json", "a/b.log",
-                                  "0_output.json", "3_per_epoch_stats.json"])
+                                  "0_output.json", "3_per_epoch_stats.json",
+                                  "trace_rank1.json.gz", "dlio.log.dlio_mpi-0a1b2c3d4e5f.tmp"])
 def test_the_log_cannot_take_a_results_name(tmp_path, name):
     res = run_cli(["run", "demo", *workload_overrides(tmp_path, output__log_file=name)])
     refused(res, "output.log_file")

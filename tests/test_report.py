@@ -235,6 +235,10 @@ def test_a_fifo_named_like_a_trace_is_named_on_the_page_not_waited_on(runs, tmp_
     assert "trace skipped: trace_rank0.json.gz: " in page
     assert "trace_rank0.json.gz is a FIFO, not a regular file" in page
     assert "read latency CDF of 30 traced requests" in page  # rank 1's file is still drawn
+    # and on the terminal, once
+    assert res.stderr.count("trace skipped") == 1, res.stderr
+    assert f"dlio-mpi: report: {out}: trace skipped: trace_rank0.json.gz: " in res.stderr
+    assert "is a FIFO, not a regular file" in res.stderr
 
 
 @pytest.mark.parametrize("name", ["summary.json", "per_epoch_stats.json", "config.yaml",

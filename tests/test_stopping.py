@@ -15,7 +15,13 @@ from pathlib import Path
 import pytest
 
 from conftest import mpiexec
-from helpers import rank_pids, signal_one_rank_when, workload_overrides
+from helpers import (
+    ended_after,
+    rank_pids,
+    signal_one_rank_when,
+    started_until,
+    workload_overrides,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -156,3 +162,51 @@ def test_a_signal_during_a_long_compute_step_stops_every_rank_within_a_second(tm
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dlio_mpi"]["complete"] is False
     assert summary["dlio_mpi"]["stopped_by"] == "SIGTERM"
+
+
+def _mpi_loaded(marker: str, ranks: int) -> bool:
+    """Have all `ranks` ranks mapped the MPI library? (mpi4py loads it just before MPI_Init,
+    after dlio-mpi records signals and before it loads the configuration.)"""
+    pids = rank_pids(marker)
+    if len(pids) < ranks:
+        return False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as fp:
+                if "libmpi" not in fp.read():
+                    return False
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("to", ["launcher", "one rank"])
+def test_a_signal_during_start_up_stops_every_rank_with_one_line(tmp_path, ranks, to):
+    """SIGINT before the run's own stop handling (MPI_Init, the configuration loading): every
+    rank ends together with 130 and one line, no traceback, nothing written. It was a
+    KeyboardInterrupt per rank and an MPI_Abort."""
+    from dlio_mpi.config.loader import workload_dir
+
+    workload = tmp_path / "slow.yaml"  # 4 MB of comments: a second or more to parse
+    workload.write_text(workload_dir().joinpath("demo.yaml").read_text()
+                        + ("# " + "x" * 78 + "\n") * 50_000)
+    over = workload_overrides(tmp_path, workflow__generate_data="true")
+    marker = str(tmp_path / "out")
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run",
+           str(workload), *over]
+    job = started_until(cmd, lambda: _mpi_loaded(marker, ranks))
+
+    def interrupt() -> None:
+        if to == "launcher":  # mpiexec forwards it to every rank, as a user's Ctrl-C
+            job.send_signal(signal.SIGINT)
+        else:
+            os.kill(max(rank_pids(marker)), signal.SIGINT)
+
+    _, stderr = ended_after(job, interrupt)
+    assert job.returncode == 128 + signal.SIGINT, stderr
+    ours = [line for line in stderr.splitlines() if line.startswith("dlio-mpi")]
+    assert ours == ["dlio-mpi: stopped by SIGINT during start-up"], stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+    assert "Abort" not in stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "data").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -53,6 +54,7 @@ def _check_equal(plan: dict, text: str) -> None:
                                  if plan["uses_dataset"] else
                                  [f"{plan['workload']}: no dataset"])
     assert lines["ranks"] == [f"{plan['ranks']} ({plan['ranks_per_node']} per node)"]
+    assert lines["workload file"] == [plan["workload_file"]]
     notes = lines.get("note", [])
     if not plan["uses_dataset"]:
         assert "dataset" in lines and "training data" not in lines
@@ -117,6 +119,9 @@ def test_json_plan_fields_and_values():
             "bytes_per_node_per_epoch", "dataset_bytes", "memory_bytes", "fits_in_memory",
             "generation", "storage", "notes", "warnings"} <= set(plan)
     assert (plan["workload"], plan["format"], plan["file_access"]) == ("demo", "npz", "multi")
+    from dlio_mpi.config.loader import workload_dir  # the shipped file that was read
+
+    assert plan["workload_file"] == str(Path(workload_dir().joinpath("demo.yaml")).resolve())
     assert plan["train"]["files"] == plan["train"]["samples"] == 32
     assert plan["train"]["steps_per_epoch"] == 32 // 2 // plan["train"]["batch_size"]
     assert plan["generation"]["how"] == "round_robin" and plan["generation"]["writers"] == 2

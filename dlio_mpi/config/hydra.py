@@ -10,14 +10,15 @@ workload's and writes that record in Hydra's layout."""
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from ..errors import ConfigError
+from ..results.names import WRITTEN_TEXT, is_written_name
 
 HYDRA_KEYS = ("hydra.run.dir", "hydra.output_subdir")
 RECORD_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")  # Hydra's, in output_subdir
@@ -67,13 +68,14 @@ def _hydra_key(text: str) -> str | None:
     return key if key == "hydra" or key.startswith("hydra.") else None
 
 
-def split_hydra(overrides: Sequence[str], config_dir: str | None,
-                reserved: Sequence[str] = ()) -> tuple[list[str], list[str], HydraRun]:
+def split_hydra(overrides: Sequence[str], config_dir: str | None
+                ) -> tuple[list[str], list[str], HydraRun]:
     """(the workload's overrides, the hydra ones as given, what they ask). hydra.run.dir sets
     output.folder (DLIO's output folder is Hydra's run folder); hydra.output_subdir names the
-    folder inside it of Hydra's record (no '/', none of `reserved`: the names of the run's
-    own results). Any other hydra key is refused, naming the ones taken."""
-    workload, hydra, values = [], [], {}
+    folder inside it of Hydra's record (no '/', no name the run writes there: a clash would
+    end the run after it had trained). Any other hydra key is refused, naming the ones
+    taken."""
+    workload, hydra, values, given = [], [], {}, {}
     for text in overrides:
         key = _hydra_key(text)
         if key is None:
@@ -83,16 +85,18 @@ def split_hydra(overrides: Sequence[str], config_dir: str | None,
             accepted = ", ".join(f"{k}=VALUE" for k in HYDRA_KEYS)
             raise ConfigError(f"override '{text}': {key} is not implemented yet in dlio-mpi; "
                               f"accepted Hydra settings: {accepted}")
-        value = yaml.safe_load(text.partition("=")[2]) if "=" in text else None
-        values[key] = value
+        if key in given:  # as the workload's overrides: a mistake, not a sequence
+            raise ConfigError(f"overrides '{given[key]}' and '{text}' both set {key}; keep one")
+        given[key] = text
+        values[key] = yaml.safe_load(text.partition("=")[2]) if "=" in text else None
         hydra.append(text)
     run_dir, subdir = values.get("hydra.run.dir"), values.get("hydra.output_subdir")
     if "hydra.run.dir" in values and not (isinstance(run_dir, str) and run_dir.strip()):
         raise ConfigError(f"hydra.run.dir: expected a folder, got {run_dir!r}")
     if subdir is not None and (not isinstance(subdir, str) or subdir in ("", ".", "..")
-                               or "/" in subdir or subdir in reserved):
+                               or "/" in subdir or is_written_name(subdir)):
         raise ConfigError(f"hydra.output_subdir: expected a folder name inside the run folder "
-                          f"(no '/'), other than {', '.join(reserved)}, or null; got {subdir!r}")
+                          f"(no '/'), other than {WRITTEN_TEXT}, or null; got {subdir!r}")
     if run_dir is not None:
         given = [t for t in workload if t.strip().lstrip("+").removeprefix("workload.")
                  .startswith("output.folder=")]
@@ -104,15 +108,39 @@ def split_hydra(overrides: Sequence[str], config_dir: str | None,
         t for t in overrides if _hydra_key(t) is None))
 
 
+def workload_choice(source: str) -> str | None:
+    """The workload `source` names as Hydra's config group choice (`workload=NAME`, or a bare
+    name that is not a YAML path), else None (a path)."""
+    if source.startswith("workload="):
+        return source[len("workload="):]
+    if "/" in source or source.endswith((".yaml", ".yml")):
+        return None
+    return source
+
+
 def resolve_source(source: str, config_dir: str | None) -> str:
-    """The workload `source` with --config-dir DIR: DIR/workload/NAME.yaml where there is one
-    (Hydra looks in DIR first), else `source` as it is (a shipped workload, a path)."""
+    """The workload `source` with --config-dir DIR: DIR/workload/NAME.yaml, which must be a
+    regular file (Hydra reads it; a shipped file of that name runs only without
+    --config-dir, so that no other file runs unnoticed); `source` as it is without one."""
     if config_dir is None:
         return source
-    folder = Path(config_dir)
-    if not folder.is_dir():
+    if not os.path.isdir(config_dir):
         raise ConfigError(f"--config-dir: {config_dir} is not a folder; expected the folder "
                           f"whose workload/NAME.yaml holds the workloads")
-    name = source[len("workload="):] if source.startswith("workload=") else source
-    candidate = folder / "workload" / f"{name}.yaml"
-    return str(candidate) if "/" not in name and candidate.is_file() else source
+    name = workload_choice(source)
+    if name is None or not name or name.startswith("/"):
+        raise ConfigError(f"--config-dir {config_dir}: takes workload=NAME (its "
+                          f"workload/NAME.yaml), got the workload {source!r}; give "
+                          "workload=NAME, or the YAML path without --config-dir")
+    candidate = os.path.abspath(os.path.join(config_dir, "workload", f"{name}.yaml"))
+    try:  # a stat, never an open: a FIFO there must not block
+        mode = os.stat(candidate).st_mode
+    except OSError as exc:
+        raise ConfigError(f"--config-dir {config_dir}: no workload file {candidate} "
+                          f"({exc.strerror}); expected workload={name}'s YAML file there "
+                          "(the shipped workloads run only without --config-dir)") from None
+    if not stat.S_ISREG(mode):
+        what = "a folder" if stat.S_ISDIR(mode) else "not a regular file"
+        raise ConfigError(f"--config-dir {config_dir}: {candidate} is {what}; expected "
+                          f"workload={name}'s YAML file there")
+    return candidate

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import fields, replace
@@ -198,22 +199,34 @@ def shipped_file(name: str) -> Any:
     return shipped if shipped.is_file() else None
 
 
-def read_source(source: str) -> dict[str, Any]:
-    """The workload mapping of `source`: a YAML path, a shipped name or `workload=NAME`.
-    The sections may sit at the top level (DLIO workload files) or under `workload:`."""
+def _locate(source: str) -> tuple[Any, str, bool]:
+    """(the file `source` names, how messages name it, whether it is a shipped one): a YAML
+    path, a shipped name or `workload=NAME`; ConfigError for a name nothing answers to."""
     name = source[len("workload="):] if source.startswith("workload=") else source
     path = Path(name)
     shipped = None if path.suffix in (".yaml", ".yml") or _exists(path) else shipped_file(name)
     if shipped is not None:  # a file of that path, if there is one, comes first
-        text, what = shipped.read_text(encoding="utf-8"), f"workload {name}"
-    elif ("/" in name and not SHIPPED_NAME.fullmatch(name)) or path.suffix in (
+        return shipped, f"workload {name}", True
+    if ("/" in name and not SHIPPED_NAME.fullmatch(name)) or path.suffix in (
             ".yaml", ".yml") or _exists(path):
-        text, what = _read_text(path, name), name
-    else:
-        close = difflib.get_close_matches(name, list_workloads(), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ConfigError(f"unknown workload '{name}'{hint} "
-                          f"(shipped: {', '.join(list_workloads())}; or give a YAML path)")
+        return path, name, False
+    close = difflib.get_close_matches(name, list_workloads(), n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    raise ConfigError(f"unknown workload '{name}'{hint} "
+                      f"(shipped: {', '.join(list_workloads())}; or give a YAML path)")
+
+
+def source_file(source: str) -> str:
+    """The absolute path, symbolic links resolved, of the workload file `source` names (the
+    plan's `workload file`, summary.json's dlio_mpi.workload_file)."""
+    return os.path.realpath(str(_locate(source)[0]))
+
+
+def read_source(source: str) -> dict[str, Any]:
+    """The workload mapping of `source`: a YAML path, a shipped name or `workload=NAME`.
+    The sections may sit at the top level (DLIO workload files) or under `workload:`."""
+    found, what, shipped = _locate(source)
+    text = found.read_text(encoding="utf-8") if shipped else _read_text(found, what)
     data = parse_yaml(text, what)
     if isinstance(data, dict) and "workload" in data:
         others = [str(k) for k in data if k not in ("workload", "hydra")]

@@ -159,6 +159,12 @@ class StepSync:
         _core.sync_once(self._sync)
         return int(self.stop_in[0])
 
+    @property
+    def failed(self) -> bool:
+        """Did the last step's allreduce carry a rank's failed batch (_core.STEP_FAILED)? Then
+        every rank ended its step loop with an error in that step, and they can agree on it."""
+        return int(self.stop_in[0]) >= _core.STEP_FAILED
+
     def close(self) -> None:
         if self._request is not None:
             self._request.Free()

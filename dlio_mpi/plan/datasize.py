@@ -21,7 +21,9 @@ only the steps' bound."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -186,9 +188,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _whole(option: str, text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise UserError(f"{option} {text}: expected a whole number >= 1")
+# Bounds of the options: far beyond any machine (the largest jobs run some 10^5 accelerators
+# on 10^4 hosts of a few TiB), and small enough that the rule's arithmetic stays exact
+MAX_ACCELERATORS = 1 << 24
+MAX_HOST_MEMORY_GB = 1 << 20  # 1 PiB a host
+
+
+def _whole(option: str, text: str, maximum: int) -> int:
+    if not text.strip().isdigit() or not 1 <= int(text) <= maximum:
+        raise UserError(f"{option} {text}: expected a whole number from 1 to {maximum:,}")
     return int(text)
 
 
@@ -197,21 +205,42 @@ def _memory_gb(text: str) -> float:
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise UserError(f"--host-memory-gb {text}: expected a number of GiB > 0 (each host's "
-                        "memory)")
+    if not (math.isfinite(value) and 0 < value <= MAX_HOST_MEMORY_GB):
+        raise UserError(f"--host-memory-gb {text}: expected a number of GiB > 0 and <= "
+                        f"{MAX_HOST_MEMORY_GB:,} (each host's memory)")
     return int(value) if value.is_integer() else value
 
 
+def _machine(args) -> tuple[int, int, float]:
+    """(accelerators, hosts, GiB per host) of the options, or UserError naming the one."""
+    accelerators = _whole("--accelerators", args.accelerators, MAX_ACCELERATORS)
+    hosts = _whole("--hosts", args.hosts, MAX_ACCELERATORS)
+    if hosts > accelerators:
+        raise UserError(f"--hosts {hosts}: more hosts than --accelerators {accelerators}; "
+                        "expected at most one host per accelerator (each host runs at "
+                        "least one)")
+    return accelerators, hosts, _memory_gb(args.host_memory_gb)
+
+
 def main(argv: list[str]) -> int:
-    """dlio-mpi datasize, in this process (no MPI); its exit status (2 for bad input)."""
+    """dlio-mpi datasize, in this process (no MPI); its exit status (2 for bad input).
+    Started by mpiexec, every process computes the same and only the launcher's rank 0
+    prints."""
+    from ..cli import launcher_rank
+
+    if launcher_rank() != 0:
+        with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), \
+                contextlib.redirect_stderr(quiet):
+            return _main(argv)
+    return _main(argv)
+
+
+def _main(argv: list[str]) -> int:
     from ..config import ConfigError, is_given, load_config, split_args
 
     args = parser().parse_intermixed_args(argv)
     try:
-        accelerators = _whole("--accelerators", args.accelerators)
-        hosts = _whole("--hosts", args.hosts)
-        memory_gb = _memory_gb(args.host_memory_gb)
+        accelerators, hosts, memory_gb = _machine(args)
         source, overrides = split_args(args.args)
         cfg = load_config(source, overrides)
         record_given = is_given(source, overrides, "dataset.record_length_bytes")

@@ -165,8 +165,29 @@ def plan_notes(cfg, library_read: str = "") -> tuple[str, ...]:
     notes = ([loader_note(cfg, library_read)] if reads else []) + support_notes(cfg) \
         + _columns_notes(cfg) + _sized_notes(cfg)
     if reads:
-        notes += _mpiio_notes(cfg.reader) + _engine_notes(cfg, library_read)
+        notes += (_mpiio_notes(cfg.reader) + _engine_notes(cfg, library_read)
+                  + _keep_data_notes(cfg.reader, library_read))
     return tuple(notes + _checkpoint_notes(cfg))
+
+
+def _keep_data_notes(rd, library_read: str = "") -> list[str]:
+    """reader.keep_data false (ours; DLIO has no such key): where the reads land instead of
+    the batches. The framework engine's note (no effect) and reader.staging replicated's
+    reader line say it for those."""
+    if rd.keep_data or rd.engine == "framework" or rd.staging == "replicated":
+        return []
+    if rd.staging == "read_once":
+        return ["reader.keep_data: false: no effect with reader.staging read_once, whose "
+                "exchange delivers every step's samples into the batch from the ranks' copies"]
+    if library_read:
+        lands = "each sample h5py reads is dropped once read"
+    elif rd.file_access in ("shared", "mpio", "collective"):
+        lands = ("every MPI-IO read lands in one reused batch buffer (no ring of "
+                 "reader.prefetch_size + 1)")
+    else:
+        lands = "every read lands in one small buffer per reader thread (no ring of batches)"
+    return [f"reader.keep_data: false: {lands} and no batch is kept: the same system calls and "
+            "bytes from storage as with true, without the batches' memory traffic"]
 
 
 def _columns_notes(cfg) -> list[str]:

@@ -65,13 +65,15 @@ def storage_lines(cfg, data_folder: str | None, filesystems: Mapping[str, Mappin
 
 
 def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
-                striping: Mapping | None = None, warnings: tuple[str, ...] = ()) -> dict:
+                striping: Mapping | None = None, warnings: tuple[str, ...] = (),
+                workload_file: str | None = None) -> dict:
     """The plan as plain data, ready for JSON (`dlio-mpi validate --json` prints it) and the
     one source describe_plan renders as text: counts, batch sizes and bytes as integers,
     `storage` the file system and striping lines (storage_lines), `notes` the plan's notes,
     `warnings` what the storage at hand says against the run (validate: not enough space).
     `filesystems` (describe_filesystems) and `striping` (check_striping), when given, add what
-    rank 0 found on the storage."""
+    rank 0 found on the storage; `workload_file`, the workload file read (absolute path; None
+    where the caller has none)."""
     uses_data = bool(cfg.workflow.train or cfg.workflow.generate_data)
     compute = cfg.train.computation_time.mean
     valid = plan.splits.get("valid")
@@ -84,6 +86,7 @@ def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = 
     data_folder = plan.splits["train"].root if plan.splits else None
     record = {
         "workload": cfg.model.name,
+        "workload_file": workload_file,
         "format": plan.format,
         "read_mode": plan.read_mode,
         "odirect": bool(cfg.reader.odirect),
@@ -179,9 +182,10 @@ def _replicated_text(rd, plan: RunPlan | None) -> str:
 
 
 def describe_plan(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,
-                  striping: Mapping | None = None, warnings: tuple[str, ...] = ()) -> str:
+                  striping: Mapping | None = None, warnings: tuple[str, ...] = (),
+                  workload_file: str | None = None) -> str:
     """The plan as a few lines of text, rendered from plan_record (same arguments)."""
-    return render_plan(plan_record(plan, cfg, filesystems, striping, warnings))
+    return render_plan(plan_record(plan, cfg, filesystems, striping, warnings, workload_file))
 
 
 def render_plan(r: Mapping) -> str:
@@ -193,6 +197,8 @@ def render_plan(r: Mapping) -> str:
         f"workload        {r['workload']}: no dataset",
         f"ranks           {r['ranks']} ({r['ranks_per_node']} per node)",
     ]
+    if r.get("workload_file"):
+        lines.insert(1, f"workload file   {r['workload_file']}")
     if not r["uses_dataset"]:
         lines.append("dataset         none: workflow.train and workflow.generate_data are off")
     else:

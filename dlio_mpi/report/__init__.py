@@ -6,6 +6,7 @@ Drawn from the results folders; the comparison is compare.html, compare.png, com
 from __future__ import annotations
 
 import os
+import sys
 
 from ..errors import UserError, install_hint
 
@@ -92,6 +93,9 @@ def _run_files(run, compare_link: str | None) -> dict[str, bytes]:
             "request-size histogram", "")
     if requests is not None:
         skipped += [f"trace skipped: {p}" for p in requests.problems]
+        for problem in requests.problems:  # on the terminal too: the page may go unread
+            print(f"dlio-mpi: report: {run.folder}: trace skipped: {problem}", file=sys.stderr,
+                  flush=True)
     files = {name: png for name, png, _ in figures}
     files["report.html"] = run_page(run, figures, skipped, compare_link)
     return files

@@ -10,14 +10,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import describe
+from ..results.names import TRACE_NAME
 
-TRACE_NAME = re.compile(r"trace_rank(\d+)\.json(\.gz)?")
 # latency arguments with their unit, read when an event has no usable dur
 LATENCY_ARGS = (("latency_us", 1.0), ("latency_ms", 1e3), ("latency_ns", 1e-3),
                 ("latency", 1.0))

@@ -28,8 +28,7 @@ from ..ownership import (
     rename_noreplace,
     temporary_name,
 )
-from .names import ACCESS_LOG, REPORT, RESERVED, RESULTS_MANIFEST
-from .per_rank import is_per_rank_name
+from .names import ACCESS_LOG, REPORT, RESULTS_MANIFEST, WRITTEN_TEXT, is_written_name
 from .report_folder import own_report_files
 
 
@@ -56,10 +55,9 @@ class OutputFolder:
         """Check the folder holds nothing but our earlier results, remove those, and start
         this run's manifest and log; UserError naming the first foreign file otherwise."""
         if os.path.basename(self.log_name) != self.log_name or self.log_name in (
-                "", ".", "..", *RESERVED) or is_per_rank_name(self.log_name):
+                "", ".", "..") or is_written_name(self.log_name):
             raise UserError(f"output.log_file: {self.log_name!r} must be a file name inside "
-                            f"output.folder (no '/'), other than {', '.join(RESERVED)}, "
-                            "RANK_output.json, RANK_per_epoch_stats.json")
+                            f"output.folder (no '/'), other than {WRITTEN_TEXT}")
         try:
             os.makedirs(self.folder, exist_ok=True)
             # one run at a time: a live run's files are not an earlier run's results

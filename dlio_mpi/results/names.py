@@ -1,9 +1,10 @@
 """The names of what a run writes in its output folder: written by run.py and results/folder.py,
 read back by `dlio-mpi report` (report/), which must not import MPI."""
 
+import re
 import time
 
-from ..ownership import LOCK_NAME
+from ..ownership import LOCK_NAME, TMP_MARK
 
 SUMMARY = "summary.json"
 PER_EPOCH_STATS = "per_epoch_stats.json"
@@ -16,6 +17,20 @@ INTERVAL_STATS = "interval_stats.json"  # output.stats_interval's time series
 # what a run writes besides its log (output.log_file may not take these names)
 RESERVED = (SUMMARY, PER_EPOCH_STATS, CONFIG, RESULTS_MANIFEST, ACCESS_LOG, REPORT,
             INTERVAL_STATS, LOCK_NAME)
+# DLIO's RANK_output.json and MLPerf's fork's RANK_per_epoch_stats.json (results/per_rank.py)
+PER_RANK_NAME = re.compile(r"\d+_(output|per_epoch_stats)\.json")
+# output.trace's files (metrics/trace.py writes trace_rank<R>.json.gz; report reads both)
+TRACE_NAME = re.compile(r"trace_rank(\d+)\.json(\.gz)?")
+# what is_written_name refuses, for the messages of output.log_file and hydra.output_subdir
+WRITTEN_TEXT = (f"{', '.join(RESERVED)}, RANK_output.json, RANK_per_epoch_stats.json, "
+                f"trace_rankR.json[.gz] and names holding {TMP_MARK} (the run's temporaries)")
+
+
+def is_written_name(name: str) -> bool:
+    """Whether a run writes, or may write, a file or folder of this name in output.folder
+    besides its log: what output.log_file and hydra.output_subdir may not be named."""
+    return (name in RESERVED or PER_RANK_NAME.fullmatch(name) is not None
+            or TRACE_NAME.fullmatch(name) is not None or TMP_MARK in name)
 
 
 def iso_time(seconds: float) -> str:

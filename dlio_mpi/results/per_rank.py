@@ -20,7 +20,6 @@ the other results and replaced with them."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -28,7 +27,6 @@ from .names import iso_time
 
 GB = 2**30
 BLOCK = "block1"  # dlio-mpi's epoch is one block of DLIO's (checkpoints pause it, not split)
-_PER_RANK = re.compile(r"\d+_(output|per_epoch_stats)\.json")
 
 
 def output_name(rank: int) -> str:
@@ -37,11 +35,6 @@ def output_name(rank: int) -> str:
 
 def epoch_stats_name(rank: int) -> str:
     return f"{rank}_per_epoch_stats.json"
-
-
-def is_per_rank_name(name: str) -> bool:
-    """Whether a file name is one of these per-rank results (output.log_file may not be)."""
-    return _PER_RANK.fullmatch(name) is not None
 
 
 def rank_output(rank: int, host: Any, per_host_gb: float, train_epochs: Sequence[Any],
