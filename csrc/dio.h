@@ -530,10 +530,11 @@ typedef struct dio_copy_times {
 /* Copy bytes [offset, offset + length) of src to the same offsets of dst (dio_copy.c), through
  * buf (buf_size bytes, a multiple of align, aligned to it for O_DIRECT descriptors), adding the
  * time spent reading and writing to *times. 0 or -errno with *err filled (the paths only name
- * the files in the message). */
+ * the files in the message); `stoppable`: -ECANCELED between two calls once a stop signal was
+ * received (dio_stopped). */
 int dio_copy_range(int src, int dst, int64_t offset, int64_t length, void *buf,
-                   size_t buf_size, size_t align, dio_copy_times *times, const char *src_path,
-                   const char *dst_path, dio_error *err);
+                   size_t buf_size, size_t align, int stoppable, dio_copy_times *times,
+                   const char *src_path, const char *dst_path, dio_error *err);
 
 /* ------------------------------------------------------------------ trace */
 

@@ -38,8 +38,8 @@ static int pread_full(int fd, char *buf, size_t want, int64_t offset, size_t nee
 }
 
 int dio_copy_range(int src, int dst, int64_t offset, int64_t length, void *buf,
-                   size_t buf_size, size_t align, dio_copy_times *times, const char *src_path,
-                   const char *dst_path, dio_error *err)
+                   size_t buf_size, size_t align, int stoppable, dio_copy_times *times,
+                   const char *src_path, const char *dst_path, dio_error *err)
 {
     int src_direct = fcntl(src, F_GETFL) & O_DIRECT;
     int64_t done = 0;
@@ -51,7 +51,7 @@ int dio_copy_range(int src, int dst, int64_t offset, int64_t length, void *buf,
         size_t n = (size_t)(length - done < (int64_t)buf_size ? length - done : (int64_t)buf_size);
         size_t want = src_direct ? (n + align - 1) / align * align : n;
         int64_t t0 = dio_now_ns(), t1;
-        int rc = dio_stopped(err, dst_path);
+        int rc = stoppable ? dio_stopped(err, dst_path) : 0;
         if (rc < 0)
             return rc;
         rc = pread_full(src, buf, want, offset + done, n, src_path, err);

@@ -62,8 +62,9 @@ int eng_fill_cache(dio_engine *e, worker *w, int64_t file, dio_error *err)
         eng_close_counted(in, e);
         return fill_failed(e, rc, err);
     }
+    /* not stoppable: a stop ends the epoch at its next step, and the batch needs the file */
     rc = dio_copy_range(in, out, 0, (int64_t)st.st_size, w->fill_buf, FILL_BUF,
-                        e->cfg.odirect ? e->cfg.align : 4096, &times, src, w->tpath, err);
+                        e->cfg.odirect ? e->cfg.align : 4096, 0, &times, src, w->tpath, err);
     eng_close_counted(in, e);
     if (close(out) != 0 && rc == 0) /* NFS may tell of a full server only here */
         rc = dio_fail(err, errno, w->tpath, "cache fill: close %s: %s", w->tpath,

@@ -44,7 +44,7 @@ cdef extern from "dio.h" nogil:
         int64_t write_ns
 
     int dio_copy_range(int src, int dst, int64_t offset, int64_t length, void *buf,
-                       size_t buf_size, size_t align, dio_copy_times *times,
+                       size_t buf_size, size_t align, int stoppable, dio_copy_times *times,
                        const char *src_path, const char *dst_path, dio_error *err)
 
     ctypedef struct dio_trace_reads_in:
@@ -653,7 +653,7 @@ cdef class Copier:
         cdef int rc
         _clear(&err)
         with nogil:
-            rc = dio_copy_range(src, dst, offset, length, self.buf, self.size, self.align,
+            rc = dio_copy_range(src, dst, offset, length, self.buf, self.size, self.align, 1,
                                 &self.times, csrc, cdst, &err)
         _check(rc, &err)
 

@@ -180,11 +180,12 @@ def _merge(failed: list[tuple[int, str]], size: int) -> str:
     return "\n".join(lines)
 
 
-def agreed_stop(comm) -> int:
+def agreed_stop(comm, mine: int | None = None) -> int:
     """The stop a signal asked of any rank (SIGINT or SIGTERM: its number, the highest where
-    the ranks differ), agreed by all ranks with one allreduce; 0 when none was asked."""
+    the ranks differ; `mine`: this rank's, default the signal it received), agreed by all
+    ranks with one allreduce; 0 when none was asked."""
     from mpi4py import MPI
 
     from . import _core
 
-    return comm.allreduce(_core.stop_signal(), op=MPI.MAX)
+    return comm.allreduce(_core.stop_signal() if mine is None else mine, op=MPI.MAX)

@@ -750,24 +750,20 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
         if checkpoints is not None:  # an async save's write waited for, however it ends
             held.callback(checkpoints.checkpointer.close)
         if cfg.workflow.train and cfg.storage.stage_in is not None and plan.splits:
-            staged, stage = run_stage_in(comm, cfg, plan, topo, out, tracer)
-            held.callback(stage.release)  # the stage folder's lock, however the run ends
-            record.stage_in = staged.to_json(root)
+            try:
+                staged, stage = run_stage_in(comm, cfg, plan, topo, out, tracer)
+            except Stopped as stopped:  # the copy cut short: no epoch runs
+                record.stopped_by = stopped.signum
+            else:
+                held.callback(stage.release)  # the stage folder's lock, however the run ends
+                record.stage_in = staged.to_json(root)
         if cfg.workflow.train:
             read_plan = plan if staged is None else dataclasses.replace(plan, splits={
                 name: rerooted(split, staged.root) for name, split in plan.splits.items()})
-            train_epochs, eval_epochs, stop, readers = train(comm, cfg, read_plan, topo, pacing,
-                                                             out, checkpoints, tracer, intervals,
-                                                             cache)
-            if intervals is not None:
-                on_root(comm, lambda: intervals.write(out))
-                intervals.close()
-            if tracer is not None:
-                record.trace = write_trace(comm, tracer, out, checkpoints)
-            record.train_epochs, record.eval_epochs = train_epochs, eval_epochs
-            record.stopped_by, record.readers = stop, readers
-            summary = write_results(comm, cfg, plan, topo, record)
-            done = f"{len(train_epochs)} complete or partial training epoch(s)"
+            summary = _train_and_write(comm, cfg, plan, read_plan, topo, record, tracer,
+                                       intervals, cache)
+            stop = record.stopped_by
+            done = f"{len(record.train_epochs)} complete or partial training epoch(s)"
         elif checkpoints is not None:
             records, stop = run_checkpoint_only(comm, cfg, checkpoints.checkpointer,
                                                 lambda line: say(comm, line, out=out))
@@ -794,6 +790,23 @@ def _run_claimed(comm, cfg, plan: RunPlan, topo: Topology, out: OutputFolder,
                       f"; kept {kept} file(s) changed since they were generated, and the "
                       "manifest" if kept else ""), out=out)
     return summary
+
+
+def _train_and_write(comm, cfg, plan: RunPlan, read_plan: RunPlan, topo: Topology,
+                     record: RunRecord, tracer, intervals, cache) -> dict:
+    """The training epochs of `read_plan` (none when a stop already came: record.stopped_by)
+    and the results; the summary."""
+    out, checkpoints = record.out, record.checkpoints
+    if not record.stopped_by:
+        record.train_epochs, record.eval_epochs, record.stopped_by, record.readers = train(
+            comm, cfg, read_plan, topo, record.pacing, out, checkpoints, tracer, intervals,
+            cache)
+    if intervals is not None:
+        on_root(comm, lambda: intervals.write(out))
+        intervals.close()
+    if tracer is not None:
+        record.trace = write_trace(comm, tracer, out, checkpoints)
+    return write_results(comm, cfg, plan, topo, record)
 
 
 def _run_folders(cfg, plan: RunPlan, root: str) -> dict[str, str]:

@@ -117,15 +117,18 @@ def slow(tmp_path):
         yield mount, prefix
 
 
-def test_reader_staging_ends_at_the_signal(tmp_path, slow):
+@pytest.mark.parametrize("how", ["reader.staging", "storage.stage_in"])
+def test_reading_the_dataset_before_the_epochs_ends_at_the_signal(tmp_path, slow, how):
+    """reader.staging's reads into memory, storage.stage_in's copy to a faster tier."""
     mount, prefix = slow
     data = workload_overrides(tmp_path, dataset__data_folder=mount / "data",
                               dataset__num_files_train=48,
                               dataset__record_length_bytes=8 * MiB)  # 384 MiB
     gen = run_cli(["generate", "demo", *data])
     assert gen.returncode == 0, gen.stderr
-    over = [*data, "workflow.generate_data=false", "reader.staging=replicated",
-            "reader.odirect=true"]
+    over = [*data, "workflow.generate_data=false",
+            *(["reader.staging=replicated", "reader.odirect=true"] if how == "reader.staging"
+              else [f"storage.stage_in={{to: {tmp_path / 'bb'}, odirect: true}}"])]
     took, err = _stop_after(_cmd(prefix, over), tmp_path / "out", "workload ", 3)
     summary = _assert_clean_stop(tmp_path, tmp_path / "out", took, err)
     assert summary["epochs"] == 0

@@ -42,7 +42,14 @@ from .. import _core, progress
 from ..data.dataset import DatasetSplit, FileNaming
 from ..data.generate import check_free_space
 from ..data.manifest import manifest_path, read_manifest
-from ..errors import UserError, check_all, on_root
+from ..errors import (
+    StopRequested,
+    UserError,
+    agreed_stop,
+    check_all,
+    on_root,
+    stopped_everywhere,
+)
 from ..ownership import (
     FolderLock,
     create_exclusive,
@@ -408,11 +415,13 @@ class _Stage:
         rank's, are removed first, as the job then ends at once (the other ranks with it)."""
         try:
             self._copy(shown)
+        except StopRequested:
+            raise  # the ranks agree on it first (stage_in): another may still be renaming
         except BaseException:
-            self._remove_temporaries()
+            self.remove_temporaries()
             raise
 
-    def _remove_temporaries(self) -> None:
+    def remove_temporaries(self) -> None:
         """Every temporary of this copy (this job's tag) in the copy's folders."""
         for folder in self.folders():
             try:
@@ -556,8 +565,16 @@ def stage_in(comm, opts, files: StageSet, source: str, topo, tag: str
     comm.Barrier()
     start = _core.now_ns()
     # a rank failing in the copy aborts the job at once (cli.main), not after the others' copies
-    with progress.task("stage-in (rank 0's pieces)", mine, progress.BYTES) as shown:
-        stage.copy(shown)
+    stop = 0
+    try:
+        with progress.task("stage-in (rank 0's pieces)", mine, progress.BYTES) as shown:
+            stage.copy(shown)
+    except StopRequested as exc:  # between two calls: every rank leaves its copy, then agrees
+        stop = exc.signum
+    if stop := agreed_stop(comm, stop):
+        stage.remove_temporaries()  # an incomplete copy: its manifest says so, a rerun redoes it
+        stage.release()
+        raise stopped_everywhere(stop)
     stage.finish()
     comm.Barrier()
     seconds = (_core.now_ns() - start) / 1e9
