@@ -150,6 +150,41 @@ def test_odirect_checkpoints_on_tmpfs_are_refused_before_any_io(tmp_path, small_
     assert list(small_fs.iterdir()) == [] and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("tier", ["to", "fast"])
+def test_odirect_drains_touching_tmpfs_are_refused_before_any_io(tmp_path, small_fs, tier):
+    """checkpoint.drain.odirect reads the fast tier and writes drain.to with O_DIRECT: either
+    on tmpfs is refused as checkpoint.odirect is (issue 30, finding 7)."""
+    fast, pfs = (tmp_path / "ck", small_fs / "pfs") if tier == "to" else \
+        (small_fs / "ck", tmp_path / "pfs")
+    res = subprocess.run(_command(tmp_path, fast, f"checkpoint.drain={{to: {pfs}, odirect: "
+                                                  "true}"), capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 2, res.stderr
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    key = "checkpoint.drain.to" if tier == "to" else "checkpoint.checkpoint_folder"
+    assert len(errors) == 1 and errors[0].startswith(
+        f"dlio-mpi: error: checkpoint.drain.odirect: true, but {key} "), res.stderr
+    assert list(small_fs.iterdir()) == [] and not (tmp_path / "out").exists()
+    assert not fast.exists() and not pfs.exists()
+
+
+def test_odirect_staging_from_tmpfs_is_refused_before_any_io(tmp_path):
+    """reader.staging reads every file with reader.odirect's O_DIRECT: a data folder on tmpfs
+    is refused as the C engine's reads refuse it (issue 30, finding 7)."""
+    from helpers import mounted_tmpfs, run_cli, workload_overrides
+
+    with mounted_tmpfs(tmp_path / "shm", "size=64m") as shm:
+        over = workload_overrides(tmp_path, dataset__data_folder=shm / "data")
+        assert run_cli(["generate", "demo", *over]).returncode == 0
+        for staging in ("replicated", "read_once"):
+            res = run_cli(["run", "demo", *over, "workflow.generate_data=false",
+                           f"reader.staging={staging}", "reader.odirect=true"])
+            assert res.returncode == 2, res.stderr
+            assert "dlio-mpi: error: reader.odirect: true, but dataset.data_folder " \
+                   f"{shm / 'data'} is on tmpfs" in res.stderr, res.stderr
+            assert not (tmp_path / "out").exists()
+
+
 def test_two_jobs_sharing_a_checkpoint_folder_one_is_refused(tmp_path):
     """Job A holds the checkpoint folder while it runs; job B, given the same folder, is
     refused before any I/O naming the folder and A (host, pid), and A's checkpoints are

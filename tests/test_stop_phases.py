@@ -1,7 +1,7 @@
 """SIGTERM ends the job promptly in every phase that waits (issue 30): a compute step, a paced
 snapshot, reader.staging's reads, a synchronous save, a restore, a drain, the run's end
 waiting for an asynchronous save's write, and the results written after many epochs. Each is
-a real `mpiexec -n 2` job whose phase lasts well over the bound; its slow storage is a
+a real `mpiexec -n 2` (and `-n 3`) job whose phase lasts well over the bound; its slow storage is a
 throttled file system (helpers.throttled_fs: 64 MiB/s, so that one 64 MiB call of each rank
 takes about 2 s). After the signal the job exits with 143 within STOP_BOUND seconds, one
 message saying it stopped, its results written and marked incomplete, and nothing left
@@ -90,8 +90,8 @@ def _assert_clean_stop(tmp_path: Path, out: Path, took: float, stderr: str) -> d
     return summary
 
 
-def _cmd(prefix: list[str], args: list[str]) -> list[str]:
-    return [*prefix, mpiexec(), "-n", "2", sys.executable, "-P", "-m", "dlio_mpi", "run",
+def _cmd(prefix: list[str], args: list[str], ranks: int = 2) -> list[str]:
+    return [*prefix, mpiexec(), "-n", str(ranks), sys.executable, "-P", "-m", "dlio_mpi", "run",
             "demo", *args]
 
 
@@ -117,8 +117,9 @@ def slow(tmp_path):
         yield mount, prefix
 
 
-@pytest.mark.parametrize("how", ["reader.staging", "storage.stage_in"])
-def test_reading_the_dataset_before_the_epochs_ends_at_the_signal(tmp_path, slow, how):
+@pytest.mark.parametrize(("how", "ranks"), [("reader.staging", 2), ("reader.staging", 3),
+                                           ("storage.stage_in", 2), ("storage.stage_in", 3)])
+def test_reading_the_dataset_before_the_epochs_ends_at_the_signal(tmp_path, slow, how, ranks):
     """reader.staging's reads into memory, storage.stage_in's copy to a faster tier."""
     mount, prefix = slow
     data = workload_overrides(tmp_path, dataset__data_folder=mount / "data",
@@ -129,13 +130,14 @@ def test_reading_the_dataset_before_the_epochs_ends_at_the_signal(tmp_path, slow
     over = [*data, "workflow.generate_data=false",
             *(["reader.staging=replicated", "reader.odirect=true"] if how == "reader.staging"
               else [f"storage.stage_in={{to: {tmp_path / 'bb'}, odirect: true}}"])]
-    took, err = _stop_after(_cmd(prefix, over), tmp_path / "out", "workload ", 3)
+    took, err = _stop_after(_cmd(prefix, over, ranks), tmp_path / "out", "workload ", 3)
     summary = _assert_clean_stop(tmp_path, tmp_path / "out", took, err)
     assert summary["epochs"] == 0
 
 
+@pytest.mark.parametrize("ranks", [2, 3])
 @pytest.mark.parametrize("phase", ["save", "drain", "background write", "restore"])
-def test_checkpoint_io_ends_at_the_signal(tmp_path, slow, phase):
+def test_checkpoint_io_ends_at_the_signal(tmp_path, slow, phase, ranks):
     mount, prefix = slow
     out = tmp_path / "out"
     values = {"output.folder": out}
@@ -153,8 +155,8 @@ def test_checkpoint_io_ends_at_the_signal(tmp_path, slow, phase):
                                        "restore_from: pfs}",
                    "checkpoint.num_checkpoints_read": 1, "checkpoint.odirect": "true"}
         marker, delay = " drained: ", 2
-    took, err = _stop_after(_cmd(prefix, _checkpointing(tmp_path, **values)), out, marker,
-                            delay)
+    took, err = _stop_after(_cmd(prefix, _checkpointing(tmp_path, **values), ranks), out,
+                            marker, delay)
     summary = _assert_clean_stop(tmp_path, out, took, err)
     kinds = [r["kind"] for r in summary["dlio_mpi"]["checkpoint"]["records"]
              if r.get("drain") is None or r["drain"]["complete"]]
