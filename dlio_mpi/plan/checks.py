@@ -16,6 +16,7 @@ from ..readers import (
     batches_in_flight,
 )
 from .limits import (
+    CACHE_FILL_BUFFER,
     CHECKPOINT_BLOCK,
     EPOCH_RECORD_BYTES,
     MAX_FILE_BYTES,
@@ -257,9 +258,14 @@ def check_snapshot_pace(cfg, checkpoint: Mapping | None) -> None:
 
 
 def run_held(cfg, ranks: int) -> list[Held]:
-    """What the run itself keeps: stage-in's copy buffer, and rank 0's record of every
-    epoch of every rank (the results, gathered there)."""
+    """What the run itself keeps: the cache tier's and stage-in's copy buffers, and rank 0's
+    record of every epoch of every rank (the results, gathered there)."""
     held = []
+    if cfg.workflow.train and cfg.reader.cache is not None:  # each reader thread's, and the
+        threads = max(cfg.reader.read_threads, 1) + 1           # step loop's own
+        held.append(Held("reader.cache", "reader.cache's fill buffers",
+                         per_rank=threads * CACHE_FILL_BUFFER,
+                         lower="fewer reader.read_threads"))
     stage = cfg.storage.stage_in
     if stage is not None and cfg.workflow.train:
         held.append(Held("storage.stage_in.buffer_bytes", "storage.stage_in's copy buffer",

@@ -16,3 +16,5 @@ CHECKPOINT_BLOCK = 64 << 20  # the C core's and MPI-IO's checkpoint block (dio_s
 # rank 0's record of one rank's epoch (metrics.summary.EpochRecord with its latency
 # histogram of ~700 bins): 9.8 KiB measured with tracemalloc, rounded up
 EPOCH_RECORD_BYTES = 12 << 10
+
+CACHE_FILL_BUFFER = 8 << 20  # a cache fill's copy buffer, per engine thread (FILL_BUF)
