@@ -16,6 +16,8 @@ import time
 import traceback
 from dataclasses import replace
 
+from .mpi.launcher import launcher_rank
+
 ABORT_GRACE_SECONDS = 0.5
 USAGE = """dlio-mpi COMMAND [CONFIG] [KEY=VALUE ...]
 
@@ -29,18 +31,6 @@ dlio-mpi pack CONFIG [KEY=VALUE ...] --to DIR [--samples-per-shard K] merges a d
 one sample per file into indexed_binary shards and prints the overrides that read them.
 dlio-mpi datasize CONFIG [KEY=VALUE ...] --accelerators N [--hosts H] --host-memory-gb M prints
 the files MLPerf Storage's sizing rule asks for (no MPI; dlio-mpi datasize --help)."""
-# Where launchers put the process's rank, read before MPI starts (argparse runs first)
-RANK_VARIABLES = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK",
-                  "SLURM_PROCID")
-
-
-def launcher_rank() -> int:
-    """This process's rank as the MPI launcher set it in the environment (0 when unknown)."""
-    for name in RANK_VARIABLES:
-        value = os.environ.get(name, "")
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 class _Parser(argparse.ArgumentParser):

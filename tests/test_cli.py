@@ -279,7 +279,8 @@ def test_validate_at_scale_is_exact_and_quiet(tmp_path):
 
 @pytest.mark.parametrize("rank,printed", [("0", True), ("1", False)])
 def test_usage_errors_are_printed_by_the_first_rank_only(monkeypatch, capsys, rank, printed):
-    from dlio_mpi.cli import RANK_VARIABLES, main
+    from dlio_mpi.cli import main
+    from dlio_mpi.mpi.launcher import RANK_VARIABLES
 
     for name in RANK_VARIABLES:
         monkeypatch.delenv(name, raising=False)

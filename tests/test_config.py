@@ -920,8 +920,8 @@ def test_long_draws_are_clipped_to_what_int64_nanoseconds_hold():
 
 
 @pytest.mark.parametrize("overrides,expected", [
-    (["dataset.num_samples_per_file=1e18"], "dataset.num_samples_per_file: expected an integer "
-                                            ">= 1 and <= 2^31 - 1, got 1e+18"),
+    (["dataset.num_samples_per_file=1e18"], "32 train files hold 32000000000000000000 samples, "
+                                            "more than the 2^62 sample ids"),
     (["dataset.record_length_bytes_stdev=0", "dataset.record_dims=[1e7,1e7,1e7]"],
      "dataset.record_dims=[10000000, 10000000, 10000000] of uint8 with "
      "dataset.num_samples_per_file=1: a train file would hold 1000000000000000000000 bytes"),

@@ -531,7 +531,9 @@ class Dataset:
     # beyond any data set a file system holds in one folder tree, and beyond memory at scale.
     num_files_train: int = key(8, "int", minimum=0, maximum=MAX_FILES)
     num_files_eval: int = key(0, "int", minimum=0, maximum=MAX_FILES)
-    num_samples_per_file: int = key(1, "int", minimum=1, maximum=MAX_COUNT)
+    # DLIO 2.0.0's dlrm holds 4,195,198,976 samples in one file; plan.checks bounds the
+    # split's samples (2^62 ids) and bytes
+    num_samples_per_file: int = key(1, "int", minimum=1, maximum=MAX_BYTES)
     generation_buffer_size: int = key(
         2147483648, "int", minimum=1, maximum=MAX_BYTES,
         inert="it sizes the writes of DLIO's indexed_binary generator; the C generator "
@@ -569,7 +571,7 @@ class Dataset:
     sample_layout: str = key("first_axis", "str", choices=("first_axis", "last_axis"))
     # evaluation files hold num_samples_per_file samples, as every file does
     eval_num_samples_per_file: int | None = key(None, "int", optional=True, minimum=0,
-                                                maximum=MAX_COUNT, inert=RELEASED_UNREAD)
+                                                maximum=MAX_BYTES, inert=RELEASED_UNREAD)
 
 
 # --------------------------------------------------------------------------- reader

@@ -226,7 +226,7 @@ def main(argv: list[str]) -> int:
     """dlio-mpi datasize, in this process (no MPI); its exit status (2 for bad input).
     Started by mpiexec, every process computes the same and only the launcher's rank 0
     prints."""
-    from ..cli import launcher_rank
+    from ..mpi.launcher import launcher_rank
 
     if launcher_rank() != 0:
         with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet), \
