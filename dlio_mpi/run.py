@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import resource
 import signal
@@ -80,7 +79,7 @@ from .results import jsonfile
 from .results.environment import describe_environment
 from .results.folder import OutputFolder, access_log_name
 from .results.names import CONFIG, PER_EPOCH_STATS, SUMMARY
-from .results.per_rank import epoch_stats_name, output_name, rank_epoch_stats, rank_outputs
+from .results.per_rank import epoch_stats_name, output_name, rank_files
 from .sampling.requests import AccessPolicy, access_policy, loader_inputs, plan_reads
 from .sampling.sharding import (
     ShuffleSpec,
@@ -557,7 +556,7 @@ def write_result_files(out: OutputFolder, cfg, header: dict, record: RunRecord,
                                                [r for _, r in checkpoints.records]))
         for epoch, entries in epoch_entries(checkpoints.records, wall_offset_ns).items():
             stats.setdefault(str(epoch), {}).update(entries)
-    out.write(SUMMARY, lambda fp: json.dump(summary, fp, indent=2))
+    out.write(SUMMARY, lambda fp: jsonfile.dump(summary, fp, depth=None))
     out.write(PER_EPOCH_STATS, lambda fp: jsonfile.dump(stats, fp))
     out.write(CONFIG, lambda fp: yaml.safe_dump({"workload": cfg.to_dict()}, fp,
                                                 sort_keys=False))
@@ -572,10 +571,9 @@ def write_per_rank(out: OutputFolder, rank_hosts: list[HostInfo], per_host_gb: f
     """Rank 0: each rank's RANK_output.json (DLIO's) and RANK_per_epoch_stats.json (MLPerf's
     DLIO fork's), which MLPerf Storage's checker asks for, from the figures gathered."""
     checkpoints = record.checkpoints.records if record.checkpoints is not None else []
-    outputs = rank_outputs(rank_hosts, per_host_gb, record.train_epochs, record.eval_epochs)
-    stats = rank_epoch_stats(len(rank_hosts), record.train_epochs, record.eval_epochs,
-                             checkpoints, wall_offset_ns)
-    for rank, bodies in enumerate(zip(outputs, stats)):
+    files = rank_files(rank_hosts, per_host_gb, record.train_epochs, record.eval_epochs,
+                       checkpoints, wall_offset_ns)
+    for rank, bodies in enumerate(files):
         for name, body in zip((output_name(rank), epoch_stats_name(rank)), bodies):
             out.write(name, lambda fp, body=body: jsonfile.dump(body, fp))
             out.record(name)

@@ -44,57 +44,52 @@ def is_per_rank_name(name: str) -> bool:
     return _PER_RANK.fullmatch(name) is not None
 
 
-def rank_outputs(hosts: Sequence[Any], per_host_gb: float, train_epochs: Sequence[Any],
-                 eval_epochs: Sequence[Any]) -> list[dict]:
-    """DLIO's RANK_output.json of every rank, `hosts[rank]` its host (a topology HostInfo);
-    `per_host_gb`: summary.json's data_size_per_host_GB; the epochs: EpochSummary lists (each
-    with one record a rank), read once for all ranks."""
-    outs = []
-    for host in hosts:
-        memory_gb = host.memory_bytes / GB
-        outs.append({"host_memory_GB": memory_gb, "host_cpu_count": host.cpu_count,
-                     "host_processor_name": host.processor,
-                     # DLIO: 1 when the data a host reads fits in its memory
-                     "potential_caching": 1 if per_host_gb <= memory_gb else 0})
-    for key, epochs in (("train", train_epochs), ("eval", eval_epochs)):
-        block = BLOCK if key == "train" else "eval"
-        for summary in epochs:
-            for record in summary.records:
-                entry = outs[record.rank].setdefault(str(summary.epoch),
-                                                     {"au": {}, "throughput": {}})
-                entry["au"][block] = record.au_percentage
-                entry["throughput"][block] = record.samples_per_second
-                if key == "train":  # the fork's epoch start and end (start_epoch, end_epoch)
-                    entry["start"], entry["end"] = _iso(record.start), _iso(record.end)
-    for out, host in zip(outs, hosts):
-        out["hostname"] = host.hostname
-    return outs
-
-
-def rank_epoch_stats(ranks: int, train_epochs: Sequence[Any], eval_epochs: Sequence[Any],
-                     checkpoints: Iterable[tuple[Any, Any]], wall_offset_ns: int
-                     ) -> list[dict]:
-    """The fork's RANK_per_epoch_stats.json of every rank; `checkpoints`: (due or None,
-    record) pairs as the run keeps them (checkpoint-only records under epoch 1, by their
-    index)."""
-    stats: list[dict] = [{} for _ in range(ranks)]
+def rank_files(hosts: Sequence[Any], per_host_gb: float, train_epochs: Sequence[Any],
+               eval_epochs: Sequence[Any], checkpoints: Iterable[tuple[Any, Any]],
+               wall_offset_ns: int) -> list[tuple[dict, dict]]:
+    """Every rank's RANK_output.json and RANK_per_epoch_stats.json, `hosts[rank]` its host (a
+    topology HostInfo); `per_host_gb`: summary.json's data_size_per_host_GB; the epochs:
+    EpochSummary lists (one record a rank), read once for all ranks and both files;
+    `checkpoints`: (due or None, record) pairs as the run keeps them (checkpoint-only records
+    under epoch 1, by their index)."""
+    outputs = [_host_fields(host, per_host_gb) for host in hosts]
+    stats: list[dict] = [{} for _ in hosts]
     for summary in train_epochs:
+        key = str(summary.epoch)
         for record in summary.records:
-            stats[record.rank][str(summary.epoch)] = _span(record.start, record.end)
+            span = _span(record.start, record.end)
+            # the fork's epoch start and end (start_epoch, end_epoch) in RANK_output.json too
+            outputs[record.rank][key] = {"au": {BLOCK: record.au_percentage},
+                                         "throughput": {BLOCK: record.samples_per_second},
+                                         "start": span["start"], "end": span["end"]}
+            stats[record.rank][key] = span
     for summary in eval_epochs:
+        key = str(summary.epoch)
         for record in summary.records:
-            stats[record.rank].setdefault(str(summary.epoch), {})["eval"] = _span(
-                record.start, record.end)
+            entry = outputs[record.rank].setdefault(key, {"au": {}, "throughput": {}})
+            entry["au"]["eval"] = record.au_percentage
+            entry["throughput"]["eval"] = record.samples_per_second
+            stats[record.rank].setdefault(key, {})["eval"] = _span(record.start, record.end)
     for due, record in checkpoints:
         epoch, number = (due.epoch, due.block) if due is not None else (1, record.index)
         start = (record.start_ns + wall_offset_ns) / 1e9  # every rank starts after a barrier
         for rank, mine in enumerate(stats):
             own = record.rank_seconds[rank] if rank < len(record.rank_seconds) \
                 else record.seconds
-            entry = {**_span(start, start + own), "duration": own,
-                     "throughput": record.bytes / GB / own if own > 0 else 0.0}
-            mine.setdefault(str(epoch), {})[f"{record.kind}_ckpt{number}"] = entry
-    return stats
+            mine.setdefault(str(epoch), {})[f"{record.kind}_ckpt{number}"] = {
+                **_span(start, start + own), "duration": own,
+                "throughput": record.bytes / GB / own if own > 0 else 0.0}
+    for out, host in zip(outputs, hosts):
+        out["hostname"] = host.hostname
+    return list(zip(outputs, stats))
+
+
+def _host_fields(host: Any, per_host_gb: float) -> dict:
+    memory_gb = host.memory_bytes / GB
+    return {"host_memory_GB": memory_gb, "host_cpu_count": host.cpu_count,
+            "host_processor_name": host.processor,
+            # DLIO: 1 when the data a host reads fits in its memory
+            "potential_caching": 1 if per_host_gb <= memory_gb else 0}
 
 
 def _span(start: float, end: float) -> dict:
