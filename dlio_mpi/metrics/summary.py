@@ -269,6 +269,10 @@ _RANK_FIELDS = tuple(f.name for f in fields(EpochRecord)
 _rank_values = operator.attrgetter(*_RANK_FIELDS)
 
 
+_PHASE_FIELDS = (*_RANK_FIELDS, "overhead_us_per_step")
+_phase_values = operator.attrgetter(*_PHASE_FIELDS)
+
+
 def _rank_json(record: EpochRecord) -> dict:
     entry = dict(zip(_RANK_FIELDS, _rank_values(record)))
     if record.cache:
@@ -293,21 +297,22 @@ def phase_metrics(phase: str, epochs: list[EpochSummary], au_target: float) -> d
     au = [e.au_percentage for e in epochs]
     thr = [e.samples_per_second for e in epochs]
     record_length = epochs[0].record_length
-    records = [r for e in epochs for r in e.records]
-    by_rank: dict[int, list[EpochRecord]] = {}  # each rank's records in epoch order
-    for r in records:
-        by_rank.setdefault(r.rank, []).append(r)
-    ranks = [by_rank[rank] for rank in sorted(by_rank)]
+    # each rank's figures, a column each over its epochs in order, read in one pass: sums
+    # over the ranks' records field by field took 0.15 s at 5,800 epochs of 2 ranks
+    rows: dict[int, list[tuple]] = {}
+    for e in epochs:
+        for r in e.records:
+            rows.setdefault(r.rank, []).append(_phase_values(r))
+    ranks = [dict(zip(_PHASE_FIELDS, zip(*rows[rank]))) for rank in sorted(rows)]
 
     def per_rank_sum(field: str) -> dict:
-        return _spread([sum(map(operator.attrgetter(field), mine)) for mine in ranks])
+        return _spread([sum(mine[field]) for mine in ranks])
 
     def per_rank_mean(field: str) -> dict:
-        return _spread([np.mean(list(map(operator.attrgetter(field), mine)))
-                        for mine in ranks])
+        return _spread([np.mean(mine[field]) for mine in ranks])
 
     def total(field: str) -> int:
-        return int(sum(map(operator.attrgetter(field), records)))
+        return int(sum(sum(mine[field]) for mine in ranks))
 
     hist = np.zeros_like(epochs[0].latency_hist())
     for e in epochs:
