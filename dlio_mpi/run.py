@@ -538,7 +538,7 @@ def write_results(comm, cfg, plan: RunPlan, topo: Topology, record: RunRecord) -
         say(comm, table, f"results in {out.path('summary.json')}", out=out)
         return summary
 
-    return on_root(comm, write)
+    return on_root(comm, write, nap=True)  # ~1 s for 10,000 epochs: the others sleep
 
 
 def write_result_files(out: OutputFolder, cfg, header: dict, record: RunRecord,
