@@ -325,7 +325,7 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
               f"{summary.samples_per_second:.1f} samples/s, "
               f"{summary.transfer_mib_per_second:.1f} MiB/s read, {summary.seconds:.2f} s, "
               f"emulator overhead {summary.overhead_us_per_step:.1f} us/step", out=out)
-    summary.to_json()  # its per_epoch_stats.json entry, built once now: a stop only writes it
+    summary.json_text()  # its per_epoch_stats.json entry, encoded now: a stop only writes it
     if phase.cache is not None and (warning := room_warning(
             [r.cache for r in records], cfg.reader.cache.folder, phase.name, epoch)):
         say(comm, warning, out=out)
@@ -546,16 +546,15 @@ def write_result_files(out: OutputFolder, cfg, header: dict, record: RunRecord,
     """Rank 0: summary.json (`header`: the run's description), per_epoch_stats.json,
     config.yaml and each rank's files (`rank_hosts`: each rank's host), each whole or not at
     all; returns the summary and the table to print. Its time grows with the epochs (a
-    stopped run writes these before it exits): each epoch's figures were computed as it
-    ended, and the files of one entry an epoch are written by json's C encoder."""
+    stopped run writes these before it exits): each epoch's figures and entry were computed
+    and encoded as it ended, and the other files are written by json's C encoder."""
     train, evals, checkpoints = record.train_epochs, record.eval_epochs, record.checkpoints
     summary = build_summary(train, evals, cfg, header)
-    stats = per_epoch_stats(train, evals)
     if checkpoints is not None:
         summary["metric"].update(metric_fields(checkpoints.checkpointer,
                                                [r for _, r in checkpoints.records]))
-        for epoch, entries in epoch_entries(checkpoints.records, wall_offset_ns).items():
-            stats.setdefault(str(epoch), {}).update(entries)
+    stats = per_epoch_stats(train, evals, epoch_entries(checkpoints.records, wall_offset_ns)
+                            if checkpoints is not None else None)
     out.write(SUMMARY, lambda fp: jsonfile.dump(summary, fp, depth=None))
     out.write(PER_EPOCH_STATS, lambda fp: jsonfile.dump(stats, fp))
     out.write(CONFIG, lambda fp: yaml.safe_dump({"workload": cfg.to_dict()}, fp,

@@ -104,14 +104,33 @@ def test_an_epoch_s_figures_are_numpy_s_mean_and_sum_over_the_ranks_to_the_bit(r
                                                          axis=0))
 
 
-def test_an_epoch_s_entry_is_built_once_and_handed_out_as_a_new_dict():
+def test_an_epoch_s_entry_is_encoded_once_as_json_dumps_writes_it():
     summary = _epochs([3], ranks=2)[0]
+    text = summary.json_text()
+    assert summary.json_text() is text and json.loads(text) == json.loads(
+        json.dumps(summary.to_json()))
     entry = summary.to_json()
-    entry["eval"] = {"x": 1}
-    again = summary.to_json()
-    assert "eval" not in again and again["per_rank"] is entry["per_rank"]  # built once
-    assert [set(r) for r in again["per_rank"]] == [set(again["per_rank"][0])] * 2
-    assert "latency_hist" not in again["per_rank"][0] and "epoch" not in again["per_rank"][0]
+    assert [set(r) for r in entry["per_rank"]] == [set(entry["per_rank"][0])] * 2
+    assert "latency_hist" not in entry["per_rank"][0] and "epoch" not in entry["per_rank"][0]
+
+
+def test_per_epoch_stats_add_evaluations_and_checkpoints_as_dict_update_does():
+    from dlio_mpi.metrics.summary import per_epoch_stats
+    from dlio_mpi.results import jsonfile
+
+    train = _epochs([1, 2, 3], ranks=2)
+    evals = _epochs([2, 3], ranks=2, seed=1)
+    extra = {3: {"save_ckpt1": {"start": "x", "duration": 1.5}}, 7: {"load_ckpt1": {"a": [1]}}}
+    expected = {str(e.epoch): e.to_json() for e in train}
+    for e in evals:
+        expected[str(e.epoch)]["eval"] = e.to_json()
+    for epoch, entries in extra.items():
+        expected.setdefault(str(epoch), {}).update(entries)
+    stats = per_epoch_stats(train, evals, extra)
+    assert list(stats) == ["1", "2", "3", "7"]
+    text = jsonfile.dumps(stats)
+    assert text == jsonfile.dumps(json.loads(json.dumps(expected)))  # same text, same order
+    assert jsonfile.dumps(per_epoch_stats([], [], {})) == "{}"
 
 
 def test_the_results_files_hold_every_epoch_one_a_line_as_json_reads_them(tmp_path):

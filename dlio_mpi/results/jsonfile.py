@@ -29,10 +29,32 @@ def _one_line_encoder():
 _encode = _one_line_encoder()
 
 
+class Encoded(str):
+    """JSON text encoded already (an epoch's entry, as the epoch ended): dumps writes it as it
+    is, at the levels it indents, and with_members as a member's value."""
+
+
+def encode(value: Any) -> str:
+    """`value` on one line, as json.dumps writes it."""
+    return _encode(value)
+
+
+def with_members(text: str, members: dict) -> Encoded:
+    """The encoded object `text` with `members` (keys it does not hold) added at its end, as
+    dict.update adds them; values Encoded are taken as they are."""
+    if not members:
+        return Encoded(text)
+    added = ", ".join(f"{_key(key)}: {value if isinstance(value, Encoded) else _encode(value)}"
+                      for key, value in members.items())
+    return Encoded(f"{text[:-1]}, {added}}}" if text != "{}" else f"{{{added}}}")
+
+
 def dumps(obj: Any, depth: int | None = 1, _level: int = 0) -> str:
     """`obj` as JSON: the objects and arrays of the first `depth` levels (None: all) one
     member a line, indented as json's indent=2 does, anything deeper on its member's line; a
-    list of scalars always on one line."""
+    list of scalars always on one line; Encoded text as it is."""
+    if isinstance(obj, Encoded):
+        return obj
     if (depth is not None and _level >= depth) or not obj or not isinstance(obj, (dict, list)) or (
             isinstance(obj, list) and not any(isinstance(v, (dict, list)) for v in obj)):
         return _encode(obj)
