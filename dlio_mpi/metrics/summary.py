@@ -268,13 +268,12 @@ class EpochSummary:
 
 
 # a rank's fields in per_epoch_stats.json's per_rank, in EpochRecord's order (its cache last,
-# where it has one); read with one attrgetter, as dataclasses.asdict, which deep-copies every
+# where it has one), read with one attrgetter: dataclasses.asdict, which deep-copies every
 # field (the latency histogram too), took 0.2 ms an epoch on 2 ranks
 _RANK_FIELDS = tuple(f.name for f in fields(EpochRecord)
                      if f.name not in ("epoch", "latency_hist", "cache"))
 _rank_values = operator.attrgetter(*_RANK_FIELDS)
-
-
+# ... and with the overhead, the columns phase_metrics sums and averages per rank
 _PHASE_FIELDS = (*_RANK_FIELDS, "overhead_us_per_step")
 _phase_values = operator.attrgetter(*_PHASE_FIELDS)
 
