@@ -11,6 +11,7 @@ communicator (see cli.main)."""
 
 from __future__ import annotations
 
+import time
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -149,9 +150,12 @@ def agreed_failure(comm, failure: BaseException | None) -> JobError | None:
     return stopped_everywhere(max(stops)) if stops else None
 
 
-def on_root(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)) -> T:
+def on_root(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError),
+            nap: bool = False) -> T:
     """Run `fn` on rank 0 only and broadcast its result; if it raised `expected`, every rank
-    raises JobError with its message (Stopped for StopRequested)."""
+    raises JobError with its message (Stopped for StopRequested). nap: the other ranks wait
+    for rank 0 asleep (for work of a second or more: a blocking bcast spins, and where ranks
+    share cores rank 0's work took a third longer beside them)."""
     payload = None
     if comm.Get_rank() == 0:
         try:
@@ -160,10 +164,19 @@ def on_root(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)
             payload = (False, exc.signum)
         except expected as exc:
             payload = (False, describe(exc))
+    if nap:
+        napping_barrier(comm)
     ok, value = comm.bcast(payload, root=0)
     if not ok:
         raise stopped_everywhere(value) if isinstance(value, int) else JobError(value)
     return value
+
+
+def napping_barrier(comm, nap_seconds: float = 0.001) -> None:
+    """A barrier whose waiting ranks sleep: a nonblocking one, polled every `nap_seconds`."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(nap_seconds)
 
 
 def _merge(failed: list[tuple[int, str]], size: int) -> str:

@@ -29,6 +29,9 @@ SCALED = {
     "python scripts/small_files_study.py --work ./small-files --files 4096":
         "python scripts/small_files_study.py --work ./small-files --files 256 "
         "--sample-bytes 16384 --epochs 2",
+    "python scripts/bench/results_writing.py --work ./bench-data/results-writing":
+        "python scripts/bench/results_writing.py --work ./bench-data/results-writing "
+        "--epochs 500 --repeat 1 --turns 1 --after 3 --cases train write stop",
     "python scripts/fidelity/compare.py scripts/fidelity/workloads/jpeg_vm.yaml":
         "python scripts/fidelity/compare.py scripts/fidelity/workloads/jpeg_vm.yaml "
         "--work output/fidelity/compare --workers 1 --ranks 1 --repeat 1 --baseline",

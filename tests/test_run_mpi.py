@@ -135,6 +135,31 @@ def test_an_error_on_one_rank_only_reaches_every_rank():
         on_root(comm, fail_on_root)
 
 
+def test_the_other_ranks_sleep_while_rank_0_works_when_asked_to_nap():
+    import time
+
+    from dlio_mpi.errors import JobError, UserError, on_root
+
+    comm = _comm()
+
+    def work():  # half a second on a CPU, as writing many epochs' results
+        end = time.perf_counter() + 0.5
+        while time.perf_counter() < end:
+            pass
+        return "written"
+
+    cpu = time.process_time()
+    assert on_root(comm, work, nap=True) == "written"
+    if comm.Get_rank():  # a blocking bcast spins all along on a waiting rank
+        assert time.process_time() - cpu < 0.15
+
+    def fail_on_root():
+        raise UserError("root cannot write")
+
+    with pytest.raises(JobError, match="root cannot write"):
+        on_root(comm, fail_on_root, nap=True)
+
+
 def test_evaluation_runs_when_due_and_reads_every_valid_sample_once(shared_tmp):
     comm = _comm()
     cfg, summary = _run(shared_tmp, dataset__num_files_train=12, dataset__num_files_eval=6,

@@ -61,7 +61,10 @@ def file_seed(split: str, index: int) -> int:
 
 
 STAGE_FILES = 1024           # files completed together (one syncfs, then their renames)
-STAGE_BYTES = 1 << 30
+# ... or bytes: a stop completes the files staged, so its syncfs flushes up to this much a
+# rank (with 1 GiB, a SIGTERM took 0.9 s to several seconds to end the job; 64 MiB stages
+# generate 1 MiB files as fast)
+STAGE_BYTES = 64 << 20
 
 
 def _my_files(splits: dict[str, DatasetSplit], rank: int, size: int
@@ -192,6 +195,9 @@ class _Generation:
         todo, todo_bytes = [], 0
         block = os.statvfs(self.root).f_frsize or 4096  # files take whole blocks
         for k, ((name, index), want) in enumerate(zip(self.mine, self.expected_size)):
+            if k % STAGE_FILES == 0 and _core.stop_signal():  # 10^6 files take seconds
+                raise UserError(f"generation stopped by {_signal_name()} before writing; a "
+                                "rerun generates the dataset")
             split = self.splits[name]
             path = split.path(index)
             try:
@@ -229,7 +235,7 @@ class _Generation:
         self.expect(recorded)
         recorded_names = {name: sizes_name(name) for name, r in recorded.items()
                           if r is not None}
-        todo, todo_bytes = check_all(comm, self.survey)
+        todo, todo_bytes = _check_all_or_stop(comm, self.survey)
         if collective:
             todo = comm.bcast(todo, root=0)
         need = comm.allreduce(todo_bytes)
@@ -265,17 +271,15 @@ class _Generation:
         comm, splits, root = self.comm, self.splits, self.root
         start = time.perf_counter()
         how, sizes_written = None, []
-        try:
-            if collective:
+        if collective:
+            try:
                 written, how = _write_collectively(comm, splits, todo, tag, root, self.hints)
-            else:
-                written, sizes_written = check_all(comm, lambda: _write_files(splits, todo, tag,
-                                                                              root))
-        except JobError as exc:
-            stop = agreed_stop(comm)
-            if stop:
-                raise Stopped(f"{exc}", stop) from None
-            raise
+            except JobError as exc:
+                _raise_if_stopped(comm, exc)
+                raise
+        else:
+            written, sizes_written = _check_all_or_stop(
+                comm, lambda: _write_files(splits, todo, tag, root))
         seconds = comm.allreduce(time.perf_counter() - start, op=_max_op())
         return written, how, sizes_written, seconds
 
@@ -292,6 +296,26 @@ class _Generation:
         parts = self.comm.gather((self.my_index, self.my_records), root=0)
         return on_root(self.comm, lambda: _record_sizes(self.root, self.splits, sized, parts,
                                                         tag, set(recorded_names)))
+
+
+def _check_all_or_stop(comm, fn):
+    """check_all(comm, fn), its failure raised as Stopped where the ranks agree that a signal
+    asked them to stop (a rank that saw it stopped with UserError)."""
+    try:
+        return check_all(comm, fn)
+    except JobError as exc:
+        _raise_if_stopped(comm, exc)
+        raise
+
+
+def _raise_if_stopped(comm, exc: JobError) -> None:
+    stop = agreed_stop(comm)
+    if stop:
+        raise Stopped(f"{exc}", stop) from None
+
+
+def _signal_name() -> str:
+    return signal.Signals(_core.stop_signal() or signal.SIGINT).name
 
 
 def _stripe(lustre, root: str, folders: list[str], ours: bool) -> dict:
@@ -325,8 +349,8 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str
         for name, index in todo:
             if _core.stop_signal():
                 staged.commit()  # the files written so far are whole: keep them
-                raise UserError(f"generation stopped by {signal.Signals(_core.stop_signal()).name}"
-                                "; complete files stay, and a rerun resumes after them")
+                raise UserError(f"generation stopped by {_signal_name()}; complete files "
+                                "stay, and a rerun resumes after them")
             split = splits[name]
             write = (split.format.write_recorded if split.format.record_width
                      else split.format.write)
@@ -388,9 +412,8 @@ def _write_collectively(comm, splits, todo: list[tuple[str, int]], tag: str, roo
         for name, index in todo:
             if agreed_stop(comm):
                 on_root(comm, lambda: staged.commit())  # the files written so far are whole
-                raise JobError(
-                    f"generation stopped by {signal.Signals(_core.stop_signal() or 2).name}; "
-                    "complete files stay, and a rerun resumes after them")
+                raise JobError(f"generation stopped by {_signal_name()}; complete files "
+                               "stay, and a rerun resumes after them")
             size, effective = write_file_collectively(
                 comm, splits[name], index, file_seed(name, index), staged, hints)
             written += size

@@ -20,7 +20,6 @@ at the step's end, so there a step computing across a boundary counts only its l
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -339,9 +338,10 @@ class IntervalStats:
 
     def write(self, out) -> None:
         """Rank 0: the rows into output.folder (an OutputFolder)."""
+        from ..results import jsonfile
         from ..results.names import INTERVAL_STATS
 
-        out.write(INTERVAL_STATS, lambda fp: json.dump(self.rows, fp, indent=1))
+        out.write(INTERVAL_STATS, lambda fp: jsonfile.dump(self.rows, fp))  # a row a line
         out.record(INTERVAL_STATS)
 
     def close(self) -> None:

@@ -20,9 +20,15 @@ def histogram(latency_ns: np.ndarray) -> np.ndarray:
 
 def percentile_ns(counts: np.ndarray, q: float) -> float:
     """The q-th percentile (0..100) of a histogram: geometric centre of the bin holding it."""
-    total = int(counts.sum())
+    return percentiles_ns(counts, (q,))[0]
+
+
+def percentiles_ns(counts: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """percentile_ns of each of `qs`, the counts' running sum taken once."""
+    running = np.cumsum(counts)
+    total = int(running[-1]) if len(running) else 0
     if total == 0:
-        return 0.0
-    rank = max(1, int(np.ceil(q / 100.0 * total)))
-    index = int(np.searchsorted(np.cumsum(counts), rank))
-    return float(np.sqrt(EDGES[index] * EDGES[index + 1]))
+        return [0.0] * len(qs)
+    ranks = [max(1, int(np.ceil(q / 100.0 * total))) for q in qs]
+    return [float(np.sqrt(EDGES[i] * EDGES[i + 1]))
+            for i in np.searchsorted(running, ranks).tolist()]

@@ -10,7 +10,6 @@ and renamed into place, so a result is whole or absent."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -28,6 +27,7 @@ from ..ownership import (
     rename_noreplace,
     temporary_name,
 )
+from . import jsonfile
 from .names import ACCESS_LOG, REPORT, RESULTS_MANIFEST, WRITTEN_TEXT, is_written_name
 from .report_folder import own_report_files
 
@@ -216,7 +216,7 @@ class OutputFolder:
                 "temporaries": [self.tag], "growing": [self.log_name]}
         tmp = temporary_name(self.path(RESULTS_MANIFEST), self.tag)
         with os.fdopen(create_exclusive(tmp), "w") as fp:
-            json.dump(body, fp, indent=1)
+            jsonfile.dump(body, fp, depth=2)  # a file a line: access logs are one an epoch
         os.replace(tmp, self.path(RESULTS_MANIFEST))
 
 

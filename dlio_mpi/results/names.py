@@ -1,6 +1,8 @@
 """The names of what a run writes in its output folder: written by run.py and results/folder.py,
 read back by `dlio-mpi report` (report/), which must not import MPI."""
 
+import functools
+import math
 import re
 import time
 
@@ -36,5 +38,11 @@ def is_written_name(name: str) -> bool:
 def iso_time(seconds: float) -> str:
     """A wall-clock time (seconds since the epoch) as DLIO's result files write it: local
     time to the microsecond."""
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds)) + \
-        f".{int(seconds % 1 * 1e6):06d}"
+    return _whole_second(math.floor(seconds)) + f".{int(seconds % 1 * 1e6):06d}"
+
+
+@functools.lru_cache(maxsize=1024)
+def _whole_second(seconds: int) -> str:
+    # results of many short epochs name the same seconds many times (the ranks' starts and
+    # ends, in three files): strftime is most of iso_time's cost
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(seconds))

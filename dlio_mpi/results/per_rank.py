@@ -37,55 +37,52 @@ def epoch_stats_name(rank: int) -> str:
     return f"{rank}_per_epoch_stats.json"
 
 
-def rank_output(rank: int, host: Any, per_host_gb: float, train_epochs: Sequence[Any],
-                eval_epochs: Sequence[Any]) -> dict:
-    """DLIO's RANK_output.json for `rank` on `host` (a topology HostInfo); `per_host_gb`:
-    summary.json's data_size_per_host_GB; the epochs: EpochSummary lists."""
-    memory_gb = host.memory_bytes / GB
-    out: dict = {"host_memory_GB": memory_gb, "host_cpu_count": host.cpu_count,
-                 "host_processor_name": host.processor,
-                 # DLIO: 1 when the data a host reads fits in its memory
-                 "potential_caching": 1 if per_host_gb <= memory_gb else 0}
-    for key, epochs in (("train", train_epochs), ("eval", eval_epochs)):
-        for summary in epochs:
-            record = _of_rank(summary.records, rank)
-            if record is None:
-                continue
-            entry = out.setdefault(str(summary.epoch), {"au": {}, "throughput": {}})
-            block = BLOCK if key == "train" else "eval"
-            entry["au"][block] = record.au_percentage
-            entry["throughput"][block] = record.samples_per_second
-            if key == "train":  # the fork's epoch start and end (start_epoch, end_epoch)
-                entry["start"], entry["end"] = _iso(record.start), _iso(record.end)
-    out["hostname"] = host.hostname
-    return out
-
-
-def rank_epoch_stats(rank: int, train_epochs: Sequence[Any], eval_epochs: Sequence[Any],
-                     checkpoints: Iterable[tuple[Any, Any]], wall_offset_ns: int) -> dict:
-    """The fork's RANK_per_epoch_stats.json for `rank`; `checkpoints`: (due or None, record)
-    pairs as the run keeps them (checkpoint-only records under epoch 1, by their index)."""
-    stats: dict = {}
+def rank_files(hosts: Sequence[Any], per_host_gb: float, train_epochs: Sequence[Any],
+               eval_epochs: Sequence[Any], checkpoints: Iterable[tuple[Any, Any]],
+               wall_offset_ns: int) -> list[tuple[dict, dict]]:
+    """Every rank's RANK_output.json and RANK_per_epoch_stats.json, `hosts[rank]` its host (a
+    topology HostInfo); `per_host_gb`: summary.json's data_size_per_host_GB; the epochs:
+    EpochSummary lists (one record a rank), read once for all ranks and both files;
+    `checkpoints`: (due or None, record) pairs as the run keeps them (checkpoint-only records
+    under epoch 1, by their index)."""
+    outputs = [_host_fields(host, per_host_gb) for host in hosts]
+    stats: list[dict] = [{} for _ in hosts]
     for summary in train_epochs:
-        record = _of_rank(summary.records, rank)
-        if record is not None:
-            stats[str(summary.epoch)] = _span(record.start, record.end)
+        key = str(summary.epoch)
+        for record in summary.records:
+            span = _span(record.start, record.end)
+            # the fork's epoch start and end (start_epoch, end_epoch) in RANK_output.json too
+            outputs[record.rank][key] = {"au": {BLOCK: record.au_percentage},
+                                         "throughput": {BLOCK: record.samples_per_second},
+                                         "start": span["start"], "end": span["end"]}
+            stats[record.rank][key] = span
     for summary in eval_epochs:
-        record = _of_rank(summary.records, rank)
-        if record is not None:
-            stats.setdefault(str(summary.epoch), {})["eval"] = _span(record.start, record.end)
+        key = str(summary.epoch)
+        for record in summary.records:
+            entry = outputs[record.rank].setdefault(key, {"au": {}, "throughput": {}})
+            entry["au"]["eval"] = record.au_percentage
+            entry["throughput"]["eval"] = record.samples_per_second
+            stats[record.rank].setdefault(key, {})["eval"] = _span(record.start, record.end)
     for due, record in checkpoints:
         epoch, number = (due.epoch, due.block) if due is not None else (1, record.index)
-        own = record.rank_seconds[rank] if rank < len(record.rank_seconds) else record.seconds
         start = (record.start_ns + wall_offset_ns) / 1e9  # every rank starts after a barrier
-        entry = {**_span(start, start + own), "duration": own,
-                 "throughput": record.bytes / GB / own if own > 0 else 0.0}
-        stats.setdefault(str(epoch), {})[f"{record.kind}_ckpt{number}"] = entry
-    return stats
+        for rank, mine in enumerate(stats):
+            own = record.rank_seconds[rank] if rank < len(record.rank_seconds) \
+                else record.seconds
+            mine.setdefault(str(epoch), {})[f"{record.kind}_ckpt{number}"] = {
+                **_span(start, start + own), "duration": own,
+                "throughput": record.bytes / GB / own if own > 0 else 0.0}
+    for out, host in zip(outputs, hosts):
+        out["hostname"] = host.hostname
+    return list(zip(outputs, stats))
 
 
-def _of_rank(records: Sequence[Any], rank: int) -> Any | None:
-    return next((r for r in records if r.rank == rank), None)
+def _host_fields(host: Any, per_host_gb: float) -> dict:
+    memory_gb = host.memory_bytes / GB
+    return {"host_memory_GB": memory_gb, "host_cpu_count": host.cpu_count,
+            "host_processor_name": host.processor,
+            # DLIO: 1 when the data a host reads fits in its memory
+            "potential_caching": 1 if per_host_gb <= memory_gb else 0}
 
 
 def _span(start: float, end: float) -> dict:
