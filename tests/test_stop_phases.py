@@ -102,6 +102,19 @@ def test_a_compute_step_ends_at_the_signal(tmp_path):
     _assert_clean_stop(tmp_path, tmp_path / "out", took, err)
 
 
+def test_the_results_of_thousands_of_epochs_are_written_promptly(tmp_path):
+    """After a stop the results are written in time linear in the epochs, with a small
+    constant: thousands of short epochs (2 steps, no compute) do not delay the end."""
+    over = workload_overrides(tmp_path, workflow__generate_data="true",
+                              dataset__num_files_train=4, reader__batch_size=1,
+                              train__epochs=100000, output__stats_interval=0)
+    took, err = _stop_after(_cmd([], over), tmp_path / "out", "workload ", 8)
+    summary = _assert_clean_stop(tmp_path, tmp_path / "out", took, err)
+    assert summary["epochs"] > 1000
+    stats = json.loads((tmp_path / "out" / "per_epoch_stats.json").read_text())
+    assert len(stats) == summary["epochs"]
+
+
 def test_a_paced_snapshot_ends_at_the_signal(tmp_path):
     over = _checkpointing(tmp_path, **{"checkpoint.async_write": "true",
                                        "checkpoint.snapshot_bytes_per_second": 10 * MiB,
