@@ -107,8 +107,8 @@ def test_what_is_in_drain_to_s_way_and_not_ours_is_refused_before_any_io(shared_
         os.makedirs(shared_tmp / "pfs" / IDS[1])
         (shared_tmp / "pfs" / IDS[1] / "mine").write_text("the user's")
     comm.Barrier()
-    with pytest.raises(JobError, match=f"{shared_tmp / 'pfs' / IDS[1]}"):
-        _run(shared_tmp, "keep: all")
+    with pytest.raises(JobError, match=f"^checkpoint.drain.to: {shared_tmp / 'pfs' / IDS[1]}"):
+        _run(shared_tmp, "keep: all")  # named by its own key (issue 30, finding 11)
     assert not (shared_tmp / "fast").exists()  # nothing written on either tier
     assert sorted(os.listdir(shared_tmp / "pfs")) == [IDS[1]]
     assert (shared_tmp / "pfs" / IDS[1] / "mine").read_text() == "the user's"
@@ -153,3 +153,33 @@ def test_an_asynchronous_save_drains_as_soon_as_its_write_ends(shared_tmp):
     drains = [r for r in summary["dlio_mpi"]["checkpoint"]["records"] if r["kind"] == "drain"]
     assert len(drains) == 3 and all(d["drain"]["complete"] for d in drains)
     assert all(d["drain"]["durable_seconds"] < 0.8 for d in drains), drains
+
+
+def test_a_copy_engine_that_cannot_be_made_fails_each_drain_and_the_run_ends(shared_tmp):
+    """The drain thread died of MemoryError making its copy buffer, and the run waited for
+    it for ever (issue 30, finding 1): now each drain fails with the reason, agreed by every
+    rank, and the wait for the drains ends. (drain.buffer_bytes is bounded at 64 MiB, so the
+    buffer here is asked of the Drainer directly.)"""
+    from dataclasses import replace
+
+    from dlio_mpi import _core
+    from dlio_mpi.checkpoint.drain import Drainer
+    from dlio_mpi.checkpoint.folder import CheckpointFolder
+    from dlio_mpi.checkpoint.sizing import RankShard
+    from dlio_mpi.config import load_config
+    from dlio_mpi.errors import JobError
+
+    comm = _comm()
+    cfg = load_config("demo", [f"checkpoint.drain={{to: {shared_tmp / 'pfs'}}}"])
+    opts = replace(cfg.checkpoint.drain, buffer_bytes=1 << 60)
+    drainer = Drainer(comm, opts, str(shared_tmp / "fast"), None, [], "t", False)
+    if comm.rank == 0:  # drain.to claimed as the run's checks do
+        os.makedirs(shared_tmp / "pfs")
+        drainer.folder = CheckpointFolder(str(shared_tmp / "pfs"), "t", "checkpoint.drain.to")
+    shard = RankShard(comm.rank, (("f", 4096),))
+    drainer.start(1, IDS[0], shard, ["f"], _core.now_ns())
+    with pytest.raises(JobError, match="checkpoint.drain: .*Copier"):
+        drainer.finish_all()
+    drainer.close()
+    comm.Barrier()
+    assert sorted(os.listdir(shared_tmp / "pfs")) == ["dlio_mpi_checkpoints.json"]  # abandoned

@@ -29,6 +29,9 @@ SCALED = {
     "python scripts/small_files_study.py --work ./small-files --files 4096":
         "python scripts/small_files_study.py --work ./small-files --files 256 "
         "--sample-bytes 16384 --epochs 2",
+    "python scripts/bench/stop_latency.py --work ./bench-data/stop":
+        "python scripts/bench/stop_latency.py --work ./bench-data/stop --rounds 1 compute "
+        "snapshot",
     "python scripts/bench/results_writing.py --work ./bench-data/results-writing":
         "python scripts/bench/results_writing.py --work ./bench-data/results-writing "
         "--epochs 500 --repeat 1 --turns 1 --after 3 --cases train write stop",

@@ -48,7 +48,7 @@ def checkpointing(work: Path, folder: Path, **values) -> list[str]:
 
 def case(phase: str, work: Path, slow: Path | None) -> tuple[list[str], str, float]:
     """(the dlio-mpi arguments, the log line after which the phase runs, seconds to wait)."""
-    data = [f"dataset.data_folder={work / 'data'}", f"output.folder={work / 'out'}",
+    data = [f"dataset.data_folder={work / ('data-' + phase)}", f"output.folder={work / 'out'}",
             "dataset.record_length_bytes_stdev=0", "output.progress_interval=0"]
     if phase == "compute":
         return ["run", "demo", *data, "train.computation_time=60"], "workload ", 2
@@ -61,7 +61,8 @@ def case(phase: str, work: Path, slow: Path | None) -> tuple[list[str], str, flo
                 "train.computation_time=0", "train.epochs=100000", "output.stats_interval=0",
                 "dataset.record_length_bytes=4096"], "workload ", 10
     slow_data = [f"dataset.data_folder={slow / 'data'}", *data[1:],
-                 "workflow.generate_data=false"]
+                 "workflow.generate_data=false", "dataset.num_files_train=48",
+                 f"dataset.record_length_bytes={8 * MiB}"]
     if phase == "staging":
         return ["run", "demo", *slow_data, "reader.staging=replicated", "reader.odirect=true"
                 ], "workload ", 3
