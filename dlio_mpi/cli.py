@@ -99,8 +99,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def _load(args):
     """(configuration, workload source, its overrides, Hydra's record to write, the workload
-    file's absolute path) of the command line: DLIO's own included (--config-dir,
-    ++hydra.run.dir, ++hydra.output_subdir)."""
+    file's absolute path, whether output.folder is Hydra's run folder) of the command line:
+    DLIO's own included (--config-dir, ++hydra.run.dir, ++hydra.output_subdir)."""
     from .config import load_config, split_args
     from .config.hydra import resolve_source, split_hydra, workload_choice
     from .config.loader import source_file
@@ -119,14 +119,14 @@ def _load(args):
         raise ConfigError(f"hydra.output_subdir: {hydra.output_subdir!r} is output.log_file's "
                           "name; expected another folder name")
     record = hydra.record_files(cfg.to_dict(), hydra_given, name)
-    return cfg, source, overrides, record, source_file(source)
+    return cfg, source, overrides, record, source_file(source), hydra.run_dir is not None
 
 
 def _command(args, comm) -> int:
     from .config import ConfigError
     from .errors import UserError, check_all, on_root, stop_if_asked
 
-    cfg, source, overrides, hydra_record, workload_file = check_all(
+    cfg, source, overrides, hydra_record, workload_file, run_dir = check_all(
         comm, lambda: _load(args), expected=(ConfigError, UserError, OSError))
     stop_if_asked(comm)  # a signal during start-up (imports, MPI_Init, the loading)
     if args.command == "validate":
@@ -166,7 +166,7 @@ def _command(args, comm) -> int:
         on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
         run_generation(comm, cfg, plan, check_every_file=True)
         return 0
-    run(comm, cfg, workload=workload_file, hydra_record=hydra_record)
+    run(comm, cfg, workload=workload_file, hydra_record=hydra_record, hydra_run_dir=run_dir)
     return 0
 
 

@@ -129,11 +129,13 @@ def results_bytes(cfg, plan: RunPlan, ranks: int) -> int:
 
 
 def open_output(comm, cfg, plan: RunPlan, workload: str | None,
-                hydra_record: dict[str, str] | None = None) -> OutputFolder:
+                hydra_record: dict[str, str] | None = None,
+                hydra_run_dir: bool = False) -> OutputFolder:
     """Rank 0 claims output.folder (refusing before any I/O if it holds anything not ours),
     writes Hydra's record of the job there when the command line asked for it (as Hydra
     does, before the job runs), and every rank learns the tag its result temporaries carry."""
-    out = OutputFolder(cfg.output.folder, cfg.output.log_file, workload)
+    out = OutputFolder(cfg.output.folder, cfg.output.log_file, workload,
+                       shared=hydra_run_dir, record=tuple(hydra_record or ()))
 
     def claim() -> str:
         out.claim(cfg.output.access_log)
@@ -685,10 +687,12 @@ def remove_dataset(comm, plan: RunPlan) -> int:
 
 
 def run(comm, cfg, workload: str | None = None,
-        hydra_record: dict[str, str] | None = None) -> dict | None:
+        hydra_record: dict[str, str] | None = None, hydra_run_dir: bool = False) -> dict | None:
     """The whole job; returns the summary (on every rank) when training ran. `workload`: the
     workload file given, which is never replaced; `hydra_record`: the texts of Hydra's record
-    of the job by relative path (config.hydra), written into output.folder with the results."""
+    of the job by relative path (config.hydra), written into output.folder with the results;
+    `hydra_run_dir`: output.folder is Hydra's run folder (++hydra.run.dir), whose entries that
+    are not ours are left in place (a tool driving DLIO puts its own files there)."""
     start = time.time()
     _core.stop_on_signals()
     plan, topo = prepare(comm, cfg)
@@ -705,7 +709,7 @@ def run(comm, cfg, workload: str | None = None,
     on_root(comm, lambda: check_direct_io(cfg, data_root(cfg)))  # real direct I/O, or none
     if cfg.workflow.generate_data and plan.splits:  # no room for the dataset: before any I/O
         on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
-    out = open_output(comm, cfg, plan, workload, hydra_record)
+    out = open_output(comm, cfg, plan, workload, hydra_record, hydra_run_dir)
     try:
         summary = _run_claimed(comm, cfg, plan, topo, out, start, striping)
     except JobError as exc:  # agreed on by every rank: the log says why the run ended

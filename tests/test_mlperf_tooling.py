@@ -176,3 +176,94 @@ def test_hydra_settings_dlio_mpi_lacks_are_refused_before_any_io(args, message, 
     assert res.returncode == 2
     assert res.stderr.endswith(f"dlio-mpi: error: {message}\n"), res.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- what mlpstorage 3.0.26 adds to every datagen and run (issue 31)
+LISTING = ["++workload.dataset.skip_listing=True",
+           "++workload.dataset.listing_validation_interval=1"]
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_mlpstorage_s_run_folder_keeps_its_own_files_and_ours_are_checked(tmp_path, ranks):
+    """mlpstorage creates collector-staging/ (and later its metadata) in the run folder before
+    it launches the benchmark: entries not ours are left in place in a folder given as
+    ++hydra.run.dir; a name the run writes (summary.json) that is not ours is still refused;
+    a plain output.folder keeps refusing what is not ours."""
+    configs = _mlperf_layout(tmp_path)
+    run = tmp_path / "results" / "run"
+    (run / "collector-staging").mkdir()
+    (run / "collector-staging" / "host0.json").write_text("{}")
+    (run / "training_20261128_metadata.json").write_text("{}")
+    small = [o.replace("num_files_train=8", "num_files_train=12") for o in SMALL]
+    line = ["run", "workload=unet3d_b200", "++hydra.run.dir=results/run",
+            "++hydra.output_subdir=dlio_config", *small, *LISTING, f"--config-dir={configs}"]
+    for attempt in (1, 2):  # the second run replaces the first's results, leaves theirs
+        res = run_cli(line, ranks=ranks, cwd=tmp_path, timeout=240)
+        assert res.returncode == 0, (attempt, res.stderr[-3000:])
+    assert (run / "collector-staging" / "host0.json").read_text() == "{}"
+    assert (run / "training_20261128_metadata.json").read_text() == "{}"
+    assert (run / "summary.json").is_file()
+    (run / "summary.json").write_text("{} ")  # changed: not ours any more
+    res = run_cli(line, ranks=ranks, cwd=tmp_path, timeout=240)
+    assert res.returncode == 2 and "holds summary.json, a result of an earlier dlio-mpi run, " \
+        "changed since" in res.stderr, res.stderr
+    (run / "summary.json").unlink()
+    plain = run_cli(["run", "demo", f"output.folder={run}", "workflow.generate_data=false",
+                     f"dataset.data_folder={tmp_path / 'data'}"], ranks=ranks)
+    assert plain.returncode == 2 and "holds training_20261128_metadata.json, not a result of " \
+        "an earlier dlio-mpi run" in plain.stderr, plain.stderr
+
+
+def test_skip_listing_names_the_files_and_checks_them_as_the_fork_does(tmp_path):
+    """dataset.skip_listing (a string 'True' as the fork reads it): the files are DLIO's
+    names, never listed, and rank 0 checks that the first, the last and every
+    listing_validation_interval-th exist; without it, listing_validation_interval is noted
+    as having no effect."""
+    data = tmp_path / "data"
+    base = ["dataset.num_files_train=8", f"dataset.data_folder={data}",
+            "dataset.record_length_bytes=4096", "dataset.record_length_bytes_stdev=0",
+            f"output.folder={tmp_path / 'out'}", "train.computation_time=0"]
+    assert run_cli(["generate", "demo", *base]).returncode == 0
+    (data / "dlio_mpi_manifest.json").unlink()  # data another tool wrote: listed without it
+    (data / "train" / "a.npz").write_text("not a data file")  # DLIO's listing takes it first
+    listed = run_cli(["run", "demo", *base, "workflow.generate_data=false"])
+    assert listed.returncode == 2 and "a.npz" in listed.stderr, listed.stderr
+    named = run_cli(["run", "demo", *base, "workflow.generate_data=false",
+                     "dataset.skip_listing='True'", "dataset.listing_validation_interval=3"])
+    assert named.returncode == 0, named.stderr  # the names, never the stray file
+    (data / "train" / "img_3_of_8.npz").unlink()  # every 3rd: 0, 3, 6 and the last, 7
+    res = run_cli(["run", "demo", *base, "workflow.generate_data=false",
+                   "dataset.skip_listing=true", "dataset.listing_validation_interval=3"])
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert res.returncode == 2 and errors == [
+        f"dlio-mpi: error: dataset.skip_listing: 1 of 4 train files checked (the first, the "
+        f"last, every dataset.listing_validation_interval=3) are missing, first: "
+        f"{data / 'train' / 'img_3_of_8.npz'}; generate the data with this configuration "
+        "(DLIO's names), or set dataset.skip_listing: false to list the folder"], res.stderr
+    note = run_cli(["validate", "demo", "dataset.listing_validation_interval=5"], ranks=1)
+    assert "dataset.listing_validation_interval=5: accepted, has no effect in dlio-mpi " \
+           "because it sets how many files dataset.skip_listing checks" in note.stdout
+
+
+def test_direct_fs_reads_the_file_system_with_o_direct(tmp_path):
+    """mlpstorage --o-direct: storage_type direct_fs, storage_library s3dlio, uri_scheme
+    direct, storage_root the data folder, data_folder relative to it: the same files, read
+    with O_DIRECT; another scheme is refused."""
+    base = ["dataset.num_files_train=8", "dataset.record_length_bytes=4096",
+            "dataset.record_length_bytes_stdev=0", f"output.folder={tmp_path / 'out'}",
+            "train.computation_time=0"]
+    direct = ["++workload.storage.storage_type=direct_fs",
+              "++workload.storage.storage_options.storage_library=s3dlio",
+              "++workload.storage.storage_options.uri_scheme=direct",
+              f"++workload.storage.storage_root={tmp_path}", "++workload.dataset.data_folder=d"]
+    res = run_cli(["run", "demo", *base, *direct])
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["dlio_mpi"]["odirect"] is True
+    assert summary["dlio_mpi"]["filesystems"]["data_folder"]["path"] == str(tmp_path / "d")
+    assert "storage.storage_type=direct_fs: the data under storage.storage_root read with " \
+           "O_DIRECT" in res.stdout
+    other = run_cli(["validate", "demo", *base, *direct[:2],
+                     "++workload.storage.storage_options.uri_scheme=s3"], ranks=1)
+    assert other.returncode == 2 and "storage.storage_type: direct_fs reads a file system " \
+        "through s3dlio's direct:// mode" in other.stderr, other.stderr

@@ -475,7 +475,7 @@ def path_keys(cfg: Config) -> list[tuple[str, str]]:
 
 
 URL_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
-FILE_SYSTEM_TYPES = ("local_fs", "parallel_fs")
+FILE_SYSTEM_TYPES = ("local_fs", "parallel_fs", "direct_fs")
 
 
 def refuse_object_storage(tree: dict[str, Any]) -> None:
@@ -602,7 +602,7 @@ def load_config(source: str, overrides: Sequence[str] = ()) -> Config:
     cfg = build_section(Config, tree, "")
     check_support(cfg)
     check_consistency(cfg)
-    return columns_decide_samples(cfg)
+    return columns_decide_samples(direct_fs_reads_direct(cfg))
 
 
 def config_tree(source: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -618,6 +618,25 @@ def config_tree(source: str, overrides: Sequence[str] = ()) -> dict[str, Any]:
 def is_given(source: str, overrides: Sequence[str], dotted: str) -> bool:
     """Do `source` and `overrides` give the key `dotted` (a canonical name), not its default?"""
     return _is_given(config_tree(source, overrides), dotted)
+
+
+def direct_fs_reads_direct(cfg: Config) -> Config:
+    """storage.storage_type direct_fs (MLPerf's DLIO fork; mlpstorage --o-direct injects it
+    with storage_library s3dlio and storage_options.uri_scheme direct): the data under
+    storage_root read with O_DIRECT, s3dlio's direct:// mode, which reader.odirect is here.
+    Another library or scheme named with it is refused."""
+    st = cfg.storage
+    if st.storage_type != "direct_fs":
+        return cfg
+    options = dict(st.storage_options or ())
+    library = st.storage_library or options.get("storage_library", "s3dlio")
+    scheme = options.get("uri_scheme", "direct")
+    if library != "s3dlio" or scheme != "direct":
+        raise ConfigError(f"storage.storage_type: direct_fs reads a file system through "
+                          f"s3dlio's direct:// mode, but storage_library {library!r} and "
+                          f"storage_options.uri_scheme {scheme!r} are given; expected s3dlio "
+                          "and direct (or neither)")
+    return replace(cfg, reader=replace(cfg.reader, odirect=True))
 
 
 def columns_decide_samples(cfg: Config) -> Config:

@@ -47,6 +47,8 @@ MAX_RANKS = 2**24       # parallelism degrees, ranks sharded over
 MAX_CALL_BYTES = 64 << 20  # bytes one read or write call moves: a stop never waits for more
 MAX_RATE = 2.0**50       # bytes per second (a PiB/s)
 NON_DEFAULT = "non-default"  # Rule.unimplemented: every value but the default is refused
+# Rule kind "flag": the strings (and 0, 1) read as a bool, as MLPerf's DLIO fork reads them
+_FLAG_TEXT = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 # Where the tf.data pipeline runs (Rule.acts_if of the keys that set it)
 TF_DATA = (("reader.engine", ("framework",)), ("reader.data_loader", ("tensorflow",)))
@@ -154,6 +156,10 @@ class Rule:
         ok: Any = MISSING
         if self.kind == "bool":
             ok = value if isinstance(value, bool) else MISSING
+        elif self.kind == "flag":  # a bool, or its spelling as a string or 0/1
+            ok = value if isinstance(value, bool) else _FLAG_TEXT.get(
+                str(value).strip().lower(), MISSING) if isinstance(value, (str, int)) else \
+                MISSING
         elif isinstance(value, bool):
             if self.choices and value is False and "off" in self.choices:
                 ok = "off"  # YAML 1.1 reads an unquoted `off` as false
@@ -182,7 +188,7 @@ class Rule:
 
     def _expected(self) -> str:
         what = {"int": "an integer", "number": "a number", "float": "a number",
-                "bool": "true or false", "str": "a string",
+                "bool": "true or false", "flag": "true or false", "str": "a string",
                 "dtype": "a NumPy numeric type name (e.g. uint8, float32)",
                 "ints": "a list of integers", "strs": "a string or a list of strings",
                 "section": "a mapping of keys", "timespec": "seconds",
@@ -332,6 +338,9 @@ class Workflow:
 STORAGE_LIBRARIES = ("s3torchconnector", "s3dlio", "minio")
 OBJECT_STORAGE = ("s3", "aistore")  # storage.storage_type values that are not file systems
 OBJECT_STORAGE_ONLY = "it configures object storage, which is not implemented yet"
+# storage.storage_type direct_fs: storage_library s3dlio and storage_options' uri_scheme
+# direct name its O_DIRECT mode, which reader.odirect gives (config.loader checks them)
+DIRECT_FS = (("storage.storage_type", ("direct_fs",)),)
 
 
 STRIPE_SIZE_UNIT = 64 * 1024  # lfs: a stripe size is a multiple of 64 KiB, below 4 GiB
@@ -397,17 +406,20 @@ class StageIn:
 
 @dataclass(frozen=True)
 class Storage:
-    # local_fs and parallel_fs: both a POSIX path (DLIO 2.0.0 has no branch for parallel_fs)
-    storage_type: str = key("local_fs", "str", choices=("local_fs", "parallel_fs", "s3", "aistore"),
+    # local_fs and parallel_fs: both a POSIX path (DLIO 2.0.0 has no branch for parallel_fs);
+    # direct_fs (MLPerf's DLIO fork, mlpstorage --o-direct): a file system read with O_DIRECT
+    # (s3dlio's direct:// mode there; config.loader.direct_fs_reads_direct here)
+    storage_type: str = key("local_fs", "str", choices=("local_fs", "parallel_fs", "direct_fs",
+                                                        "s3", "aistore"),
                             unimplemented=("s3", "aistore"))
     storage_root: str = key("./", "str")  # prefixed to dataset.data_folder on file systems
     # MLPerf Storage's DLIO: the client library of storage_type s3 (no effect on file systems)
     storage_library: str | None = key(None, "str", optional=True, choices=STORAGE_LIBRARIES,
-                                      inert=OBJECT_STORAGE_ONLY)
+                                      inert=OBJECT_STORAGE_ONLY, acts_if=DIRECT_FS)
     # DLIO's free-form mapping handed to the object-storage library (endpoint_url, region,
     # credentials, ...): any option names, kept as (name, value) pairs, never shown (secrets)
     storage_options: tuple | None = key(None, "options", optional=True,
-                                        inert=OBJECT_STORAGE_ONLY)
+                                        inert=OBJECT_STORAGE_ONLY, acts_if=DIRECT_FS)
     lustre: Lustre | None = section(Lustre, optional=True)  # ours
     stage_in: StageIn | None = section(  # ours
         StageIn, optional=True, acts_if=(("workflow.train", (True,)),),
@@ -569,6 +581,15 @@ class Dataset:
     # ours: where the samples sit in npy/npz arrays ('first_axis': one sample is one contiguous
     # extent; 'last_axis': DLIO's generator layout)
     sample_layout: str = key("first_axis", "str", choices=("first_axis", "last_axis"))
+    # MLPerf's DLIO fork (main.py; mlpstorage sets both on every datagen and run): the file
+    # list from DLIO's naming convention instead of a listing of the data folder, rank 0
+    # checking that the first, the last and every listing_validation_interval-th file exist
+    # (0: none); a string ("True", "false") is read as a bool, as the fork reads it
+    skip_listing: bool = key(False, "flag")
+    listing_validation_interval: int = key(
+        1000, "int", minimum=0, maximum=MAX_FILES,
+        inert="it sets how many files dataset.skip_listing checks, and skip_listing is false",
+        acts_if=(("dataset.skip_listing", (True,)),))
     # evaluation files hold num_samples_per_file samples, as every file does
     eval_num_samples_per_file: int | None = key(None, "int", optional=True, minimum=0,
                                                 maximum=MAX_BYTES, inert=RELEASED_UNREAD)

@@ -16,6 +16,9 @@ the configuration says.
   (dims, rows). Their layouts follow from the sizes (dataset.SizedLayouts). Compressed
   parquet files, or parquet files of varying sample sizes, keep a row per file instead (size,
   row groups, footer), read from each file's metadata when another tool wrote them.
+- dataset.skip_listing (MLPerf's DLIO fork): nothing is listed even for data another tool
+  wrote: the files are DLIO's names, and rank 0 first checks that the first, the last and
+  every dataset.listing_validation_interval-th file exist, as the fork does.
 The result is broadcast to every rank."""
 
 from __future__ import annotations
@@ -158,7 +161,42 @@ def probe_file(cfg, split: DatasetSplit, index: int, path: str) -> tuple[FileLay
     return stored.layout(spec), spec.layout
 
 
+def check_names(split: DatasetSplit, interval: int) -> None:
+    """dataset.skip_listing: the first, the last and every `interval`-th file of the split
+    must exist under DLIO's names (MLPerf's DLIO fork's check; 0: none); refused naming how
+    many are missing and the first three."""
+    count = split.num_files
+    if interval <= 0 or count == 0:
+        return
+    indices = sorted({0, count - 1, *range(0, count, interval)})
+    missing = [split.path(i) for i in indices if not os.path.lexists(split.path(i))]
+    if missing:
+        raise UserError(f"dataset.skip_listing: {len(missing):,} of {len(indices):,} {split.name} "
+                        f"files checked (the first, the last, every "
+                        f"dataset.listing_validation_interval={interval:,}) are missing, first: "
+                        f"{', '.join(missing[:3])}; generate the data with this configuration "
+                        "(DLIO's names), or set dataset.skip_listing: false to list the folder")
+
+
+class _Named:
+    """The relative paths of a split's files by DLIO's names, computed as they are asked for
+    (dataset.skip_listing: no listing, and no list of 10^7 names either)."""
+
+    def __init__(self, split: DatasetSplit) -> None:
+        self.split = split
+
+    def __len__(self) -> int:
+        return self.split.num_files
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self
+        return self.split.naming.relpath(index)
+
+
 def _locate_on_root(cfg, split: DatasetSplit):
+    if cfg.dataset.skip_listing:
+        check_names(split, cfg.dataset.listing_validation_interval)
     manifest = read_manifest(split.root) if os.path.isdir(split.root) else None
     sized = split.format.sizes_recorded
     if manifest and manifest.get("complete") and not differing_params(
@@ -176,17 +214,11 @@ def _locate_on_root(cfg, split: DatasetSplit):
                             f"{split.name} files: {CHANGED}")
         spot_check_sizes(split, SizedLayouts(sizes, split.samples_per_file, split.format))
         return ("manifest", split.sample_layout, None, sizes, True)
-    try:
-        listed = _list_split(split)
-    except FileNotFoundError:
-        listed = []
-    except NotADirectoryError as exc:
-        raise UserError(f"dataset.data_folder: {split.root}: {exc.filename} is not a "
-                        "folder") from None
-    if len(listed) < split.num_files:
-        raise UserError(_missing_message(split, len(listed), _first_missing(split, listed)))
-    chosen = listed[: split.num_files]
-    named = all(chosen[i] == split.naming.relpath(i) for i in range(split.num_files))
+    if cfg.dataset.skip_listing:  # DLIO's names, as the fork builds its list
+        chosen, named = _Named(split), True
+    else:
+        chosen = _listed(split)
+        named = all(chosen[i] == split.naming.relpath(i) for i in range(split.num_files))
     spots = spot_indices(split.num_files)
     found = {i: probe_file(cfg, split, i, os.path.join(split.root, chosen[i])) for i in spots}
     probed = {i: lay for i, (lay, _) in found.items()}
@@ -209,6 +241,20 @@ def _locate_on_root(cfg, split: DatasetSplit):
                for i, rel in enumerate(chosen)]
     cols = np.array([[getattr(lay, c) for c in COLUMNS] for lay in layouts], dtype=np.int64)
     return ("listed", axis, tuple(chosen), cols, False)
+
+
+def _listed(split: DatasetSplit) -> list[str]:
+    """The split's first num_files files as DLIO lists them; refused when there are fewer."""
+    try:
+        listed = _list_split(split)
+    except FileNotFoundError:
+        listed = []
+    except NotADirectoryError as exc:
+        raise UserError(f"dataset.data_folder: {split.root}: {exc.filename} is not a "
+                        "folder") from None
+    if len(listed) < split.num_files:
+        raise UserError(_missing_message(split, len(listed), _first_missing(split, listed)))
+    return listed[: split.num_files]
 
 
 def _units_as_computed(split: DatasetSplit, expected: LayoutTable, chosen: list[str],

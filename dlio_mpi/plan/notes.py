@@ -167,6 +167,10 @@ def plan_notes(cfg, library_read: str = "") -> tuple[str, ...]:
     if reads:
         notes += (_mpiio_notes(cfg.reader) + _engine_notes(cfg, library_read)
                   + _keep_data_notes(cfg.reader, library_read))
+    if cfg.storage.storage_type == "direct_fs":
+        notes.append("storage.storage_type=direct_fs: the data under storage.storage_root read "
+                     "with O_DIRECT (reader.odirect: true), as MLPerf's DLIO fork reads it "
+                     "through s3dlio's direct:// mode; the same files as local_fs")
     return tuple(notes + _checkpoint_notes(cfg))
 
 

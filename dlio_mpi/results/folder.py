@@ -35,8 +35,13 @@ from .report_folder import own_report_files
 class OutputFolder:
     """Rank 0's handle on `output.folder`."""
 
-    def __init__(self, folder: str, log_file: str, workload: str | None = None) -> None:
+    def __init__(self, folder: str, log_file: str, workload: str | None = None,
+                 shared: bool = False, record: tuple[str, ...] = ()) -> None:
         self.folder = folder
+        # shared: a run folder another tool writes into too (Hydra's, given by
+        # ++hydra.run.dir: mlpstorage's collector-staging/, its metadata), whose entries
+        # not ours are left in place, but for names this run writes (`record`: Hydra's record)
+        self.shared, self.record_names = shared, set(record)
         self.log_name = log_file
         self.workload = os.path.realpath(workload) if workload else None
         self.files: dict[str, list[int]] = {}
@@ -132,6 +137,8 @@ class OutputFolder:
                 ours = (rel in growing or is_temporary_of(name, tags)
                         or (unfinished and is_access_log(rel))
                         or _unchanged(full, listed.get(rel)))
+                if not ours and self._theirs(rel):
+                    continue  # another tool's, in a shared run folder: left as it is
                 if not ours:
                     what = ("a result of an earlier dlio-mpi run, changed since"
                             if rel in listed else "not a result of an earlier dlio-mpi run")
@@ -139,11 +146,22 @@ class OutputFolder:
                         f"output.folder: {self.folder} holds {rel}, {what}; dlio-mpi replaces "
                         "only its own results: choose a new or empty output.folder")
                 entries.append(rel)
-            for name in dirnames:
+            for name in list(dirnames):
                 rel = os.path.normpath(os.path.join(rel_dir, name))
                 if rel != ACCESS_LOG and rel not in self._own_dirs:
-                    raise UserError(self._folder_in_the_way(rel))
+                    if not self._theirs(rel):
+                        raise UserError(self._folder_in_the_way(rel))
+                    dirnames.remove(name)  # another tool's folder: not walked, not touched
         return entries
+
+    def _theirs(self, rel: str) -> bool:
+        """In a shared run folder: whether the entry `rel` (not ours) is another tool's to
+        leave in place, not in the way of a name this run writes (its results, its log,
+        Hydra's record and its folder)."""
+        top = rel.split(os.sep)[0]
+        return self.shared and not (is_written_name(top) or top == self.log_name or any(
+            name == rel or name.startswith(rel + os.sep) or rel.startswith(name + os.sep)
+            for name in self.record_names))
 
     def _folder_in_the_way(self, rel: str) -> str:
         """Why a folder inside output.folder keeps the run from taking it."""
