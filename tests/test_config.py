@@ -228,7 +228,8 @@ def test_type_conversions():
     (["reader.read_type=lazy"], "expected one of: on_demand, memory"),
     (["reader.read_mode=mmap"], "expected one of: auto, sample, file, file_once"),
     (["dataset.compression=lz4"], "expected one of: none, gzip, lzf, bz2, zip, xz"),
-    (["storage.storage_type=nfs"], "expected one of: local_fs, parallel_fs, s3, aistore"),
+    (["storage.storage_type=nfs"], "expected one of: local_fs, parallel_fs, direct_fs, s3, "
+                                   "aistore"),
     (["model.model_datatype=fp8"], "expected one of: int8, uint8, fp16, bf16, fp32, fp64"),
     (["model.parallelism.zero_stage=4"], "expected one of: 0, 1, 2, 3"),
     (["dataset.sample_layout=middle"], "expected one of: first_axis, last_axis"),
@@ -422,7 +423,7 @@ ACTING = {
     "dataset.num_files_train", "dataset.num_files_eval", "dataset.num_samples_per_file",
     "dataset.data_folder", "dataset.num_subfolders_train", "dataset.num_subfolders_eval",
     "dataset.file_prefix", "dataset.format", "dataset.record_element_type",
-    "dataset.record_dims", "dataset.sample_layout", "reader.batch_size",
+    "dataset.record_dims", "dataset.sample_layout", "dataset.skip_listing", "reader.batch_size",
     "reader.batch_size_eval", "reader.read_threads", "reader.prefetch_size",
     "reader.file_shuffle", "reader.sample_shuffle", "reader.read_type", "reader.odirect",
     "reader.read_mode", "reader.access", "reader.fd_cache_size", "reader.drop_page_cache",
@@ -501,8 +502,8 @@ def test_default_settings_have_no_notes():
 
 
 @pytest.mark.parametrize("override,accepted", [
-    ("storage.storage_type=s3", "local_fs, parallel_fs"),
-    ("storage.storage_type=aistore", "local_fs, parallel_fs"),
+    ("storage.storage_type=s3", "local_fs, parallel_fs, direct_fs"),
+    ("storage.storage_type=aistore", "local_fs, parallel_fs, direct_fs"),
     ("reader.data_loader=dali", "tensorflow, pytorch"),
     ("reader.data_loader=native_dali", "tensorflow, pytorch"),
     ("reader.data_loader=custom", "tensorflow, pytorch"),
@@ -562,7 +563,7 @@ def test_an_object_storage_workload_is_refused_with_one_message(kind, tmp_path):
             "storage": {**OBJECT_STORAGE_WORKLOAD["storage"], "storage_type": kind,
                         "storage_library": "LIBRARY_PLACEHOLDER"}}
     expected = (f"storage.storage_type: '{kind}' is object storage, which is not implemented "
-                f"yet in dlio-mpi; accepted: local_fs, parallel_fs")
+                f"yet in dlio-mpi; accepted: local_fs, parallel_fs, direct_fs")
     assert error_of(write_yaml(tmp_path, tree)) == expected
     # the same given as overrides, and whatever other keys an object-storage workload adds
     assert error_of("demo", [f"storage.storage_type={kind}", "storage.storage_library=minio",

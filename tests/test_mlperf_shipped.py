@@ -33,7 +33,8 @@ RUNNABLE = ["unet3d_b200", "unet3d_h100", "retinanet_b200", "retinanet_h100",
             "dlrm_parquet_datagen", "parquet_selective_read_example"]
 OBJECT_STORAGE = ["llama3_8b_checkpoint"]  # storage.storage_type s3
 OBJECT_STORAGE_REFUSAL = ("storage.storage_type: 's3' is object storage, which is not "
-                          "implemented yet in dlio-mpi; accepted: local_fs, parallel_fs")
+                          "implemented yet in dlio-mpi; accepted: local_fs, parallel_fs, "
+                          "direct_fs")
 
 
 def _record() -> list[tuple[str, str, str, int]]:
