@@ -33,7 +33,7 @@ from .checkpoint.phase import (
 from .checkpoint.results import CheckpointRecord
 from .checkpoint.schedule import Due, Schedule, after_epoch, steps_due
 from .config import TimeSpec
-from .data.catalog import SplitFiles, locate_split
+from .data.catalog import SplitFiles, files_row_groups, locate_split
 from .data.dataset import DatasetSplit, decoded_item, dlio_record_length
 from .data.generate import (
     GenerationResult,
@@ -695,6 +695,10 @@ def run(comm, cfg, workload: str | None = None,
     are not ours are left in place (a tool driving DLIO puts its own files there)."""
     start = time.time()
     _core.stop_on_signals()
+    files_rows = on_root(comm, lambda: files_row_groups(cfg))  # parquet data's own row groups
+    if files_rows is not None:
+        cfg = dataclasses.replace(cfg, dataset=dataclasses.replace(
+            cfg.dataset, parquet=dataclasses.replace(cfg.dataset.parquet, **files_rows[0])))
     plan, topo = prepare(comm, cfg)
     if not cfg.dataset.keep_files and plan.splits:
         on_root(comm, lambda: check_dataset_removable(cfg, plan))
@@ -710,6 +714,8 @@ def run(comm, cfg, workload: str | None = None,
     if cfg.workflow.generate_data and plan.splits:  # no room for the dataset: before any I/O
         on_root(comm, lambda: check_dataset_space(data_root(cfg), plan.dataset_bytes))
     out = open_output(comm, cfg, plan, workload, hydra_record, hydra_run_dir)
+    if files_rows is not None:
+        say(comm, f"note: {files_rows[1]}", out=out)
     try:
         summary = _run_claimed(comm, cfg, plan, topo, out, start, striping)
     except JobError as exc:  # agreed on by every rank: the log says why the run ended

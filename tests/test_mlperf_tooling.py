@@ -267,3 +267,33 @@ def test_direct_fs_reads_the_file_system_with_o_direct(tmp_path):
                      "++workload.storage.storage_options.uri_scheme=s3"], ranks=1)
     assert other.returncode == 2 and "storage.storage_type: direct_fs reads a file system " \
         "through s3dlio's direct:// mode" in other.stderr, other.stderr
+
+
+@pytest.mark.parametrize("from_", ["manifest", "footer"])
+def test_parquet_files_are_read_with_the_row_groups_they_were_written_with(tmp_path, from_):
+    """mlpstorage 3.0.26's flux_datagen.yaml writes row groups of 48 rows (row_group_size 48,
+    which the file shipped here lacks) and flux_b200.yaml names none: the run reads the
+    files' own row groups (from our manifest, or from the first file's footer when another
+    tool wrote them) and says so, where it refused its own files."""
+    small = ["++workload.dataset.num_files_train=4",
+             "++workload.dataset.num_samples_per_file=96",
+             f"++workload.dataset.data_folder={tmp_path / 'data'}",
+             "++workload.dataset.parquet.columns=[{name: a, dtype: float32, size: 64}]"]
+    gen = run_cli(["run", "workload=mlperf/flux_datagen", *small,
+                   "++workload.dataset.parquet.row_group_size=48",
+                   f"++workload.output.folder={tmp_path / 'gen'}"])
+    assert gen.returncode == 0, gen.stderr
+    if from_ == "footer":
+        (tmp_path / "data" / "dlio_mpi_manifest.json").unlink()
+    res = run_cli(["run", "workload=mlperf/flux_b200", *small,
+                   f"++workload.output.folder={tmp_path / 'out'}",
+                   "++workload.train.computation_time=0.001"])
+    assert res.returncode == 0, res.stderr
+    where = "the dataset's manifest" if from_ == "manifest" else "its footer"
+    assert (f"note: dataset.parquet.row_group_size: the files hold row groups of 48 rows (from "
+            f"{where}), read as they are, where the workload says 1024") in res.stdout
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    config = summary["dlio_mpi"]["config"]["dataset"]["parquet"]
+    assert config["row_group_size"] == 48
+    # every row group once: 4 files x 2 groups of 48 rows x 256 bytes, and the footers
+    assert summary["metric"]["train_bytes_read"] >= 4 * 96 * 256

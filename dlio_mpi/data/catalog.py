@@ -31,7 +31,15 @@ import numpy as np
 from .. import _core
 from ..errors import UserError, on_root
 from ..formats import FileLayout
-from .dataset import COLUMNS, DatasetSplit, LayoutTable, ListedLayouts, ShiftedLayouts, SizedLayouts
+from .dataset import (
+    COLUMNS,
+    DatasetSplit,
+    LayoutTable,
+    ListedLayouts,
+    ShiftedLayouts,
+    SizedLayouts,
+    file_relpath,
+)
 from .manifest import differing_params, generation_params, read_manifest
 from .recorded_sizes import read_sizes
 
@@ -281,6 +289,57 @@ def _delta(expected: FileLayout, probed: FileLayout) -> tuple[int, int] | None:
             probed.sample_step, probed.sample_span, probed.sample_bytes):
         return None
     return (probed.data_offset - expected.data_offset, probed.size - expected.size)
+
+
+def files_row_groups(cfg) -> tuple[dict, str] | None:
+    """Parquet data read without being generated now: the row grouping its files were written
+    with (row_group_size, generation_batch_size), from our manifest (all its other parameters
+    this run's), else from the first training file's footer (row groups of one length but the
+    last); with the note saying so, where it is not the workload's. None: the workload's own
+    (or no file to learn it from). MLPerf's flux workloads generate row groups of 48 rows and
+    read without naming any."""
+    ds = cfg.dataset
+    if ds.format != "parquet" or cfg.workflow.generate_data or not cfg.workflow.train:
+        return None
+    root = os.path.join(cfg.storage.storage_root, ds.data_folder)
+    mine = {"row_group_size": ds.parquet.row_group_size,
+            "generation_batch_size": ds.parquet.generation_batch_size}
+    manifest = read_manifest(root) if os.path.isdir(root) else None
+    if manifest is not None:
+        theirs = (manifest.get("params") or {}).get("parquet") or {}
+        learned = {k: theirs.get(k, v) for k, v in mine.items()}
+        rest = {k: v for k, v in theirs.items() if k not in mine}
+        ours = {k: v for k, v in generation_params(cfg)["parquet"].items() if k not in mine}
+        if rest != ours or not all(isinstance(v, int) for v in learned.values()):
+            return None  # other files than this run's: probed as another tool's
+        where = "the dataset's manifest"
+    else:
+        rows = _footer_rows(os.path.join(root, file_relpath(
+            "train", 0, ds.num_files_train, ds.num_subfolders_train, ds.file_prefix,
+            "parquet")))
+        if rows is None:
+            return None
+        learned, where = {"row_group_size": rows, "generation_batch_size": 0}, "its footer"
+    if learned == mine:
+        return None
+    return learned, (f"dataset.parquet.row_group_size: the files hold row groups of "
+                     f"{learned['row_group_size']} rows (from {where}), read as they are, where "
+                     f"the workload says {ds.parquet.row_group_size}")
+
+
+def _footer_rows(path: str) -> int | None:
+    """The row-group length of a parquet file whose groups are all of one length but the
+    last (None: none there, unreadable, or uneven)."""
+    import pyarrow.parquet as pq
+
+    try:
+        meta = pq.ParquetFile(path).metadata
+    except (OSError, ValueError):
+        return None
+    rows = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    if not rows or any(r != rows[0] for r in rows[:-1]) or rows[-1] > rows[0]:
+        return None
+    return rows[0]
 
 
 def locate_split(comm, cfg, split: DatasetSplit) -> SplitFiles:
