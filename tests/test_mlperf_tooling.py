@@ -1,9 +1,10 @@
 """MLPerf Storage's tool (mlpstorage) drives DLIO with one command line
 (mlpstorage/benchmarks/dlio.py generate_dlio_command): `dlio_benchmark workload=NAME
 ++hydra.run.dir=RUN ++hydra.output_subdir=dlio_config ++workload.KEY=VALUE ...
---config-dir=CONFIGS`, after creating RUN empty; then it writes its own logs into RUN, and its
-report generator and checker read summary.json, per_epoch_stats.json, dlio.log and
-dlio_config/{config,hydra,overrides}.yaml there. The same line runs with `dlio-mpi run`."""
+--config-dir=CONFIGS`, after creating RUN (3.0.26 puts its collector's folder there); then it
+writes its own logs into RUN, and its report generator and checker read summary.json,
+per_epoch_stats.json, dlio.log and dlio_config/{config,hydra,overrides}.yaml there. The same
+line runs with `dlio-mpi run`; tests/test_mlpstorage_tool.py runs mlpstorage itself."""
 
 from __future__ import annotations
 
