@@ -123,54 +123,74 @@ int dio_write_tfrecords(int fd, int64_t offset, const void *head, size_t head_le
                         uint64_t seed, uint64_t start, size_t chunk, const char *path,
                         dio_error *err);
 
+/* ------------------------------------------------------------------ checkpoint bytes */
+
+/* The checkpoint stream (dio_ckpt_stream.c): granules of DIO_GRANULE bytes, each made
+ * without the others; a check compares DIO_CHECK_HEAD bytes of every granule, or all. */
+#define DIO_GRANULE 4096
+#define DIO_CHECK_HEAD 64
+
+/* What a checkpoint's granules hold (checkpoint.content); NULL or zeros: the fresh stream,
+ * incompressible and with no two granules equal. */
+typedef struct dio_content {
+    uint32_t random_bytes; /* of each granule, from the stream; the rest zeros (0: all) */
+    uint64_t unique;       /* granule g holds granule g % unique's bytes (0: its own) */
+} dio_content;
+
+/* Bytes [start, start + n) of the checkpoint stream of seed under content c. */
+void dio_ckpt_fill(void *buf, size_t n, uint64_t seed, uint64_t start, const dio_content *c);
+
+/* Compare buf (n bytes) with bytes [start, start + n) of the stream: every granule's first
+ * DIO_CHECK_HEAD bytes, or everything when whole. -1, or the offset in buf of the first
+ * granule that differs. */
+int64_t dio_ckpt_check(const void *buf, size_t n, uint64_t seed, uint64_t start,
+                       const dio_content *c, int whole);
+
 /* ------------------------------------------------------------------ checkpoint shards */
 
 typedef struct dio_shard_stats {
-    int64_t bytes;    /* bytes written or read */
-    int64_t calls;    /* pwrite/pread system calls */
-    int64_t io_ns;    /* time in them */
-    int64_t syncs;    /* fsync calls (0 or 1) */
-    int64_t sync_ns;  /* time in fsync */
-    int64_t verified; /* bytes compared with what was written (reads) */
+    int64_t bytes;       /* bytes written or read */
+    int64_t calls;       /* pwrite/pread system calls */
+    int64_t io_ns;       /* time in them (the storage's) */
+    int64_t syncs;       /* fsync calls (0 or 1) */
+    int64_t sync_ns;     /* time in fsync */
+    int64_t verified;    /* bytes compared with what was written (reads) */
+    int64_t emulator_ns; /* time the call waited on the emulator's own work: bytes being made
+                          * (writes), bytes being checked (reads) */
 } dio_shard_stats;
 
-/* Write the nbytes of the shard of `seed` to fd at offset, from one reused aligned buffer
- * of chunk bytes (0 = 64 MiB; rounded up to whole pages): block k is the payload stream of
- * seed (its first chunk bytes) stamped with (seed, k) in its first 16 bytes.  odirect:
- * O_DIRECT is set on fd (offset must be 4096-aligned; an unaligned tail is written after
- * clearing it again); do_fsync: fsync(fd) at the end, timed apart.  0 or -errno. */
-int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
-                    int odirect, int do_fsync, dio_shard_stats *st, const char *path,
-                    dio_error *err);
-
-/* Block `block` of the shard of seed, n bytes (n <= the chunk it was written with): what
- * dio_shard_write writes there, for writers that move the bytes themselves (MPI-IO). */
-void dio_shard_block(void *buf, size_t n, uint64_t seed, uint64_t block);
+/* Write the nbytes of the shard of `seed` to fd at offset: bytes [0, nbytes) of the
+ * checkpoint stream of seed under content c (dio_ckpt_fill), in calls of chunk bytes
+ * (0 = 64 MiB; whole pages) from two aligned buffers, the next block made by a second thread
+ * while the current one is written (its wait is emulator_ns).  odirect: O_DIRECT is set on
+ * fd (offset must be 4096-aligned; an unaligned tail is written after clearing it again);
+ * do_fsync: fsync(fd) at the end, timed apart.  0 or -errno. */
+int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
+                    const dio_content *c, size_t chunk, int odirect, int do_fsync,
+                    dio_shard_stats *st, const char *path, dio_error *err);
 
 /* Read the shard back (fd opened with O_DIRECT or not: whole pages are asked for) and, with
- * verify, compare every block's stamp and the whole of every 64th block (verify > 1: every
- * block) with what dio_shard_write wrote: -EIO naming the block if they differ. */
-int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
-                   int verify, dio_shard_stats *st, const char *path, dio_error *err);
+ * verify, compare it with what dio_shard_write wrote: every granule's first DIO_CHECK_HEAD
+ * bytes and the whole of every 64th block (verify > 1: everything); -EIO naming the offset
+ * if they differ. */
+int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
+                   const dio_content *c, size_t chunk, int verify, dio_shard_stats *st,
+                   const char *path, dio_error *err);
 
 /* The chunk dio_shard_write and dio_shard_read use for a shard of nbytes asked to use
  * `chunk` (0 = 64 MiB): whole pages, no more than the shard's. */
 size_t dio_shard_chunk(size_t chunk, int64_t nbytes);
 
-/* Asynchronous checkpoints' snapshot: put into dst the nbytes dio_shard_write(seed, chunk)
- * would write, block by block a copy of `pattern` (the first dio_shard_chunk(chunk, nbytes)
- * bytes of seed's payload stream: dio_shard_block(pattern, .., seed, 0)) with the block's
- * stamp, so that the copy runs at memcpy's speed (non-temporal stores on x86-64 for blocks of
- * 1 MiB or more: see copy_block).  bytes_per_second > 0 paces it (sleeping
- * after each block until its share of the time has passed: a device-to-host copy's speed).
- * 0, or -EINVAL when the pattern is shorter than a block. */
-int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, size_t chunk,
-                       const void *pattern, size_t pattern_len, double bytes_per_second);
+/* Asynchronous checkpoints' snapshot: put into dst the nbytes dio_shard_write(seed, c)
+ * would write, made block by block (chunk bytes) with a stop check between blocks and, with
+ * bytes_per_second > 0, paced to that rate (a device-to-host copy).  0, -ECANCELED when
+ * stopped. */
+int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, const dio_content *c,
+                       size_t chunk, double bytes_per_second);
 
-/* Write nbytes of buf to fd at offset in calls of chunk bytes (0 = 64 MiB, whole pages), as
- * dio_shard_write writes its blocks (odirect: O_DIRECT set on fd, buf and offset 4096-aligned,
- * an unaligned tail written without it; do_fsync: fsync at the end, timed apart): the
- * background writer of asynchronous checkpoints.  0 or -errno. */
+/* Write nbytes of buf to fd at offset as dio_shard_write writes its blocks (odirect: O_DIRECT
+ * set on fd, buf and offset 4096-aligned, an unaligned tail without it; do_fsync: fsync at
+ * the end).  0 or -errno. */
 int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, size_t chunk,
                      int odirect, int do_fsync, dio_shard_stats *st, const char *path,
                      dio_error *err);

@@ -1,49 +1,29 @@
 /*
- * dio_shard.c - checkpoint shards: a rank's bytes streamed to or from a file through one
- * reused aligned buffer, in large calls, optionally with O_DIRECT and a final fsync.
+ * dio_shard.c - checkpoint shards: a rank's bytes streamed to or from a file in large calls,
+ * optionally with O_DIRECT and a final fsync.
  *
- * Block k of the shard of `seed` (chunk bytes from shard offset k * chunk) is the first chunk
- * bytes of the payload stream of seed with its first 16 bytes replaced by the stamp
- * (seed, k) in little-endian: every block differs from the others, the buffer is filled
- * once, and a restore can tell a block's bytes from any other's without keeping the shard.
+ * A shard's bytes are the checkpoint stream of its seed (dio_ckpt_stream.c): fresh bytes in
+ * every block, so that no storage can deduplicate or compress them (unless a content asks for
+ * it). Writing, a second thread makes block k + 1 while block k is written, into the other of
+ * two aligned buffers: the making costs the storage's time nothing where a core is free, and
+ * what the writer still waits for it is reported apart (emulator_ns). Reading, a restore
+ * compares the first bytes of every 4 KiB granule and every 64th block whole.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <emmintrin.h>
-#endif
-
 #include "dio_internal.h"
 
-#define STAMP_BYTES 16
 #define DEFAULT_CHUNK ((size_t)64 << 20)
 #define HUGE_ALIGN ((size_t)2 << 20)
-
-static void put_le64(unsigned char *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++)
-        p[i] = (unsigned char)(v >> (8 * i));
-}
-
-static void stamp(unsigned char *block, size_t n, uint64_t seed, uint64_t k)
-{
-    unsigned char s[STAMP_BYTES];
-    put_le64(s, seed);
-    put_le64(s + 8, k);
-    memcpy(block, s, n < STAMP_BYTES ? n : STAMP_BYTES);
-}
-
-void dio_shard_block(void *buf, size_t n, uint64_t seed, uint64_t block)
-{
-    dio_fill_random(buf, n, seed);
-    stamp(buf, n, seed, block);
-}
+#define WHOLE_EVERY 64 /* a restore compares every so many blocks whole */
 
 /* chunk bytes, 2 MiB-aligned, advised to huge pages (fewer pages to pin for O_DIRECT). */
 static void *shard_buffer(size_t chunk)
@@ -72,13 +52,15 @@ size_t dio_shard_chunk(size_t chunk, int64_t nbytes)
  * bytes (>= n: O_DIRECT reads whole pages); retried on EINTR and partial transfers.  0, or
  * -errno, -EIO (a write that wrote nothing), -ENODATA (the file ended first). */
 static int move_all(int fd, unsigned char *buf, size_t n, size_t ask, off_t at, int writing,
-                    int64_t *calls)
+                    dio_shard_stats *st)
 {
     size_t done = 0;
     while (done < n) {
+        int64_t t0 = dio_now_ns();
         ssize_t r = writing ? pwrite(fd, buf + done, ask - done, at + (off_t)done)
                             : pread(fd, buf + done, ask - done, at + (off_t)done);
-        (*calls)++;
+        st->io_ns += dio_now_ns() - t0;
+        st->calls++;
         if (r < 0 && errno == EINTR)
             continue;
         if (r <= 0)
@@ -98,16 +80,14 @@ static int set_direct(int fd, int on)
     return fcntl(fd, F_SETFL, flags) == 0 ? 0 : -errno;
 }
 
-/* The end of a write of nbytes at offset begun at t0 (rc: its outcome so far, done bytes
- * written): its times in st, the fsync when asked (timed apart), and the error naming the
- * call that failed.  0 or -errno. */
-static int end_write(int fd, int do_fsync, int rc, int64_t t0, int64_t done, int64_t nbytes,
+/* The end of a write of nbytes at offset (rc: its outcome so far, done bytes written): the
+ * fsync when asked (timed apart), and the error naming the call that failed.  0 or -errno. */
+static int end_write(int fd, int do_fsync, int rc, int64_t done, int64_t nbytes,
                      int64_t offset, dio_shard_stats *st, const char *path, dio_error *err)
 {
-    st->io_ns = dio_now_ns() - t0;
     st->bytes = done;
     if (rc == 0 && do_fsync) {
-        t0 = dio_now_ns();
+        int64_t t0 = dio_now_ns();
         if (fsync(fd) != 0)
             rc = -errno;
         st->sync_ns = dio_now_ns() - t0;
@@ -122,13 +102,139 @@ static int end_write(int fd, int do_fsync, int rc, int64_t t0, int64_t done, int
     return 0;
 }
 
-int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
-                    int odirect, int do_fsync, dio_shard_stats *st, const char *path,
-                    dio_error *err)
+/* ---- the block maker: a thread making block k + 1 of a shard while block k is written */
+
+typedef struct block_maker {
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t changed;
+    unsigned char *buf[2];
+    size_t chunk;
+    int64_t nbytes;
+    uint64_t seed;
+    const dio_content *content;
+    int64_t made;     /* blocks made so far (block k lies in buf[k % 2]) */
+    int64_t released; /* blocks the writer is done with */
+    int quit;
+} block_maker;
+
+static size_t block_len(const block_maker *m, int64_t k)
 {
-    unsigned char *buf;
-    int64_t done = 0, t0;
-    uint64_t k = 0;
+    int64_t left = m->nbytes - k * (int64_t)m->chunk;
+    return (uint64_t)left < m->chunk ? (size_t)left : m->chunk;
+}
+
+static void make_block(block_maker *m, int64_t k)
+{
+    dio_ckpt_fill(m->buf[k % 2], block_len(m, k), m->seed, (uint64_t)k * m->chunk, m->content);
+}
+
+static void *maker_main(void *arg)
+{
+    block_maker *m = arg;
+    int64_t blocks = (m->nbytes + (int64_t)m->chunk - 1) / (int64_t)m->chunk;
+    for (int64_t k = 1; k < blocks; k++) { /* block 0: made by the writer before it starts */
+        pthread_mutex_lock(&m->lock);
+        while (!m->quit && m->released < k - 1) /* buf[k % 2] still holds block k - 2 */
+            pthread_cond_wait(&m->changed, &m->lock);
+        int quit = m->quit;
+        pthread_mutex_unlock(&m->lock);
+        if (quit)
+            break;
+        make_block(m, k);
+        pthread_mutex_lock(&m->lock);
+        m->made = k + 1;
+        pthread_cond_broadcast(&m->changed);
+        pthread_mutex_unlock(&m->lock);
+    }
+    return NULL;
+}
+
+/* Make block 0, then start the thread that makes the others (with every signal blocked: the
+ * stop signals stay the writer's).  0 or -errno. */
+static int maker_start(block_maker *m)
+{
+    sigset_t all, old;
+    make_block(m, 0);
+    m->made = 1;
+    if (m->nbytes <= (int64_t)m->chunk)
+        return 0; /* one block: no thread */
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_cond_init(&m->changed, NULL);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    int rc = pthread_create(&m->thread, NULL, maker_main, m);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc != 0) {
+        pthread_cond_destroy(&m->changed);
+        pthread_mutex_destroy(&m->lock);
+    }
+    return -rc;
+}
+
+/* Block k, once made (the wait added to *waited_ns); block k - 1 released. */
+static unsigned char *maker_take(block_maker *m, int64_t k, int64_t *waited_ns)
+{
+    if (m->nbytes <= (int64_t)m->chunk)
+        return m->buf[0];
+    int64_t t0 = dio_now_ns();
+    pthread_mutex_lock(&m->lock);
+    m->released = k;
+    pthread_cond_broadcast(&m->changed);
+    while (m->made <= k)
+        pthread_cond_wait(&m->changed, &m->lock);
+    pthread_mutex_unlock(&m->lock);
+    *waited_ns += dio_now_ns() - t0;
+    return m->buf[k % 2];
+}
+
+static void maker_stop(block_maker *m)
+{
+    if (m->nbytes <= (int64_t)m->chunk)
+        return;
+    pthread_mutex_lock(&m->lock);
+    m->quit = 1;
+    pthread_cond_broadcast(&m->changed);
+    pthread_mutex_unlock(&m->lock);
+    pthread_join(m->thread, NULL);
+    pthread_cond_destroy(&m->changed);
+    pthread_mutex_destroy(&m->lock);
+}
+
+/* Allocate the maker's buffers (one when the shard is one block) and start it.  0 or -errno. */
+static int maker_open(block_maker *m, int64_t nbytes, uint64_t seed, const dio_content *c,
+                      size_t chunk, int64_t *made_ns)
+{
+    memset(m, 0, sizeof *m);
+    m->chunk = chunk, m->nbytes = nbytes, m->seed = seed, m->content = c;
+    if (!(m->buf[0] = shard_buffer(chunk)) ||
+        (nbytes > (int64_t)chunk && !(m->buf[1] = shard_buffer(chunk)))) {
+        free(m->buf[0]);
+        return -ENOMEM;
+    }
+    int64_t t0 = dio_now_ns();
+    int rc = maker_start(m);
+    *made_ns += dio_now_ns() - t0;
+    if (rc < 0) {
+        free(m->buf[0]);
+        free(m->buf[1]);
+    }
+    return rc;
+}
+
+static void maker_close(block_maker *m)
+{
+    maker_stop(m);
+    free(m->buf[0]);
+    free(m->buf[1]);
+}
+
+int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
+                    const dio_content *c, size_t chunk, int odirect, int do_fsync,
+                    dio_shard_stats *st, const char *path, dio_error *err)
+{
+    block_maker maker;
+    int64_t done = 0, k = 0;
     int rc = 0;
     if (!path)
         path = "";
@@ -139,96 +245,42 @@ int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_
                         "%lld bytes%s)", path, (long long)offset, (long long)nbytes,
                         odirect ? ", O_DIRECT needs a 4096-aligned offset" : "");
     chunk = dio_shard_chunk(chunk, nbytes);
-    if (!(buf = shard_buffer(chunk)))
-        return dio_fail(err, ENOMEM, path, "shard write %s: cannot allocate %zu bytes", path,
-                        chunk);
-    dio_fill_random(buf, chunk, seed);
-    if (odirect && (rc = set_direct(fd, 1)) < 0) {
-        free(buf);
+    if (odirect && (rc = set_direct(fd, 1)) < 0)
         return dio_fail(err, -rc, path, "shard write %s: O_DIRECT refused: %s", path,
                         strerror(-rc));
-    }
-    t0 = dio_now_ns();
+    if ((rc = maker_open(&maker, nbytes, seed, c, chunk, &st->emulator_ns)) < 0)
+        return dio_fail(err, -rc, path, "shard write %s: cannot allocate two buffers of %zu "
+                        "bytes and a thread: %s", path, chunk, strerror(-rc));
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
         if ((rc = dio_stopped(err, path)) < 0)
             break;
-        stamp(buf, n, seed, k);
+        unsigned char *buf = maker_take(&maker, k, &st->emulator_ns);
         if (odirect && n % 4096 && (rc = set_direct(fd, 0)) < 0) /* the unaligned tail */
             break;
-        if ((rc = move_all(fd, buf, n, n, (off_t)(offset + done), 1, &st->calls)) < 0)
+        if ((rc = move_all(fd, buf, n, n, (off_t)(offset + done), 1, st)) < 0)
             break;
         done += (int64_t)n;
         k++;
     }
-    free(buf);
-    return end_write(fd, do_fsync, rc, t0, done, nbytes, offset, st, path, err);
+    maker_close(&maker);
+    return end_write(fd, do_fsync, rc, done, nbytes, offset, st, path, err);
 }
 
-#define STREAM_MIN ((size_t)1 << 20) /* blocks at least this large bypass the CPU's caches */
-
-#if defined(__x86_64__) && defined(__GNUC__)
-/* One 64-byte line from src to dst (64-byte aligned) with non-temporal stores. */
-static inline void stream_line(unsigned char *dst, const unsigned char *src)
-{
-    __m128i a = _mm_loadu_si128((const __m128i *)src);
-    __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
-    __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-    _mm_stream_si128((__m128i *)dst, a);
-    _mm_stream_si128((__m128i *)(dst + 16), b);
-    _mm_stream_si128((__m128i *)(dst + 32), c);
-    _mm_stream_si128((__m128i *)(dst + 48), d);
-}
-#endif
-
-/* memcpy with non-temporal stores (SSE2, which every x86-64 has) for blocks of STREAM_MIN
- * bytes or more, four pages at a time, a line of each in turn (as glibc's largest copies):
- * a snapshot's bytes are not read back by the CPU before the write takes them, and glibc's
- * memcpy keeps regular stores up to a threshold derived from the last-level cache's reported
- * size (3/4 of it: 114 MiB on a VM that reports 300 MiB of L3), so that a 64 MiB block was
- * copied with a read for ownership of every destination line, at 0.5-0.6x the rate of one
- * large memcpy. Elsewhere, and for smaller blocks, memcpy. */
-static void copy_block(unsigned char *dst, const unsigned char *src, size_t n)
-{
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (n >= STREAM_MIN) {
-        size_t head = (size_t)(-(uintptr_t)dst & 63), at = 0;
-        memcpy(dst, src, head);
-        dst += head, src += head, n -= head;
-        for (; at + 4 * 4096 <= n; at += 4 * 4096)
-            for (size_t line = 0; line < 4096; line += 64)
-                for (size_t page = 0; page < 4 * 4096; page += 4096) {
-                    __builtin_prefetch(src + at + page + line + 128);
-                    stream_line(dst + at + page + line, src + at + page + line);
-                }
-        for (; at + 64 <= n; at += 64)
-            stream_line(dst + at, src + at);
-        _mm_sfence(); /* the streamed lines ordered before the stamp and the writer's reads */
-        memcpy(dst + at, src + at, n - at);
-        return;
-    }
-#endif
-    memcpy(dst, src, n);
-}
-
-int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, size_t chunk,
-                       const void *pattern, size_t pattern_len, double bytes_per_second)
+int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, const dio_content *c,
+                       size_t chunk, double bytes_per_second)
 {
     unsigned char *out = dst;
     int64_t done = 0, t0 = dio_now_ns();
-    uint64_t k = 0;
     chunk = dio_shard_chunk(chunk, nbytes);
-    if (nbytes < 0 || pattern_len < chunk)
+    if (nbytes < 0)
         return -EINVAL;
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
         if (dio_stop_signal())
             return -ECANCELED;
-        copy_block(out + done, pattern, n);
-        stamp(out + done, n, seed, k);
+        dio_ckpt_fill(out + done, n, seed, (uint64_t)done, c);
         done += (int64_t)n;
-        k++;
         if (bytes_per_second > 0 && /* the copy's share of time so far */
             dio_nap_until_ns(t0 + (int64_t)((double)done / bytes_per_second * 1e9)) < 0)
             return -ECANCELED;
@@ -241,7 +293,7 @@ int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, si
                      dio_error *err)
 {
     unsigned char *from = (unsigned char *)buf;
-    int64_t done = 0, t0;
+    int64_t done = 0;
     int rc = 0;
     if (!path)
         path = "";
@@ -256,26 +308,57 @@ int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, si
     if (odirect && (rc = set_direct(fd, 1)) < 0)
         return dio_fail(err, -rc, path, "checkpoint write %s: O_DIRECT refused: %s", path,
                         strerror(-rc));
-    t0 = dio_now_ns();
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
         if ((rc = dio_stopped(err, path)) < 0)
             break;
         if (odirect && n % 4096 && (rc = set_direct(fd, 0)) < 0) /* the unaligned tail */
             break;
-        if ((rc = move_all(fd, from + done, n, n, (off_t)(offset + done), 1, &st->calls)) < 0)
+        if ((rc = move_all(fd, from + done, n, n, (off_t)(offset + done), 1, st)) < 0)
             break;
         done += (int64_t)n;
     }
-    return end_write(fd, do_fsync, rc, t0, done, nbytes, offset, st, path, err);
+    return end_write(fd, do_fsync, rc, done, nbytes, offset, st, path, err);
 }
 
-int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
-                   int verify, dio_shard_stats *st, const char *path, dio_error *err)
+/* Compare block k (n bytes at shard offset at) with the stream: its granules' heads, the
+ * whole block when verify > 1 or for every WHOLE_EVERY-th block; the bytes compared added
+ * to st.  -1, or the shard offset of the first granule that differs. */
+static int64_t check_block(const unsigned char *buf, size_t n, int64_t at, int64_t k,
+                           uint64_t seed, const dio_content *c, int verify, dio_shard_stats *st)
 {
-    unsigned char *buf, *expected = NULL;
-    int64_t done = 0, t0;
-    uint64_t k = 0;
+    int whole = verify > 1 || k % WHOLE_EVERY == 0;
+    int64_t t0 = dio_now_ns();
+    int64_t bad = dio_ckpt_check(buf, n, seed, (uint64_t)at, c, whole);
+    st->emulator_ns += dio_now_ns() - t0;
+    size_t tail = n % DIO_GRANULE;
+    st->verified += whole ? (int64_t)n
+                          : (int64_t)(n / DIO_GRANULE * DIO_CHECK_HEAD +
+                                      (tail < DIO_CHECK_HEAD ? tail : DIO_CHECK_HEAD));
+    return bad < 0 ? -1 : at + bad;
+}
+
+static int read_failed(int rc, int64_t offset, int64_t done, int64_t nbytes, int64_t bad,
+                       const char *path, dio_error *err)
+{
+    if (rc == -ECANCELED) /* stopped (dio_stopped filled *err) */
+        return rc;
+    if (bad >= 0)
+        return dio_fail(err, EIO, path, "checkpoint %s: the 4 KiB at offset %lld do not hold "
+                        "the bytes written", path, (long long)(offset + bad));
+    if (rc == -ENODATA)
+        return dio_fail(err, EIO, path, "checkpoint %s: ends at offset %lld, before its %lld "
+                        "bytes", path, (long long)(offset + done), (long long)nbytes);
+    return dio_fail(err, -rc, path, "pread %s at offset %lld: %s", path,
+                    (long long)(offset + done), strerror(-rc));
+}
+
+int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
+                   const dio_content *c, size_t chunk, int verify, dio_shard_stats *st,
+                   const char *path, dio_error *err)
+{
+    unsigned char *buf;
+    int64_t done = 0, k = 0, bad = -1;
     int rc = 0;
     if (!path)
         path = "";
@@ -287,49 +370,22 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t
     if (!(buf = shard_buffer(chunk)))
         return dio_fail(err, ENOMEM, path, "shard read %s: cannot allocate %zu bytes", path,
                         chunk);
-    if (verify && !(expected = malloc(chunk))) {
-        free(buf);
-        return dio_fail(err, ENOMEM, path, "shard read %s: cannot allocate %zu bytes", path,
-                        chunk);
-    }
-    if (expected)
-        dio_fill_random(expected, chunk, seed);
-    t0 = dio_now_ns();
     while (done < nbytes) {
         size_t n = (uint64_t)(nbytes - done) < chunk ? (size_t)(nbytes - done) : chunk;
         size_t want = (n + 4095) / 4096 * 4096; /* O_DIRECT reads whole pages */
         if ((rc = dio_stopped(err, path)) < 0)
             break;
-        if ((rc = move_all(fd, buf, n, want, (off_t)(offset + done), 0, &st->calls)) < 0)
+        if ((rc = move_all(fd, buf, n, want, (off_t)(offset + done), 0, st)) < 0)
             break;
-        if (expected) { /* the stamp of every block; the whole block when verify > 1 or
-                         * for every 64th block */
-            stamp(expected, n, seed, k);
-            size_t check = (verify > 1 || k % 64 == 0) ? n : (n < STAMP_BYTES ? n : STAMP_BYTES);
-            if (memcmp(buf, expected, check) != 0) {
-                rc = -EILSEQ;
-                break;
-            }
-            st->verified += (int64_t)check;
+        if (verify && (bad = check_block(buf, n, done, k, seed, c, verify, st)) >= 0) {
+            rc = -EILSEQ;
+            break;
         }
         done += (int64_t)n;
         k++;
     }
-    st->io_ns = dio_now_ns() - t0;
     st->bytes = done;
     free(buf);
-    free(expected);
-    if (rc == -ECANCELED) /* stopped (dio_stopped filled *err) */
-        return rc;
-    if (rc == -EILSEQ)
-        return dio_fail(err, EIO, path, "checkpoint %s: block %llu at offset %lld does not hold "
-                        "the bytes written", path, (unsigned long long)k,
-                        (long long)(offset + done));
-    if (rc == -ENODATA)
-        return dio_fail(err, EIO, path, "checkpoint %s: ends at offset %lld, before its %lld "
-                        "bytes", path, (long long)(offset + done), (long long)nbytes);
-    if (rc < 0)
-        return dio_fail(err, -rc, path, "pread %s at offset %lld: %s", path,
-                        (long long)(offset + done), strerror(-rc));
-    return 0;
+    return rc < 0 ? read_failed(rc, offset, done, nbytes, bad, path, err) : 0;
 }
+

@@ -81,18 +81,25 @@ cdef extern from "dio.h" nogil:
         int64_t syncs
         int64_t sync_ns
         int64_t verified
-    int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
-                        int odirect, int do_fsync, dio_shard_stats *st, const char *path,
-                        dio_error *err)
-    void dio_shard_block(void *buf, size_t n, uint64_t seed, uint64_t block)
+        int64_t emulator_ns
+    ctypedef struct dio_content:
+        uint32_t random_bytes
+        uint64_t unique
+    void dio_ckpt_fill(void *buf, size_t n, uint64_t seed, uint64_t start, const dio_content *c)
+    int64_t dio_ckpt_check(const void *buf, size_t n, uint64_t seed, uint64_t start,
+                           const dio_content *c, int whole)
+    int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
+                        const dio_content *c, size_t chunk, int odirect, int do_fsync,
+                        dio_shard_stats *st, const char *path, dio_error *err)
     size_t dio_shard_chunk(size_t chunk, int64_t nbytes)
-    int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, size_t chunk,
-                           const void *pattern, size_t pattern_len, double bytes_per_second)
+    int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, const dio_content *c,
+                           size_t chunk, double bytes_per_second)
     int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, size_t chunk,
                          int odirect, int do_fsync, dio_shard_stats *st, const char *path,
                          dio_error *err)
-    int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
-                       int verify, dio_shard_stats *st, const char *path, dio_error *err)
+    int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
+                       const dio_content *c, size_t chunk, int verify, dio_shard_stats *st,
+                       const char *path, dio_error *err)
     int dio_stop_on_signals()
     int dio_stop_signal()
     int dio_permute(uint64_t n, uint64_t seed, const int64_t *inp, int64_t count, int64_t *out)
@@ -456,38 +463,70 @@ def write_tfrecords(int fd, int64_t offset, const unsigned char[::1] head,
 
 cdef dict _shard_stats(dio_shard_stats *st):
     return {"bytes": st.bytes, "calls": st.calls, "io_ns": st.io_ns, "syncs": st.syncs,
-            "sync_ns": st.sync_ns, "verified": st.verified}
+            "sync_ns": st.sync_ns, "verified": st.verified, "emulator_ns": st.emulator_ns}
+
+
+cdef const dio_content *_content(content, dio_content *c) except? NULL:
+    """checkpoint.content as the C struct: None (the fresh stream), or (random bytes of each
+    4 KiB granule, granules before one repeats: 0 for none)."""
+    if content is None:
+        return NULL
+    c.random_bytes, c.unique = content
+    return c
+
+
+def ckpt_fill(buffer, seed, uint64_t start=0, content=None):
+    """Fill a writable buffer with bytes [start, start + len) of the checkpoint stream of seed
+    (dio_ckpt_fill), under `content` (see _content)."""
+    cdef Py_buffer view
+    cdef dio_content c
+    cdef const dio_content *cp = _content(content, &c)
+    cdef uint64_t s = <uint64_t>(seed & U64_MASK)
+    PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
+    try:
+        with nogil:
+            dio_ckpt_fill(view.buf, <size_t>view.len, s, start, cp)
+    finally:
+        PyBuffer_Release(&view)
+
+
+def ckpt_check(buffer, seed, uint64_t start=0, content=None, bint whole=False):
+    """Compare a buffer with bytes [start, start + len) of the checkpoint stream of seed: every
+    4 KiB granule's first 64 bytes, or all when `whole`; -1, or the offset in the buffer of
+    the first granule that differs."""
+    cdef Py_buffer view
+    cdef dio_content c
+    cdef const dio_content *cp = _content(content, &c)
+    cdef uint64_t s = <uint64_t>(seed & U64_MASK)
+    cdef int64_t bad
+    PyObject_GetBuffer(buffer, &view, PyBUF_ANY_CONTIGUOUS)
+    try:
+        with nogil:
+            bad = dio_ckpt_check(view.buf, <size_t>view.len, s, start, cp, whole)
+    finally:
+        PyBuffer_Release(&view)
+    return bad
 
 
 def write_shard(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, bint odirect=False,
-                bint fsync=False, path=""):
-    """Write the nbytes of the checkpoint shard of seed to fd at offset (dio_shard_write: one
-    reused aligned buffer, stamped blocks; O_DIRECT set on fd when asked; fsync at the end
-    when asked); returns its stats (bytes, calls, io_ns, syncs, sync_ns)."""
+                bint fsync=False, path="", content=None):
+    """Write the nbytes of the checkpoint shard of seed to fd at offset (dio_shard_write: the
+    checkpoint stream under `content`, made a block ahead by a second thread, in calls of chunk
+    bytes; O_DIRECT set on fd when asked; fsync at the end when asked); returns its stats
+    (bytes, calls, io_ns, syncs, sync_ns, emulator_ns)."""
     cdef dio_error err
     cdef dio_shard_stats st
+    cdef dio_content c
+    cdef const dio_content *cp = _content(content, &c)
     cdef uint64_t s = <uint64_t>(seed & U64_MASK)
     cdef bytes bpath = _fspath(path)
     cdef const char *cpath = bpath
     cdef int rc
     _clear(&err)
     with nogil:
-        rc = dio_shard_write(fd, offset, nbytes, s, chunk, odirect, fsync, &st, cpath, &err)
+        rc = dio_shard_write(fd, offset, nbytes, s, cp, chunk, odirect, fsync, &st, cpath, &err)
     _check(rc, &err)
     return _shard_stats(&st)
-
-
-def shard_block(buffer, seed, uint64_t block):
-    """Fill a writable buffer with block `block` of the checkpoint shard of seed, as
-    write_shard writes it with a chunk of at least len(buffer) bytes."""
-    cdef Py_buffer view
-    cdef uint64_t s = <uint64_t>(seed & U64_MASK)
-    PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
-    try:
-        with nogil:
-            dio_shard_block(view.buf, <size_t>view.len, s, block)
-    finally:
-        PyBuffer_Release(&view)
 
 
 def shard_chunk(size_t chunk, int64_t nbytes):
@@ -495,21 +534,18 @@ def shard_chunk(size_t chunk, int64_t nbytes):
     return dio_shard_chunk(chunk, nbytes)
 
 
-def shard_snapshot(buffer, seed, const unsigned char[::1] pattern, size_t chunk=0,
-                   double bytes_per_second=0):
-    """Fill the writable `buffer` with the shard of seed as write_shard(chunk) writes it, by
-    copying `pattern` (shard_block(pattern, seed, 0) of shard_chunk(chunk, len(buffer)) bytes
-    or more) block by block with each block's stamp (dio_shard_snapshot); bytes_per_second
-    > 0 paces the copy."""
+def shard_snapshot(buffer, seed, size_t chunk=0, double bytes_per_second=0, content=None):
+    """Fill the writable `buffer` with the shard of seed as write_shard(chunk, content) writes
+    it, block by block (dio_shard_snapshot); bytes_per_second > 0 paces it."""
     cdef Py_buffer view
+    cdef dio_content c
+    cdef const dio_content *cp = _content(content, &c)
     cdef uint64_t s = <uint64_t>(seed & U64_MASK)
-    cdef size_t plen = pattern.shape[0]
-    cdef const unsigned char *p = &pattern[0] if plen else NULL
     cdef int rc
     PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS)
     try:
         with nogil:
-            rc = dio_shard_snapshot(view.buf, <int64_t>view.len, s, chunk, p, plen,
+            rc = dio_shard_snapshot(view.buf, <int64_t>view.len, s, cp, chunk,
                                     bytes_per_second)
     finally:
         PyBuffer_Release(&view)
@@ -517,9 +553,6 @@ def shard_snapshot(buffer, seed, const unsigned char[::1] pattern, size_t chunk=
         from .errors import StopRequested
 
         raise StopRequested(dio_stop_signal())
-    if rc < 0:
-        raise ValueError(f"shard_snapshot: a pattern of {plen} bytes is shorter than a block "
-                         f"of the shard ({dio_shard_chunk(chunk, len(buffer))} bytes)")
 
 
 def write_buffer(int fd, int64_t offset, buffer, size_t chunk=0, bint odirect=False,
@@ -546,19 +579,21 @@ def write_buffer(int fd, int64_t offset, buffer, size_t chunk=0, bint odirect=Fa
 
 
 def read_shard(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, int verify=1,
-               path=""):
-    """Read a shard written by write_shard back and check it (dio_shard_read: every block's
-    stamp, every 64th block whole; verify=2 every block whole, 0 nothing); returns its stats;
-    OSError (EIO) naming the block that differs."""
+               path="", content=None):
+    """Read a shard written by write_shard back and check it (dio_shard_read: the first 64
+    bytes of every 4 KiB, every 64th block whole; verify=2 everything, 0 nothing); returns
+    its stats; OSError (EIO) naming the offset that differs."""
     cdef dio_error err
     cdef dio_shard_stats st
+    cdef dio_content c
+    cdef const dio_content *cp = _content(content, &c)
     cdef uint64_t s = <uint64_t>(seed & U64_MASK)
     cdef bytes bpath = _fspath(path)
     cdef const char *cpath = bpath
     cdef int rc
     _clear(&err)
     with nogil:
-        rc = dio_shard_read(fd, offset, nbytes, s, chunk, verify, &st, cpath, &err)
+        rc = dio_shard_read(fd, offset, nbytes, s, cp, chunk, verify, &st, cpath, &err)
     _check(rc, &err)
     return _shard_stats(&st)
 

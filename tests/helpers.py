@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import mpiexec
@@ -439,3 +440,49 @@ def throttled_fs(tmp_path: Path, mib_per_second: int, size: str = "3G"
             except OSError:
                 time.sleep(0.1)
         image.unlink(missing_ok=True)
+
+
+# ---- the checkpoint stream (csrc/dio_ckpt_stream.c), built here independently in numpy
+GAMMA = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(z: np.ndarray) -> np.ndarray:
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _rotl(x: np.ndarray, k: int) -> np.ndarray:
+    return (x << np.uint64(k)) | (x >> np.uint64(64 - k))
+
+
+def ckpt_stream(seed: int, start: int, n: int, content: tuple[int, int] | None = None) -> bytes:
+    """Bytes [start, start + n) of the checkpoint stream of seed under content (random bytes
+    of each 4 KiB granule, granules before one repeats): granule g is 8 xoshiro256** lanes
+    interleaved word by word, lane j seeded with splitmix64 outputs 4j+1..4j+4 of
+    mix64(key + g' * GAMMA), key = mix64(seed ^ 0x6A09E667F3BCC909), g' = g % unique."""
+    if n == 0:
+        return b""
+    keep, unique = content if content else (4096, 0)
+    granules = np.arange(start // 4096, (start + n - 1) // 4096 + 1, dtype=np.uint64)
+    source = granules % np.uint64(unique) if unique else granules
+    with np.errstate(over="ignore"):
+        key = _mix64(np.array([seed ^ 0x6A09E667F3BCC909], dtype=np.uint64))[0]
+        base = _mix64(key + source * GAMMA)
+        counters = np.arange(1, 33, dtype=np.uint64).reshape(8, 4)  # lane j, word i
+        state = _mix64(base[:, None, None] + counters[None] * GAMMA)  # (granules, 8, 4)
+        s0, s1, s2, s3 = (state[:, :, i].copy() for i in range(4))
+        words = np.empty((len(granules), 64, 8), dtype=np.uint64)
+        for step in range(64):
+            words[:, step] = _rotl(s1 * np.uint64(5), 7) * np.uint64(9)
+            t = s1 << np.uint64(17)
+            s2 ^= s0
+            s3 ^= s1
+            s1 ^= s2
+            s0 ^= s3
+            s2 ^= t
+            s3 = _rotl(s3, 45)
+    data = words.astype("<u8").view(np.uint8).reshape(len(granules), 4096)
+    data[:, keep:] = 0
+    offset = start % 4096
+    return data.reshape(-1)[offset:offset + n].tobytes()

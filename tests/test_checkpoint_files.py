@@ -49,9 +49,9 @@ def test_files_are_written_whole_synced_and_read_back(folder, odirect):
 def test_another_ranks_or_checkpoints_bytes_do_not_pass_the_check(folder):
     writer = FilePerRank(str(folder), "t", False, False)
     writer.save(1, "global_epoch1_step1", shard(0))
-    with pytest.raises(OSError, match="does not hold the bytes written"):
+    with pytest.raises(OSError, match="do not hold the bytes written"):
         writer.load(1, "global_epoch1_step1", shard(1))
-    with pytest.raises(OSError, match="does not hold the bytes written"):
+    with pytest.raises(OSError, match="do not hold the bytes written"):
         writer.load(2, "global_epoch1_step1", shard(0))
 
 

@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import pytest
 
-from helpers import workload_overrides
+from helpers import ckpt_stream, workload_overrides
 
 pytestmark = [pytest.mark.mpi(min_size=2), pytest.mark.timeout(180)]
 
@@ -109,7 +109,6 @@ def test_llama_7b_scaled_sizes_are_the_hand_computed_ones(shared_tmp):
 def test_the_shared_layout_holds_every_ranks_bytes_at_its_offset(shared_tmp, odirect):
     """Collective MPI-IO writes, the shares back to back; with O_DIRECT each rank's own
     pwrites at offsets rounded up to 1 MiB."""
-    from dlio_mpi import _core
     from dlio_mpi.checkpoint.file_per_rank import shard_seed
     from dlio_mpi.checkpoint.shared_file import NAME
     from dlio_mpi.checkpoint.sizing import checkpoint_layout
@@ -128,9 +127,8 @@ def test_the_shared_layout_holds_every_ranks_bytes_at_its_offset(shared_tmp, odi
     number = zlib.crc32(b"global_epoch1_step2")
     for r in range(size):  # each share is one block (< 64 MiB), built independently
         start = sum(spans[:r])
-        block = np.empty(shares[r], dtype=np.uint8)
-        _core.shard_block(block, shard_seed(number, r, 0), 0)
-        assert np.array_equal(data[start:start + shares[r]], block), r
+        block = ckpt_stream(shard_seed(number, r, 0), 0, shares[r])
+        assert data[start:start + shares[r]].tobytes() == block, r
     saves = [r for r in summary["dlio_mpi"]["checkpoint"]["records"] if r["kind"] == "save"]
     assert all(r["syncs"] == size for r in saves)  # File.Sync on every rank
     assert summary["dlio_mpi"]["checkpoint"]["mpiio_hints"] == {"romio_cb_write": "enable"}
@@ -163,7 +161,8 @@ def test_a_restore_of_changed_bytes_fails_naming_the_file(shared_tmp):
             fp.write(bytes([byte[0] ^ 1]))
     comm.Barrier()
     # reads only: an earlier run's complete checkpoints are read back
-    with pytest.raises(JobError, match=f"{victim}: block 0 .*does not hold the bytes written"):
+    with pytest.raises(JobError, match=f"{victim}: the 4 KiB at offset 0 do not hold the "
+                                       "bytes written"):
         _checkpoint_run(shared_tmp, "llama_7b", **_scaled("llama_7b"),
                         **{"checkpoint.num_checkpoints_write": 0,
                            "checkpoint.num_checkpoints_read": 1,

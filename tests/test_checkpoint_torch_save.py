@@ -18,6 +18,7 @@ import dlio_mpi.checkpoint.torch_save as module  # noqa: E402 (it imports torch)
 from dlio_mpi.checkpoint.sizing import RankShard  # noqa: E402
 from dlio_mpi.checkpoint.torch_save import TorchSave, memory_needed  # noqa: E402
 from dlio_mpi.errors import UserError  # noqa: E402
+from helpers import ckpt_stream  # noqa: E402
 
 KiB, MiB = 1 << 10, 1 << 20
 ROOT = Path(__file__).resolve().parents[1] / ".pytest_tmp"
@@ -65,7 +66,7 @@ def test_files_are_written_whole_loadable_by_torch_and_read_back(folder, blocks,
         assert list(state) == [f"t{j}" for j in range(len(sizes))]
         assert [t.numel() for t in state.values()] == sizes
         assert all(t.dtype == torch.uint8 for t in state.values())
-        held = writer.state(SHARD, index)
+        held = writer.state(SHARD, index, 1)
         assert all(torch.equal(state[k], held[k]) for k in state)
     if blocks == "small":
         assert len(module._tensor_sizes(FILES[1][1])) == 5  # 1 MiB tensors
@@ -73,34 +74,43 @@ def test_files_are_written_whole_loadable_by_torch_and_read_back(folder, blocks,
     assert (loaded.bytes, loaded.files, loaded.calls) == (SHARD.nbytes, 2, 2)
     block = module.BLOCK
     expected = 0
-    for _, nbytes in FILES:  # every block's stamp, every 64th block whole
-        for k in range(-(-nbytes // block)):
-            n = min(block, nbytes - k * block)
-            expected += n if k % 64 == 0 else min(16, n)
+    for _, nbytes in FILES:  # every granule's first 64 bytes, every 64th block whole
+        for j, size in enumerate(module._tensor_sizes(nbytes)):
+            for k in range(-(-size // block)):
+                n = min(block, size - k * block)
+                expected += n if (j * module.TENSOR // block + k) % 64 == 0 else \
+                    n // 4096 * 64 + min(n % 4096, 64)
     assert loaded.verified == expected
     # another reader of the same files (a rank restoring this rank's share) checks them too
-    assert TorchSave(str(folder), "t2", False).load(7, CID, SHARD).verified == expected
+    assert TorchSave(str(folder), "t2", False).load(1, CID, SHARD).verified == expected
 
 
-def test_the_same_tensors_are_written_at_every_checkpoint(folder, monkeypatch):
+def test_the_same_tensors_hold_each_checkpoints_own_bytes(folder, monkeypatch):
+    """Allocated once (as DLIO), refilled in place before each save: no two checkpoints'
+    files hold the same bytes (DLIO's would, and deduplicating storage would store them once),
+    and the refill is counted as the emulator's time."""
     writer = TorchSave(str(folder), "t", fsync=False)
-    writer.save(1, CID, SHARD)
-    first = [writer.state(SHARD, i) for i in range(len(FILES))]
+    saved = writer.save(1, CID, SHARD)
+    first = [writer.state(SHARD, i, 1) for i in range(len(FILES))]
     pointers = [[t.data_ptr() for t in state.values()] for state in first]
     allocations = []
     real_empty = torch.empty
     monkeypatch.setattr(torch, "empty",
                         lambda *a, **k: allocations.append(a) or real_empty(*a, **k))
-    writer.save(2, "global_epoch2_step2", SHARD)
+    again = writer.save(2, "global_epoch2_step2", SHARD)
     assert allocations == []  # no second allocation
-    again = [writer.state(SHARD, i) for i in range(len(FILES))]
-    assert all(a is b for a, b in zip(first, again))
-    assert [[t.data_ptr() for t in state.values()] for state in again] == pointers
-    for name, _ in FILES:  # the same tensors in both checkpoints' files
+    assert saved.emulator_ns > 0 and again.emulator_ns > 0
+    second = [writer.state(SHARD, i, 2) for i in range(len(FILES))]
+    assert all(a is b for a, b in zip(first, second))
+    assert [[t.data_ptr() for t in state.values()] for state in second] == pointers
+    for index, (name, _) in enumerate(FILES):
         one = torch.load(folder / CID / name, weights_only=True)
         two = torch.load(folder / "global_epoch2_step2" / name, weights_only=True)
-        assert all(torch.equal(one[k], two[k]) for k in one)
+        assert not any(torch.equal(one[k], two[k]) for k in one)
+        assert bytes(one["t0"][:4096].numpy()) == ckpt_stream(
+            module.shard_seed(1, 0, index), 0, 4096)
     assert writer.load(2, "global_epoch2_step2", SHARD).bytes == SHARD.nbytes
+    assert writer.load(1, CID, SHARD).bytes == SHARD.nbytes  # each checked with its own
 
 
 def test_allocate_fills_the_tensors_before_the_first_save(folder, monkeypatch):
@@ -122,17 +132,19 @@ def test_syncs_are_counted(folder, fsync):
 def test_another_ranks_or_changed_bytes_do_not_pass_the_check(folder, small_blocks):
     TorchSave(str(folder), "t", False).save(1, CID, SHARD)
     other = RankShard(1, FILES)
-    with pytest.raises(OSError, match="block 0 of rank 1 does not hold the bytes written"):
+    with pytest.raises(OSError, match=r"the 4 KiB at payload offset 0 \(rank 1\) do not hold "
+                                      "the bytes written"):
         TorchSave(str(folder), "t", False).load(1, CID, other)
-    # a byte changed in the stamp of block 3 (of the first tensor) of the first file
+    # a byte changed in the head of a granule of block 3 (of the first tensor) of the file
     path = folder / CID / FILES[0][0]
     raw = bytearray(path.read_bytes())
-    stamp = module.shard_seed(0, 0, 0).to_bytes(8, "little") + (3).to_bytes(8, "little")
-    at = raw.index(stamp)
+    head = ckpt_stream(module.shard_seed(1, 0, 0), 3 * 64 * KiB + 8192, 64)
+    at = raw.index(head)
     raw[at + 5] ^= 0xFF
     path.write_bytes(bytes(raw))
-    with pytest.raises(OSError, match=rf"checkpoint {path}: block 3 of rank 0 does not hold "
-                                      "the bytes written") as caught:
+    with pytest.raises(OSError, match=rf"checkpoint {path}: the 4 KiB at payload offset "
+                                      rf"{3 * 64 * KiB + 8192} \(rank 0\) do not hold the bytes "
+                                      "written") as caught:
         TorchSave(str(folder), "t", False).load(1, CID, SHARD)
     assert caught.value.errno == 5 and caught.value.filename == str(path)
 

@@ -983,39 +983,39 @@ def test_an_async_snapshot_past_memory_is_refused_with_the_figures():
     with pytest.raises(UserError) as info:
         derive_plan(cfg, 4, ranks_per_node=2, nodes=2, memory_bytes=2 * 2**30)
     assert str(info.value).startswith(
-        "checkpoint.async_write: a node's 2 rank(s) would hold 1.3 GiB of memory: "
+        "checkpoint.async_write: a node's 2 rank(s) would hold 1.2 GiB of memory: "
         "checkpoint.async_write's snapshot of the largest rank's share (model.model_size_bytes="
-        "629145600, model.parallelism.zero_stage=3) 1.3 GiB (664.0 MiB per rank); 3 batch "
+        "629145600, model.parallelism.zero_stage=3) 1.2 GiB (600.0 MiB per rank); 3 batch "
         "buffers of about 2.0 MiB"), str(info.value)
     assert str(info.value).endswith(
         "more than 80 % of the 1.0 GiB the node can give this job (the node's memory); "
         "expected checkpoint.async_write: false, or more ranks (smaller shares)")
     fits = load_config("demo", [*over, f"model.model_size_bytes={200 * 2**20}"])
     plan = derive_plan(fits, 4, ranks_per_node=2, nodes=2, memory_bytes=2 * 2**30)
-    assert plan.checkpoint["snapshot_bytes_per_rank"] == 200 * 2**20 + 64 * 2**20
+    assert plan.checkpoint["snapshot_bytes_per_rank"] == 200 * 2**20
     sync = load_config("demo", over[:2] + [f"model.model_size_bytes={600 * 2**20}"])
     assert derive_plan(sync, 4, ranks_per_node=2, nodes=2,
                        memory_bytes=2 * 2**30).checkpoint["snapshot_bytes_per_rank"] == 0
 
 
 def test_an_async_snapshot_counts_what_reader_staging_holds():
-    """Snapshots of 314 MiB (250 MiB shares, 64 MiB pattern) and 3 batch buffers of 2 MiB on
-    nodes of 2 ranks and 1 GiB take 640 MiB, and replicated staging of 128 files of 1 MiB
-    on each of the 2 ranks 256 MiB: each fits under 80 % (819 MiB) alone, not together.
-    read_once holds a node's half of the files (64 MiB) and fits."""
+    """Snapshots of 300 MiB shares and 3 batch buffers of 2 MiB on nodes of 2 ranks and 1 GiB
+    take 612 MiB, and replicated staging of 128 files of 1 MiB on each of the 2 ranks 256 MiB:
+    each fits under 80 % (819 MiB) alone, not together. read_once holds a node's half of the
+    files (64 MiB) and fits."""
     from dlio_mpi.errors import UserError
     from dlio_mpi.plan.derive import derive_plan
 
     over = ["workflow.checkpoint=true", "model.parallelism.zero_stage=3",
             "checkpoint.async_write=true", "dataset.record_length_bytes_stdev=0",
-            "dataset.num_files_train=128", f"model.model_size_bytes={250 * 2**20}"]
+            "dataset.num_files_train=128", f"model.model_size_bytes={300 * 2**20}"]
     with pytest.raises(UserError) as info:
         derive_plan(load_config("demo", [*over, "reader.staging=replicated"]), 4,
                     ranks_per_node=2, nodes=2, memory_bytes=2 * 2**30)
     assert str(info.value).startswith(
-        "checkpoint.async_write: a node's 2 rank(s) would hold 896.1 MiB of memory: "
+        "checkpoint.async_write: a node's 2 rank(s) would hold 868.1 MiB of memory: "
         "checkpoint.async_write's snapshot of the largest rank's share (model.model_size_bytes="
-        "262144000, model.parallelism.zero_stage=3) 628.0 MiB (314.0 MiB per rank); "
+        "314572800, model.parallelism.zero_stage=3) 600.0 MiB (300.0 MiB per rank); "
         "reader.staging: replicated keeps a copy of the dataset in every rank's memory, "
         "about 256.0 MiB per node"), str(info.value)
     sync = [o for o in over if not o.startswith("checkpoint.async_write")]

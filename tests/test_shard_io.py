@@ -1,12 +1,14 @@
-"""Checkpoint shards in the C core (dio_shard.c): a rank's bytes streamed from one reused
-aligned buffer, with O_DIRECT and fsync when asked, read back and checked block by block.
-Files live under the work tree (ext4: O_DIRECT works there)."""
+"""Checkpoint shards in the C core (dio_shard.c, dio_ckpt_stream.c): a rank's bytes, the
+checkpoint stream of its seed (checked against tests/helpers.ckpt_stream, built apart in
+numpy), made a block ahead by a second thread and written in large calls, with O_DIRECT and
+fsync when asked, read back and checked granule by granule. Files live under the work tree
+(ext4: O_DIRECT works there)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import uuid
@@ -16,6 +18,7 @@ import numpy as np
 import pytest
 
 from dlio_mpi import _core
+from helpers import ckpt_stream
 
 MiB = 1 << 20
 ROOT = Path(__file__).resolve().parents[1] / ".pytest_tmp"
@@ -27,19 +30,6 @@ def folder():
     path.mkdir(parents=True)
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-def expected_shard(nbytes: int, seed: int, chunk: int) -> bytes:
-    """What write_shard writes, built here from fill_random and the stamp format."""
-    pattern = np.zeros(chunk, dtype=np.uint8)
-    _core.fill_random(pattern, seed)
-    out = bytearray()
-    for k in range(-(-nbytes // chunk)):
-        block = bytearray(pattern[:min(chunk, nbytes - k * chunk)].tobytes())
-        stamp = struct.pack("<QQ", seed, k)[:len(block)]
-        block[:len(stamp)] = stamp
-        out += block
-    return bytes(out)
 
 
 def write(path: Path, nbytes: int, seed: int, **kw) -> dict:
@@ -60,15 +50,49 @@ def read(path: Path, nbytes: int, seed: int, odirect: bool = False, **kw) -> dic
 
 @pytest.mark.parametrize("odirect", [False, True])
 @pytest.mark.parametrize("nbytes", [4096, 3 * MiB + 123, 10])
-def test_a_shard_holds_stamped_blocks_and_reads_back(folder, odirect, nbytes):
+def test_a_shard_holds_the_checkpoint_stream_and_reads_back(folder, odirect, nbytes):
     path = folder / "shard.pt"
     chunk = MiB
     stats = write(path, nbytes, 77, chunk=chunk, odirect=odirect, fsync=True)
     assert stats["bytes"] == nbytes and stats["syncs"] == 1 and stats["sync_ns"] > 0
     assert stats["calls"] == -(-nbytes // chunk)  # one large write per block
-    assert path.read_bytes() == expected_shard(nbytes, 77, min(chunk, -(-nbytes // 4096) * 4096))
+    assert 0 < stats["io_ns"] and 0 < stats["emulator_ns"]  # block 0 is made before any write
+    assert path.read_bytes() == ckpt_stream(77, 0, nbytes)
     back = read(path, nbytes, 77, odirect=odirect, chunk=chunk, verify=2)
     assert back["bytes"] == nbytes and back["verified"] == nbytes
+
+
+def test_no_two_granules_of_a_shard_are_equal_and_nothing_compresses(folder):
+    """Block after block (the writer's thread making each), the bytes stay fresh: a shard of
+    many blocks has no 4 KiB granule twice (the stamped single block of before had 4x)."""
+    import zlib
+
+    path = folder / "shard.pt"
+    write(path, 24 * MiB + 4096, 3, chunk=MiB)
+    data = path.read_bytes()
+    granules = {hashlib.blake2b(data[at:at + 4096], digest_size=16).digest()
+                for at in range(0, len(data), 4096)}
+    assert len(granules) == len(data) // 4096
+    assert len(data) / len(zlib.compress(data, 6)) <= 1.01
+
+
+def test_a_restore_checks_the_head_of_every_granule(folder):
+    """verify=1 compares the first 64 bytes of every 4 KiB and every 64th block whole: a
+    change past a granule's head in a block checked whole is found; past it in another block
+    it is not (the documented sampling)."""
+    path = folder / "shard.pt"
+    write(path, 3 * MiB, 8, chunk=MiB)
+    data = bytearray(path.read_bytes())
+    data[MiB + 7 * 4096 + 63] ^= 1  # a head byte in block 1
+    path.write_bytes(bytes(data))
+    with pytest.raises(OSError, match=f"the 4 KiB at offset {MiB + 7 * 4096} "):
+        read(path, 3 * MiB, 8, chunk=MiB)
+    data[MiB + 7 * 4096 + 63] ^= 1
+    data[MiB + 7 * 4096 + 64] ^= 1  # past the head of a block not checked whole
+    path.write_bytes(bytes(data))
+    assert read(path, 3 * MiB, 8, chunk=MiB)["verified"] == MiB + 2 * (MiB // 4096 * 64)
+    with pytest.raises(OSError, match=f"the 4 KiB at offset {MiB + 7 * 4096} "):
+        read(path, 3 * MiB, 8, chunk=MiB, verify=2)
 
 
 def test_without_fsync_none_is_made(folder):
@@ -82,7 +106,8 @@ def test_a_changed_byte_is_found_and_named(folder, where, verify):
     data = bytearray(path.read_bytes())
     data[where] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(OSError, match=f"checkpoint {path}: block {where // (4096 * 64)} "):
+    with pytest.raises(OSError, match=f"checkpoint {path}: the 4 KiB at offset "
+                                      f"{where // 4096 * 4096} "):
         read(path, 2 * MiB, 5, chunk=4096 * 64, verify=verify)
 
 
@@ -117,29 +142,28 @@ def test_fsync_reaches_the_kernel(folder):
     assert calls[-1].split("(")[0].split()[-1] == "fsync", calls  # the last call
 
 
-def test_shard_block_is_what_write_shard_writes(folder):
+@pytest.mark.parametrize("start,n", [(0, MiB), (2 * MiB - 100, MiB + 5), (3 * MiB, 5)])
+def test_ckpt_fill_is_what_write_shard_writes_at_any_offset(folder, start, n):
     path = folder / "shard.pt"
     write(path, 3 * MiB + 5, 9, chunk=MiB)
-    data = path.read_bytes()
-    for k, n in [(0, MiB), (2, MiB), (3, 5)]:
-        block = bytearray(n)
-        _core.shard_block(block, 9, k)
-        assert bytes(block) == data[k * MiB:k * MiB + n], k
+    block = bytearray(n)
+    _core.ckpt_fill(block, 9, start)
+    assert bytes(block) == path.read_bytes()[start:start + n]
+    assert _core.ckpt_check(block, 9, start, whole=True) == -1
+    assert _core.ckpt_check(block, 10, start) == 0  # another seed's bytes differ at once
 
 
 @pytest.mark.parametrize("nbytes,chunk,offset", [
-    (5 * MiB + 16 * 1024 + 77, 2 * MiB, 0),   # streamed blocks, lines after the 4-page runs, a tail
+    (5 * MiB + 16 * 1024 + 77, 2 * MiB, 0),   # several blocks and a tail
     (3 * MiB + 5, MiB, 5),                    # a destination off the 64-byte lines
-    (MiB - 4096 + 13, 0, 64),                 # one block under 1 MiB: memcpy
+    (MiB - 4096 + 13, 0, 64),                 # one block, a partial granule
 ])
 def test_snapshot_is_what_write_shard_writes(folder, nbytes, chunk, offset):
-    """dio_shard_snapshot (non-temporal stores for blocks of 1 MiB or more on x86-64) puts
-    exactly write_shard's bytes into the buffer, and nothing around it."""
+    """dio_shard_snapshot puts exactly write_shard's bytes into the buffer, and nothing
+    around it."""
     path = folder / "shard.pt"
     write(path, nbytes, 11, chunk=chunk)
-    pattern = np.empty(_core.shard_chunk(chunk, nbytes), dtype=np.uint8)
-    _core.shard_block(pattern, 11, 0)
     whole = np.full(offset + nbytes + 64, 0xAB, dtype=np.uint8)
-    _core.shard_snapshot(whole[offset:offset + nbytes], 11, pattern, chunk)
+    _core.shard_snapshot(whole[offset:offset + nbytes], 11, chunk)
     assert whole[offset:offset + nbytes].tobytes() == path.read_bytes()
     assert (whole[:offset] == 0xAB).all() and (whole[offset + nbytes:] == 0xAB).all()

@@ -2,20 +2,19 @@
 asynchronous checkpointing stage a checkpoint in host memory and write it while training goes
 on.
 
-At a save the step loop stalls only for the snapshot: the rank's share copied into a host
-buffer (the C core's dio_shard_snapshot: each block a copy of a pattern, the first block of
-the file's payload stream, with the block's stamp, so that the bytes are exactly those a
-synchronous save writes and a restore checks them alike), paced by
-checkpoint.snapshot_bytes_per_second where given (a device-to-host copy over PCIe). A
-background thread then writes the snapshot through the C core (dio_buffer_write: large calls,
-O_DIRECT and fsync as configured; the GIL released, no MPI call in the thread) and, while the
-steps go on, makes the patterns of the next save. The next save, an evaluation, a restore or
-the run's end waits for the write (Checkpointer.finish).
+At a save the step loop stalls only for the snapshot: the rank's share put into a host buffer
+(the C core's dio_shard_snapshot: the checkpoint stream of each file made into it, the bytes a
+synchronous save writes, so that a restore checks them alike; it makes bytes faster than a
+memcpy copies them), paced by checkpoint.snapshot_bytes_per_second where given (a
+device-to-host copy over PCIe). A background thread then writes the snapshot through the C core
+(dio_buffer_write: large calls, O_DIRECT and fsync as configured; the GIL released, no MPI call
+in the thread). The next save, an evaluation, a restore or the run's end waits for the write
+(Checkpointer.finish).
 
 The snapshot buffer (the share's bytes, each file's part aligned to 2 MiB, advised to huge
-pages) and the patterns (one block per file) are allocated and touched once before training,
-outside any timing; their bytes are reported and checked against the nodes' memory before any
-I/O (plan/checks.py check_snapshot_memory)."""
+pages) is allocated and touched once before training, outside any timing; its bytes are
+reported and checked against the nodes' memory before any I/O (plan/checks.py
+check_snapshot_memory)."""
 
 from __future__ import annotations
 
@@ -31,10 +30,9 @@ from .writer import AsyncFile, IoStats
 ALIGN = 2 << 20  # each file's part of the snapshot starts at a multiple of this
 
 
-def snapshot_bytes(sizes: list[int], chunk: int) -> tuple[int, int]:
-    """(snapshot buffer, patterns) bytes of a rank whose files have `sizes`."""
-    return (sum(-(-n // ALIGN) * ALIGN for n in sizes),
-            sum(_core.shard_chunk(chunk, n) for n in sizes))
+def snapshot_bytes(sizes: list[int]) -> int:
+    """The snapshot buffer's bytes on a rank whose files have `sizes`."""
+    return sum(-(-n // ALIGN) * ALIGN for n in sizes)
 
 
 @dataclass
@@ -55,23 +53,22 @@ class Written:
 
 
 class AsyncSaver:
-    """This rank's snapshot buffer, patterns and background writer (one save at a time)."""
+    """This rank's snapshot buffer and background writer (one save at a time)."""
 
     def __init__(self, sizes: list[int], chunk: int, odirect: bool, fsync: bool,
-                 bytes_per_second: float = 0.0) -> None:
-        self.sizes, self.chunk = list(sizes), chunk
+                 bytes_per_second: float = 0.0, content: tuple[int, int] | None = None
+                 ) -> None:
+        self.sizes, self.chunk, self.content = list(sizes), chunk, content
         self.odirect, self.fsync, self.rate = odirect, fsync, bytes_per_second
-        self.buffer_bytes, self.pattern_bytes = snapshot_bytes(self.sizes, chunk)
+        self.buffer_bytes = snapshot_bytes(self.sizes)
         self._map: mmap.mmap | None = None
         self.parts: list[np.ndarray] = []
-        self.patterns: list[np.ndarray] = []
-        self.pattern_seeds: list[int | None] = []
         self.allocate_seconds = 0.0
         self._thread: threading.Thread | None = None
         self._written: Written | None = None
 
-    def allocate(self, first_seeds: list[int]) -> None:
-        """Map and touch the snapshot buffer, and make the first save's patterns."""
+    def allocate(self) -> None:
+        """Map and touch the snapshot buffer."""
         start = _core.now_ns()
         self._map = mmap.mmap(-1, max(self.buffer_bytes, mmap.PAGESIZE))
         if hasattr(mmap, "MADV_HUGEPAGE"):
@@ -82,27 +79,17 @@ class AsyncSaver:
         for n in self.sizes:
             self.parts.append(whole[at:at + n])
             at += -(-n // ALIGN) * ALIGN
-            self.patterns.append(np.empty(_core.shard_chunk(self.chunk, n), dtype=np.uint8))
-            self.pattern_seeds.append(None)
-        self._make_patterns(first_seeds)
         self.allocate_seconds = (_core.now_ns() - start) / 1e9
 
-    def _make_patterns(self, seeds: list[int]) -> None:
-        for i, seed in enumerate(seeds):
-            if self.pattern_seeds[i] != seed:
-                _core.shard_block(self.patterns[i], seed, 0)
-                self.pattern_seeds[i] = seed
-
     def snapshot(self, files: list[AsyncFile]) -> int:
-        """Copy the shard of `files` into the buffer (the stall); its bytes."""
-        self._make_patterns([f.seed for f in files])  # made ahead but for the first save
-        for part, pattern, f in zip(self.parts, self.patterns, files):
-            _core.shard_snapshot(part, f.seed, pattern, self.chunk, self.rate)
+        """Make the shard of `files` into the buffer (the stall); its bytes."""
+        for part, f in zip(self.parts, files):
+            _core.shard_snapshot(part, f.seed, self.chunk, self.rate, self.content)
         return sum(f.nbytes for f in files)
 
-    def start(self, files: list[AsyncFile], next_seeds: list[int]) -> Written:
-        """Write `files` (opened) from the buffer in a thread, then make `next_seeds`'
-        patterns; returns at once, with what will say when the write has ended."""
+    def start(self, files: list[AsyncFile]) -> Written:
+        """Write `files` (opened) from the buffer in a thread; returns at once, with what
+        will say when the write has ended."""
         written = self._written = Written(start_ns=_core.now_ns())
 
         def write() -> None:
@@ -114,8 +101,6 @@ class AsyncSaver:
                 written.error = exc
             written.end_ns = _core.now_ns()
             written.done.set()  # a drain of these files may begin
-            if written.error is None and next_seeds:
-                self._make_patterns(next_seeds)
 
         self._thread = threading.Thread(target=write, name="dlio-mpi checkpoint writer",
                                         daemon=True)
@@ -136,13 +121,12 @@ class AsyncSaver:
 
     def describe(self) -> dict:
         return {"snapshot_buffer_bytes": self.buffer_bytes,
-                "pattern_bytes": self.pattern_bytes,
                 "allocate_seconds": round(self.allocate_seconds, 6),
                 "snapshot_bytes_per_second": self.rate or None}
 
     def close(self) -> None:
         self.wait()
-        self.parts, self.patterns = [], []
+        self.parts = []
         if self._map is not None:
             try:
                 self._map.close()

@@ -48,21 +48,22 @@ class WriterContext:
     fsync: bool
     hints: dict[str, str]
     sizes: list[int]  # every rank's bytes per checkpoint
+    content: tuple[int, int] | None = None  # checkpoint.content (None: fresh bytes)
 
 
 def _file_per_rank(ctx: WriterContext) -> CheckpointWriter:
-    return FilePerRank(ctx.folder, ctx.tag, ctx.odirect, ctx.fsync)
+    return FilePerRank(ctx.folder, ctx.tag, ctx.odirect, ctx.fsync, content=ctx.content)
 
 
 def _shared(ctx: WriterContext) -> CheckpointWriter:
     return SharedFile(ctx.comm, ctx.folder, ctx.tag, ctx.fsync, ctx.hints, ctx.sizes,
-                      odirect=ctx.odirect)
+                      odirect=ctx.odirect, content=ctx.content)
 
 
 def _pt_save(ctx: WriterContext) -> CheckpointWriter:
     from .torch_save import TorchSave  # imports torch
 
-    return TorchSave(ctx.folder, ctx.tag, ctx.fsync)
+    return TorchSave(ctx.folder, ctx.tag, ctx.fsync, ctx.content)
 
 
 WRITERS: dict[str, Callable[[WriterContext], CheckpointWriter]] = {
@@ -147,9 +148,8 @@ class Checkpointer:
         if ck.async_write:  # this rank's files' sizes (`sizes` stays every rank's share)
             files = [f.nbytes for f in self.writer.async_files(0, "", self.shard)]
             self.saver = AsyncSaver(files, self.writer.chunk, ck.odirect, ck.fsync,
-                                    ck.snapshot_bytes_per_second)
+                                    ck.snapshot_bytes_per_second, self.writer.content)
         self.pending: PendingSave | None = None
-        self.save_ids: list[str] = []  # the run's saves in order (the next one's patterns)
         self.drainer: Drainer | None = None  # checkpoint.drain's
         self.restorer = self.writer  # where restores read: the fast tier, or drain.to
         if ck.drain is not None:
@@ -200,15 +200,9 @@ class Checkpointer:
         # pt_save keeps its tensors all run, as DLIO allocates them at start: made and filled
         # here, outside the first save's time; async_write's snapshot buffer likewise
         check_all(self.comm, lambda: self.writer.allocate(self.shard))
-        self.save_ids = schedule.save_ids()
         if self.saver is not None:
-            first = self._seeds(self.save_ids[0]) if self.save_ids else []
-            check_all(self.comm, lambda: self.saver.allocate(first))
+            check_all(self.comm, self.saver.allocate)
         return removed
-
-    def _seeds(self, checkpoint_id: str) -> list[int]:
-        return [f.seed for f in self.writer.async_files(checkpoint_number(checkpoint_id),
-                                                        checkpoint_id, self.shard)]
 
 
     # -------------------------------------------------------------- save and load
@@ -300,8 +294,6 @@ class Checkpointer:
         names = self._begin(checkpoint_id)
         files = self.writer.async_files(checkpoint_number(checkpoint_id), checkpoint_id,
                                         self.shard)
-        later = self.save_ids[self.save_ids.index(checkpoint_id) + 1:] \
-            if checkpoint_id in self.save_ids else []
         self.comm.Barrier()
         start = _core.now_ns()
 
@@ -318,7 +310,7 @@ class Checkpointer:
             if isinstance(exc, Stopped):  # a paced snapshot cut short: no save
                 return done
             raise
-        written = self.saver.start(files, self._seeds(later[0]) if later else [])
+        written = self.saver.start(files)
         if not self.writer.collective:  # a rank's own files: drained once it wrote them
             self._drain(index, checkpoint_id, start, written, files)
         if self.cfg.checkpoint.rank_sync:  # DLIO's barrier after a save: here, its stall

@@ -1,12 +1,14 @@
 """checkpoint.layout: file_per_rank: every rank writes its own files of each checkpoint, as
 DeepSpeed names them, in <checkpoint_folder>/<checkpoint id>/, and reads them back.
 
-A file is written by the C core (_core.write_shard: one reused aligned buffer, large writes,
-O_DIRECT when checkpoint.odirect, fsync when checkpoint.fsync) under a temporary name of this
-job's (created with O_EXCL) and renamed to its final name only when whole (and synced), never
-over an existing file: a checkpoint a fault interrupted leaves temporaries, never a file that
-looks complete. Its bytes are a function of (checkpoint, rank, file), so a restore checks them
-without having kept them (every block's stamp, every 64th block whole)."""
+A file is written by the C core (_core.write_shard: large writes of bytes made a block ahead
+by a second thread, O_DIRECT when checkpoint.odirect, fsync when checkpoint.fsync) under a
+temporary name of this job's (created with O_EXCL) and renamed to its final name only when
+whole (and synced), never over an existing file: a checkpoint a fault interrupted leaves
+temporaries, never a file that looks complete. Its bytes are the checkpoint stream of
+(checkpoint, rank, file) (fresh in every 4 KiB, unless checkpoint.content asks otherwise), so a
+restore checks them without having kept them (the first 64 bytes of every 4 KiB, every 64th
+block whole)."""
 
 from __future__ import annotations
 
@@ -27,9 +29,9 @@ class FilePerRank(CheckpointWriter):
     """Saves and loads one rank's files of each checkpoint (a checkpoint.CheckpointWriter)."""
 
     def __init__(self, folder: str, tag: str, odirect: bool, fsync: bool,
-                 chunk: int = 0) -> None:
+                 chunk: int = 0, content: tuple[int, int] | None = None) -> None:
         self.folder, self.tag = folder, tag
-        self.odirect, self.fsync, self.chunk = odirect, fsync, chunk
+        self.odirect, self.fsync, self.chunk, self.content = odirect, fsync, chunk, content
 
     def path(self, checkpoint_id: str, name: str) -> str:
         return os.path.join(self.folder, checkpoint_id, name)
@@ -51,7 +53,8 @@ class FilePerRank(CheckpointWriter):
                 try:
                     stats.add(_core.write_shard(fd, 0, nbytes,
                                                 shard_seed(checkpoint, shard.rank, index),
-                                                self.chunk, self.odirect, self.fsync, final))
+                                                self.chunk, self.odirect, self.fsync, final,
+                                                self.content))
                 finally:
                     os.close(fd)
                 rename_noreplace(tmp, final)  # refused if a file is there: it is not ours
@@ -76,7 +79,7 @@ class FilePerRank(CheckpointWriter):
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 stats.add(_core.read_shard(fd, 0, nbytes,
                                            shard_seed(checkpoint, shard.rank, index),
-                                           self.chunk, 1, path))
+                                           self.chunk, 1, path, self.content))
             finally:
                 os.close(fd)
         return stats

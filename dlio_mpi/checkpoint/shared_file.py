@@ -7,8 +7,7 @@ The file is created collectively under a temporary name of this job's with MODE_
 MPI-IO striping hints act at its creation and no file in the way is ever written), synced with
 File.Sync when checkpoint.fsync, and renamed by rank 0 to its final name only when every rank's
 bytes are in, never over an existing file. A rank's bytes are the checkpoint shard of its
-(checkpoint, rank) seed in blocks of `chunk` bytes, as file_per_rank writes them, so a restore
-checks them the same way.
+(checkpoint, rank) seed, as file_per_rank writes them, so a restore checks them the same way.
 
 With checkpoint.odirect (ROMIO's UFS driver has no direct I/O), the file is still created
 collectively through MPI-IO, but each rank writes and reads its share itself with the C core's
@@ -28,7 +27,7 @@ from ..ownership import remove_quietly, rename_noreplace, temporary_name
 from ..readers.base import drop_cached_pages
 from .file_per_rank import shard_seed
 from .sizing import EXTENSION, RankShard
-from .writer import AsyncFile, CheckpointWriter, IoStats
+from .writer import WHOLE_EVERY, AsyncFile, CheckpointWriter, IoStats, checked_bytes
 
 CHUNK = 64 << 20  # bytes per rank and round
 ALIGN = 1 << 20  # a rank's share starts at a multiple of this with O_DIRECT
@@ -43,9 +42,11 @@ class SharedFile(CheckpointWriter):
     collective = True
 
     def __init__(self, comm, folder: str, tag: str, fsync: bool, hints: dict[str, str],
-                 sizes: list[int], chunk: int = CHUNK, odirect: bool = False) -> None:
+                 sizes: list[int], chunk: int = CHUNK, odirect: bool = False,
+                 content: tuple[int, int] | None = None) -> None:
         self.comm, self.folder, self.tag = comm, folder, tag
         self.fsync, self.hints, self.chunk, self.odirect = fsync, dict(hints), chunk, odirect
+        self.content = content
         align = ALIGN if odirect else 1
         spans = [-(-n // align) * align for n in sizes]
         self.starts = [0, *np.cumsum(spans, dtype=np.int64).tolist()][:len(sizes)]
@@ -53,12 +54,21 @@ class SharedFile(CheckpointWriter):
     def file_names(self, shards) -> list[str]:
         return [NAME]
 
-    def _blocks(self, checkpoint: int, shard: RankShard, act) -> list:
-        """The blocks of `shard` (offset in the file, bytes, act(view, seed, block))."""
+    def _blocks(self, checkpoint: int, shard: RankShard, act, stats: IoStats) -> list:
+        """The blocks of `shard` (offset in the file, bytes, a call of act(view, seed, block,
+        offset in the share) timed as the emulator's in `stats`)."""
         start, nbytes = self.starts[shard.rank], shard.nbytes
         seed, chunk = shard_seed(checkpoint, shard.rank, 0), self.chunk
+
+        def timed(view: np.ndarray, k: int) -> None:
+            began = _core.now_ns()
+            try:
+                act(view, seed, k, k * chunk)
+            finally:
+                stats.emulator_ns += _core.now_ns() - began
+
         return [(start + k * chunk, min(chunk, nbytes - k * chunk),
-                 lambda view, k=k: act(view, seed, k))
+                 lambda view, k=k: timed(view, k))
                 for k in range(-(-nbytes // chunk))]
 
     def save(self, checkpoint: int, checkpoint_id: str, shard: RankShard) -> IoStats:
@@ -68,17 +78,18 @@ class SharedFile(CheckpointWriter):
 
         final = os.path.join(self.folder, checkpoint_id, NAME)
         tmp = self.comm.bcast(temporary_name(final, self.tag), root=0)
-        blocks = self._blocks(checkpoint, shard, _core.shard_block)
+        stats = IoStats(files=0 if self.odirect else 1)  # IoStats.add counts the file
+        blocks = self._blocks(checkpoint, shard, lambda view, seed, k, at: _core.ckpt_fill(
+            view, seed, at, self.content), stats)
         handle = open_shared(self.comm, tmp, self.hints,
                              MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
-        stats = IoStats(files=0 if self.odirect else 1)  # IoStats.add counts the file
         try:
             if self.odirect:
                 stats.add(check_all(self.comm, lambda: self._posix(
                     tmp, os.O_WRONLY, lambda fd: _core.write_shard(
                         fd, self.starts[shard.rank], shard.nbytes,
                         shard_seed(checkpoint, shard.rank, 0), self.chunk, True, self.fsync,
-                        tmp))))
+                        tmp, self.content))))
             else:
                 stats.bytes = write_rounds(self.comm, handle, blocks, tmp)
                 stats.calls = len(blocks)
@@ -106,7 +117,7 @@ class SharedFile(CheckpointWriter):
     def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
              drop_cache: bool = False) -> IoStats:
         """Read `shard`'s share (this rank's, or another's under recovery_rank_shift) back
-        collectively and check it (every block's stamp, every 64th block whole);
+        collectively and check it (the first 64 bytes of every 4 KiB, every 64th block whole);
         `drop_cache`: advise the page cache to drop the file first."""
         from mpi4py import MPI
 
@@ -114,30 +125,32 @@ class SharedFile(CheckpointWriter):
         if drop_cache:
             check_all(self.comm, lambda: drop_cached_pages([path]))
 
-        def check(view: np.ndarray, seed: int, block: int) -> None:
-            expected = np.empty(len(view) if block % 64 == 0 else min(16, len(view)),
-                                dtype=np.uint8)
-            _core.shard_block(expected, seed, block)
-            if not np.array_equal(view[:len(expected)], expected):
-                raise OSError(5, f"checkpoint {path}: block {block} of rank "
-                                 f"{shard.rank} does not hold the bytes written", path)
+        def check(view: np.ndarray, seed: int, block: int, at: int) -> None:
+            bad = _core.ckpt_check(view, seed, at, self.content, block % WHOLE_EVERY == 0)
+            if bad >= 0:
+                raise OSError(5, f"checkpoint {path}: the 4 KiB at offset "
+                                 f"{self.starts[shard.rank] + at + bad} (rank {shard.rank}'s "
+                                 "share) do not hold the bytes written", path)
 
         if self.odirect:
             stats = IoStats()
             stats.add(check_all(self.comm, lambda: self._posix(
                 path, os.O_RDONLY | os.O_DIRECT, lambda fd: _core.read_shard(
                     fd, self.starts[shard.rank], shard.nbytes,
-                    shard_seed(checkpoint, shard.rank, 0), self.chunk, 1, path))))
+                    shard_seed(checkpoint, shard.rank, 0), self.chunk, 1, path,
+                    self.content))))
             return stats
-        blocks = self._blocks(checkpoint, shard, check)
+        stats = IoStats(files=1)
+        blocks = self._blocks(checkpoint, shard, check, stats)
         handle = open_shared(self.comm, path, self.hints, MPI.MODE_RDONLY)
         try:
-            read = read_rounds(self.comm, handle, blocks, path)
+            stats.bytes = read_rounds(self.comm, handle, blocks, path)
         finally:
             handle.Close()
-        return IoStats(bytes=read, files=1, calls=len(blocks),
-                       verified=sum(n if k % 64 == 0 else min(16, n)
-                                    for k, (_, n, _) in enumerate(blocks)))
+        stats.calls = len(blocks)
+        stats.verified = sum(checked_bytes(n, k % WHOLE_EVERY == 0)
+                             for k, (_, n, _) in enumerate(blocks))
+        return stats
 
     # ---- asynchronous saves: created collectively, each rank writing its share at its
     # offset on its own descriptor (as with O_DIRECT: MPI-IO from a second thread is unsafe

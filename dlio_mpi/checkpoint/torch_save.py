@@ -5,14 +5,15 @@ the container, the pickling and the call pattern of the DLIO benchmark's PyTorch
 checkpointing, not just the bytes).
 
 As DLIO does, a rank's tensors are allocated once (at its first save, or by `allocate` before
-it) and kept for the whole run, and every checkpoint writes the same tensors: a rank holds its
-whole checkpoint share in memory throughout the run, and a load holds one file's tensors
-besides while it checks them (`memory_needed`). A file's state dict is uint8 tensors "t0",
-"t1", ... of at most 1 GiB each, totalling the file's payload bytes; their bytes are block k
-(64 MiB blocks) of the checkpoint shard of seed shard_seed(0, rank, file) (_core.shard_block,
-the stream file_per_rank writes), independent of the checkpoint, so that a restore checks them
-without having kept them (every block's first 16 bytes, every 64th block whole) but cannot
-tell one checkpoint's file from another's (the checkpoint folder's manifest does that).
+it) and kept for the whole run: a rank holds its whole checkpoint share in memory throughout
+the run, and a load holds one file's tensors besides while it checks them (`memory_needed`).
+A file's state dict is uint8 tensors "t0", "t1", ... of at most 1 GiB each, totalling the
+file's payload bytes; their bytes are the checkpoint stream of shard_seed(checkpoint, rank,
+file) (_core.ckpt_fill, what file_per_rank writes), made again in place before each save (as
+training changes the weights; DLIO writes the same tensors every time, which deduplicating
+storage would store once; the making is the emulator's time, reported apart), so that a
+restore checks them without having kept them (the first 64 bytes of every 4 KiB, every 64th
+block of 64 MiB whole).
 
 A file is written under a temporary name of this job's (created with O_EXCL), flushed, synced
 when checkpoint.fsync, and renamed to its final name only when whole, never over an existing
@@ -25,7 +26,6 @@ import errno
 import os
 import stat
 
-import numpy as np
 import torch
 
 from .. import _core
@@ -33,12 +33,10 @@ from ..errors import raise_if_stopped
 from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
 from .file_per_rank import shard_seed
 from .sizing import RankShard
-from .writer import CheckpointWriter, IoStats
+from .writer import WHOLE_EVERY, CheckpointWriter, IoStats, checked_bytes
 
-BLOCK = 64 << 20  # bytes per shard block (the stamp and check unit)
+BLOCK = 64 << 20  # bytes per check unit
 TENSOR = 1 << 30  # bytes per tensor at most (a whole number of blocks)
-STAMP = 16  # bytes of a block checked when the block is not checked whole
-WHOLE_EVERY = 64  # every so many blocks is checked whole
 
 
 def memory_needed(bytes_per_rank: int, local_ranks: int) -> int:
@@ -61,10 +59,12 @@ class TorchSave(CheckpointWriter):
     """Saves and loads one rank's files of each checkpoint with torch.save / torch.load (a
     checkpoint.CheckpointWriter)."""
 
-    def __init__(self, folder: str, tag: str, fsync: bool) -> None:
-        self.folder, self.tag, self.fsync = folder, tag, fsync
+    def __init__(self, folder: str, tag: str, fsync: bool,
+                 content: tuple[int, int] | None = None) -> None:
+        self.folder, self.tag, self.fsync, self.content = folder, tag, fsync, content
         # (rank, file index, bytes) -> that file's state dict, allocated once per run
         self._states: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
+        self._filled: dict[tuple[int, int, int], int] = {}  # the seed each was filled with
 
     def path(self, checkpoint_id: str, name: str) -> str:
         return os.path.join(self.folder, checkpoint_id, name)
@@ -74,28 +74,27 @@ class TorchSave(CheckpointWriter):
         return [name for shard in shards for name in shard.names]
 
     # ------------------------------------------------------------------ the tensors
-    def state(self, shard: RankShard, index: int) -> dict[str, torch.Tensor]:
-        """The state dict of file `index` of `shard`: allocated and filled at the first call,
-        the same tensors at every later one."""
+    def state(self, shard: RankShard, index: int, checkpoint: int = 0
+              ) -> dict[str, torch.Tensor]:
+        """The state dict of file `index` of `shard` holding checkpoint `checkpoint`'s bytes:
+        allocated at the first call, the same tensors refilled in place at later ones."""
         nbytes = shard.files[index][1]
         key = (shard.rank, index, nbytes)
         state = self._states.get(key)
         if state is None:
-            seed = shard_seed(0, shard.rank, index)
-            state, block = {}, 0
-            for name, size in zip(_keys(nbytes), _tensor_sizes(nbytes)):
-                tensor = torch.empty(size, dtype=torch.uint8)
-                view = tensor.numpy()
-                for start in range(0, size, BLOCK):
-                    _core.shard_block(view[start:start + BLOCK], seed, block)
-                    block += 1
-                state[name] = tensor
+            state = {name: torch.empty(size, dtype=torch.uint8)
+                     for name, size in zip(_keys(nbytes), _tensor_sizes(nbytes))}
             self._states[key] = state
+        seed = shard_seed(checkpoint, shard.rank, index)
+        if self._filled.get(key) != seed:
+            for j, tensor in enumerate(state.values()):
+                _core.ckpt_fill(tensor.numpy(), seed, j * TENSOR, self.content)
+            self._filled[key] = seed
         return state
 
     def allocate(self, shard: RankShard) -> None:
-        """Allocate and fill the tensors of `shard`'s files now (a save does it when they are
-        not yet), e.g. before the first save is timed, as DLIO allocates them at start."""
+        """Allocate and fill the tensors of `shard`'s files now (a save refills them with its
+        own bytes), before the first save is timed, as DLIO allocates them at start."""
         for index in range(len(shard.files)):
             self.state(shard, index)
 
@@ -103,12 +102,14 @@ class TorchSave(CheckpointWriter):
     def save(self, checkpoint: int, checkpoint_id: str, shard: RankShard) -> IoStats:
         """Write the files of `shard` (a rank's) of checkpoint `checkpoint_id` (folder made by
         the caller) with torch.save; each appears under its final name only when whole (and
-        synced when fsync). `checkpoint` does not change the bytes: as DLIO, every checkpoint
-        writes the same tensors."""
+        synced when fsync). The tensors are refilled with `checkpoint`'s bytes first (the
+        emulator's time)."""
         stats = IoStats()
         for index, (name, nbytes) in enumerate(shard.files):
             raise_if_stopped()  # torch.save writes a file whole: a stop ends the save here
-            state = self.state(shard, index)
+            began = _core.now_ns()
+            state = self.state(shard, index, checkpoint)
+            stats.emulator_ns += _core.now_ns() - began
             final = self.path(checkpoint_id, name)
             tmp = temporary_name(final, self.tag)
             fd = create_exclusive(tmp)
@@ -141,8 +142,8 @@ class TorchSave(CheckpointWriter):
     def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
              drop_cache: bool = False) -> IoStats:
         """Read the files of `shard` (this rank's, or another's under recovery_rank_shift)
-        back with torch.load and check them (their bytes in total, every block's first 16
-        bytes, every 64th block whole); `drop_cache`: advise the page cache to drop each file
+        back with torch.load and check them (their bytes in total, the first 64 bytes of every
+        4 KiB, every 64th block whole); `drop_cache`: advise the page cache to drop each file
         first. OSError (EIO) naming the file when one does not hold what was written."""
         stats = IoStats()
         # O_NONBLOCK: a FIFO put in place of a file of ours cannot block the open
@@ -168,8 +169,10 @@ class TorchSave(CheckpointWriter):
                 except Exception as exc:  # not a torch.save file, or a damaged one
                     raise OSError(errno.EIO, f"checkpoint {path}: torch.load cannot read it "
                                   f"({type(exc).__name__}: {exc})", path) from exc
+            began = _core.now_ns()
             stats.verified += _check(state, path, nbytes, shard.rank,
-                                     shard_seed(0, shard.rank, index))
+                                     shard_seed(checkpoint, shard.rank, index), self.content)
+            stats.emulator_ns += _core.now_ns() - began
             del state  # the loaded tensors go before the next file is read
             stats.bytes += nbytes
             stats.files += 1
@@ -177,7 +180,8 @@ class TorchSave(CheckpointWriter):
         return stats
 
 
-def _check(state, path: str, nbytes: int, rank: int, seed: int) -> int:
+def _check(state, path: str, nbytes: int, rank: int, seed: int,
+           content: tuple[int, int] | None) -> int:
     """Check a loaded state dict against what `save` wrote; returns the bytes compared."""
     keys, sizes = _keys(nbytes), _tensor_sizes(nbytes)
     if not isinstance(state, dict) or list(state) != keys or not all(
@@ -190,17 +194,15 @@ def _check(state, path: str, nbytes: int, rank: int, seed: int) -> int:
         raise OSError(errno.EIO, f"checkpoint {path}: its tensors hold {held:,} bytes, "
                       f"expected {nbytes:,}", path)
     verified, block = 0, 0
-    expected = np.empty(min(BLOCK, nbytes), dtype=np.uint8)
-    for tensor in state.values():
+    for j, tensor in enumerate(state.values()):
         view = tensor.contiguous().numpy()
         for start in range(0, len(view), BLOCK):
-            got = view[start:start + BLOCK]
-            n = len(got) if block % WHOLE_EVERY == 0 else min(STAMP, len(got))
-            want = expected[:n]
-            _core.shard_block(want, seed, block)  # the first n bytes of block `block`
-            if not np.array_equal(got[:n], want):
-                raise OSError(errno.EIO, f"checkpoint {path}: block {block} of rank {rank} "
-                              "does not hold the bytes written", path)
-            verified += n
+            got, whole = view[start:start + BLOCK], block % WHOLE_EVERY == 0
+            bad = _core.ckpt_check(got, seed, j * TENSOR + start, content, whole)
+            if bad >= 0:
+                raise OSError(errno.EIO, f"checkpoint {path}: the 4 KiB at payload offset "
+                              f"{j * TENSOR + start + bad} (rank {rank}) do not hold the bytes "
+                              "written", path)
+            verified += checked_bytes(len(got), whole)
             block += 1
     return verified

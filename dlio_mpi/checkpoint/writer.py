@@ -12,6 +12,14 @@ from dataclasses import dataclass, field
 
 from .sizing import RankShard
 
+WHOLE_EVERY = 64  # a restore compares every so many blocks whole (as the C core's reads)
+
+
+def checked_bytes(n: int, whole: bool) -> int:
+    """The bytes a restore's check of a block of n bytes compares: all of them, or the first
+    64 of every 4 KiB (_core.ckpt_check)."""
+    return n if whole else n // 4096 * 64 + min(n % 4096, 64)
+
 
 @dataclass
 class IoStats:
@@ -23,13 +31,18 @@ class IoStats:
     syncs: int = 0
     sync_ns: int = 0
     verified: int = 0
+    io_ns: int = 0  # in the write or read calls (the storage's)
+    emulator_ns: int = 0  # waiting on bytes being made, or checking them (the emulator's)
 
     def add(self, stats: dict) -> None:
+        """Count one file's C-core stats (_core.write_shard, read_shard, write_buffer)."""
         self.bytes += stats["bytes"]
         self.calls += stats["calls"]
         self.syncs += stats["syncs"]
         self.sync_ns += stats["sync_ns"]
         self.verified += stats["verified"]
+        self.io_ns += stats["io_ns"]
+        self.emulator_ns += stats["emulator_ns"]
         self.files += 1
 
 
@@ -69,7 +82,8 @@ class CheckpointWriter:
         raise NotImplementedError
 
     # ---- asynchronous saves (None of these: async_write is refused for the writer)
-    chunk: int = 0  # the block its shards are stamped in (0: the C core's 64 MiB)
+    chunk: int = 0  # the bytes of its write calls (0: the C core's 64 MiB)
+    content: tuple[int, int] | None = None  # checkpoint.content (_core's; None: fresh bytes)
 
     def async_files(self, checkpoint: int, checkpoint_id: str, shard: RankShard
                     ) -> list[AsyncFile]:

@@ -230,9 +230,9 @@ def checkpoint_held(cfg, checkpoint: Mapping | None) -> list[Held]:
                          per_rank=2 * share,
                          lower="checkpoint_mechanism native (streams from one buffer), or a "
                                "smaller share (checkpoint.mode subset, more ranks)"))
-    else:  # a synchronous write's block; a restore's, and the bytes it compares it with
+    else:  # a synchronous write's two blocks (one written, the next being made); a restore's
         block = min(CHECKPOINT_BLOCK, share)
-        blocks = 2 if checkpoint["loads"] else 0 if ck.async_write else 1
+        blocks = max(0 if ck.async_write else 2, 1 if checkpoint["loads"] else 0)
         held.append(Held("workflow.checkpoint", "the checkpoint writer's or reader's blocks",
                          per_rank=blocks * block))
     if ck.drain is not None:

@@ -216,8 +216,8 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
 
 
 def _snapshot_bytes(cfg, ranks: int) -> int:
-    """checkpoint.async_write's memory on the rank with the largest: its snapshot buffer and
-    patterns (checkpoint/async_write.py)."""
+    """checkpoint.async_write's memory on the rank with the largest: its snapshot buffer
+    (checkpoint/async_write.py)."""
     from ..checkpoint.async_write import snapshot_bytes
     from ..checkpoint.sizing import checkpoint_layout
 
@@ -225,7 +225,7 @@ def _snapshot_bytes(cfg, ranks: int) -> int:
     # a shared file's share is one part; file_per_rank's files each one (the C core's block)
     shares = ([[layout.shard(r).nbytes] for r in range(ranks)] if cfg.checkpoint.layout ==
               "shared" else [[n for _, n in layout.shard(r).files] for r in range(ranks)])
-    return max(sum(snapshot_bytes(sizes, 0)) for sizes in shares) if shares else 0
+    return max(snapshot_bytes(sizes) for sizes in shares) if shares else 0
 
 
 def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:

@@ -273,7 +273,7 @@ def _checkpoint_lines(ck: dict) -> list[str]:
             "checkpoints     asynchronous (checkpoint.async_write): training stalls for a "
             "snapshot of the rank's share into host memory "
             f"({size_text(ck['snapshot_bytes_per_rank'])} held all run by the largest "
-            "share, patterns included), written in the "
+            "share), written in the "
             "background; the next save, an evaluation, a restore or the run's end waits "
             "for the write")
     return lines
