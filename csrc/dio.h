@@ -141,10 +141,11 @@ typedef struct dio_content {
 void dio_ckpt_fill(void *buf, size_t n, uint64_t seed, uint64_t start, const dio_content *c);
 
 /* Compare buf (n bytes) with bytes [start, start + n) of the stream: every granule's first
- * DIO_CHECK_HEAD bytes, or everything when whole. -1, or the offset in buf of the first
- * granule that differs. */
+ * DIO_CHECK_HEAD bytes, and the whole of every granule whose number is a multiple of
+ * whole_every (1: everything; 0: heads only); the bytes compared added to *compared (may be
+ * NULL). -1, or the offset in buf of the first granule that differs. */
 int64_t dio_ckpt_check(const void *buf, size_t n, uint64_t seed, uint64_t start,
-                       const dio_content *c, int whole);
+                       const dio_content *c, uint64_t whole_every, int64_t *compared);
 
 /* ------------------------------------------------------------------ checkpoint shards */
 
@@ -171,11 +172,16 @@ int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
 
 /* Read the shard back (fd opened with O_DIRECT or not: whole pages are asked for) and, with
  * verify, compare it with what dio_shard_write wrote: every granule's first DIO_CHECK_HEAD
- * bytes and the whole of every 64th block (verify > 1: everything); -EIO naming the offset
- * if they differ. */
+ * bytes and every 64th granule whole (verify > 1: everything); -EIO naming the offset if
+ * they differ. */
 int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
                    const dio_content *c, size_t chunk, int verify, dio_shard_stats *st,
                    const char *path, dio_error *err);
+
+/* Allocate and touch `count` (at most 2) buffers of chunk bytes for the next writes or reads
+ * (kept by the process from then on, as every shard buffer is), so that the first save
+ * does not pay their page faults.  0 or -ENOMEM. */
+int dio_shard_prepare(size_t chunk, int count);
 
 /* The chunk dio_shard_write and dio_shard_read use for a shard of nbytes asked to use
  * `chunk` (0 = 64 MiB): whole pages, no more than the shard's. */

@@ -135,7 +135,7 @@ void dio_ckpt_fill(void *buf, size_t n, uint64_t seed, uint64_t start, const dio
 }
 
 int64_t dio_ckpt_check(const void *buf, size_t n, uint64_t seed, uint64_t start,
-                       const dio_content *c, int whole)
+                       const dio_content *c, uint64_t whole_every, int64_t *compared)
 {
     const unsigned char *p = buf;
     unsigned char expected[DIO_GRANULE] __attribute__((aligned(64)));
@@ -144,10 +144,13 @@ int64_t dio_ckpt_check(const void *buf, size_t n, uint64_t seed, uint64_t start,
         uint64_t g = at / DIO_GRANULE;
         size_t from = (size_t)(at % DIO_GRANULE);
         size_t k = DIO_GRANULE - from < n ? DIO_GRANULE - from : n;
+        int whole = whole_every && g % whole_every == 0;
         size_t look = whole ? k : (k < DIO_CHECK_HEAD ? k : DIO_CHECK_HEAD);
         granule_part(expected, key, g, from, look, c);
         if (memcmp(p, expected, look) != 0)
             return (int64_t)(at - start);
+        if (compared)
+            *compared += (int64_t)look;
         p += k;
         n -= k;
         at += k;

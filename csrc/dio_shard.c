@@ -7,7 +7,7 @@
  * it). Writing, a second thread makes block k + 1 while block k is written, into the other of
  * two aligned buffers: the making costs the storage's time nothing where a core is free, and
  * what the writer still waits for it is reported apart (emulator_ns). Reading, a restore
- * compares the first bytes of every 4 KiB granule and every 64th block whole.
+ * compares the first bytes of every 4 KiB granule and every 64th granule whole.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -23,19 +23,79 @@
 
 #define DEFAULT_CHUNK ((size_t)64 << 20)
 #define HUGE_ALIGN ((size_t)2 << 20)
-#define WHOLE_EVERY 64 /* a restore compares every so many blocks whole */
+#define WHOLE_EVERY 64 /* a restore compares every so many granules whole */
 
 /* chunk bytes, 2 MiB-aligned, advised to huge pages (fewer pages to pin for O_DIRECT). */
+static size_t rounded(size_t chunk);
+
 static void *shard_buffer(size_t chunk)
 {
     void *p = NULL;
-    size_t size = (chunk + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN;
+    size_t size = rounded(chunk);
     if (posix_memalign(&p, HUGE_ALIGN, size) != 0)
         return NULL;
 #ifdef MADV_HUGEPAGE
     madvise(p, size, MADV_HUGEPAGE);
 #endif
     return p;
+}
+
+/* Buffers kept from one save or restore to the next (a checkpoint's files, and the next
+ * checkpoint): allocating and faulting in 128 MiB per file cost a save more than making its
+ * bytes. At most POOLED are kept, the largest given back; the process holds them until it
+ * ends (the plan's memory budget counts them). */
+#define POOLED 2
+static pthread_mutex_t pool_lock = PTHREAD_MUTEX_INITIALIZER;
+static void *pool[POOLED];
+static size_t pool_bytes[POOLED];
+
+static size_t rounded(size_t chunk) { return (chunk + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN; }
+
+/* A buffer of at least chunk bytes: a kept one, else a new one. */
+static void *buffer_take(size_t chunk)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&pool_lock);
+    for (int i = 0; i < POOLED && !p; i++)
+        if (pool[i] && pool_bytes[i] >= rounded(chunk))
+            p = pool[i], pool[i] = NULL;
+    pthread_mutex_unlock(&pool_lock);
+    return p ? p : shard_buffer(chunk);
+}
+
+/* Give back a buffer of buffer_take(chunk): kept in a free slot or in place of a smaller
+ * one (freed), else freed. */
+static void buffer_give(void *p, size_t chunk)
+{
+    size_t bytes = rounded(chunk);
+    if (!p)
+        return;
+    pthread_mutex_lock(&pool_lock);
+    for (int i = 0; i < POOLED && p; i++)
+        if (!pool[i] || pool_bytes[i] < bytes) {
+            void *old = pool[i];
+            pool[i] = p, pool_bytes[i] = bytes;
+            p = old; /* a smaller one given way: freed below */
+            break;
+        }
+    pthread_mutex_unlock(&pool_lock);
+    free(p);
+}
+
+int dio_shard_prepare(size_t chunk, int count)
+{
+    void *held[POOLED] = {NULL};
+    int rc = 0;
+    count = count < POOLED ? count : POOLED;
+    for (int i = 0; i < count && rc == 0; i++) {
+        if (!(held[i] = buffer_take(chunk)))
+            rc = -ENOMEM;
+        else
+            memset(held[i], 0, chunk); /* its pages faulted in now */
+    }
+    for (int i = 0; i < count; i++)
+        buffer_give(held[i], chunk);
+    return rc;
 }
 
 size_t dio_shard_chunk(size_t chunk, int64_t nbytes)
@@ -207,17 +267,17 @@ static int maker_open(block_maker *m, int64_t nbytes, uint64_t seed, const dio_c
 {
     memset(m, 0, sizeof *m);
     m->chunk = chunk, m->nbytes = nbytes, m->seed = seed, m->content = c;
-    if (!(m->buf[0] = shard_buffer(chunk)) ||
-        (nbytes > (int64_t)chunk && !(m->buf[1] = shard_buffer(chunk)))) {
-        free(m->buf[0]);
+    if (!(m->buf[0] = buffer_take(chunk)) ||
+        (nbytes > (int64_t)chunk && !(m->buf[1] = buffer_take(chunk)))) {
+        buffer_give(m->buf[0], chunk);
         return -ENOMEM;
     }
     int64_t t0 = dio_now_ns();
     int rc = maker_start(m);
     *made_ns += dio_now_ns() - t0;
     if (rc < 0) {
-        free(m->buf[0]);
-        free(m->buf[1]);
+        buffer_give(m->buf[0], chunk);
+        buffer_give(m->buf[1], chunk);
     }
     return rc;
 }
@@ -225,8 +285,8 @@ static int maker_open(block_maker *m, int64_t nbytes, uint64_t seed, const dio_c
 static void maker_close(block_maker *m)
 {
     maker_stop(m);
-    free(m->buf[0]);
-    free(m->buf[1]);
+    buffer_give(m->buf[0], m->chunk);
+    buffer_give(m->buf[1], m->chunk);
 }
 
 int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
@@ -321,20 +381,16 @@ int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, si
     return end_write(fd, do_fsync, rc, done, nbytes, offset, st, path, err);
 }
 
-/* Compare block k (n bytes at shard offset at) with the stream: its granules' heads, the
- * whole block when verify > 1 or for every WHOLE_EVERY-th block; the bytes compared added
- * to st.  -1, or the shard offset of the first granule that differs. */
-static int64_t check_block(const unsigned char *buf, size_t n, int64_t at, int64_t k,
-                           uint64_t seed, const dio_content *c, int verify, dio_shard_stats *st)
+/* Compare a block (n bytes at shard offset at) with the stream (dio_ckpt_check: every 64th
+ * granule whole, or all when verify > 1), its time the emulator's.  -1, or the shard offset
+ * of the first granule that differs. */
+static int64_t check_block(const unsigned char *buf, size_t n, int64_t at, uint64_t seed,
+                           const dio_content *c, int verify, dio_shard_stats *st)
 {
-    int whole = verify > 1 || k % WHOLE_EVERY == 0;
     int64_t t0 = dio_now_ns();
-    int64_t bad = dio_ckpt_check(buf, n, seed, (uint64_t)at, c, whole);
+    int64_t bad = dio_ckpt_check(buf, n, seed, (uint64_t)at, c, verify > 1 ? 1 : WHOLE_EVERY,
+                                 &st->verified);
     st->emulator_ns += dio_now_ns() - t0;
-    size_t tail = n % DIO_GRANULE;
-    st->verified += whole ? (int64_t)n
-                          : (int64_t)(n / DIO_GRANULE * DIO_CHECK_HEAD +
-                                      (tail < DIO_CHECK_HEAD ? tail : DIO_CHECK_HEAD));
     return bad < 0 ? -1 : at + bad;
 }
 
@@ -358,7 +414,7 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
                    const char *path, dio_error *err)
 {
     unsigned char *buf;
-    int64_t done = 0, k = 0, bad = -1;
+    int64_t done = 0, bad = -1;
     int rc = 0;
     if (!path)
         path = "";
@@ -367,7 +423,7 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
     if (offset < 0 || nbytes < 0)
         return dio_fail(err, EINVAL, path, "shard read %s: invalid extent", path);
     chunk = dio_shard_chunk(chunk, nbytes);
-    if (!(buf = shard_buffer(chunk)))
+    if (!(buf = buffer_take(chunk)))
         return dio_fail(err, ENOMEM, path, "shard read %s: cannot allocate %zu bytes", path,
                         chunk);
     while (done < nbytes) {
@@ -377,15 +433,14 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
             break;
         if ((rc = move_all(fd, buf, n, want, (off_t)(offset + done), 0, st)) < 0)
             break;
-        if (verify && (bad = check_block(buf, n, done, k, seed, c, verify, st)) >= 0) {
+        if (verify && (bad = check_block(buf, n, done, seed, c, verify, st)) >= 0) {
             rc = -EILSEQ;
             break;
         }
         done += (int64_t)n;
-        k++;
     }
     st->bytes = done;
-    free(buf);
+    buffer_give(buf, chunk);
     return rc < 0 ? read_failed(rc, offset, done, nbytes, bad, path, err) : 0;
 }
 

@@ -87,11 +87,12 @@ cdef extern from "dio.h" nogil:
         uint64_t unique
     void dio_ckpt_fill(void *buf, size_t n, uint64_t seed, uint64_t start, const dio_content *c)
     int64_t dio_ckpt_check(const void *buf, size_t n, uint64_t seed, uint64_t start,
-                           const dio_content *c, int whole)
+                           const dio_content *c, uint64_t whole_every, int64_t *compared)
     int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
                         const dio_content *c, size_t chunk, int odirect, int do_fsync,
                         dio_shard_stats *st, const char *path, dio_error *err)
     size_t dio_shard_chunk(size_t chunk, int64_t nbytes)
+    int dio_shard_prepare(size_t chunk, int count)
     int dio_shard_snapshot(void *dst, int64_t nbytes, uint64_t seed, const dio_content *c,
                            size_t chunk, double bytes_per_second)
     int dio_buffer_write(int fd, int64_t offset, const void *buf, int64_t nbytes, size_t chunk,
@@ -490,22 +491,24 @@ def ckpt_fill(buffer, seed, uint64_t start=0, content=None):
         PyBuffer_Release(&view)
 
 
-def ckpt_check(buffer, seed, uint64_t start=0, content=None, bint whole=False):
+def ckpt_check(buffer, seed, uint64_t start=0, content=None, uint64_t whole_every=0):
     """Compare a buffer with bytes [start, start + len) of the checkpoint stream of seed: every
-    4 KiB granule's first 64 bytes, or all when `whole`; -1, or the offset in the buffer of
-    the first granule that differs."""
+    4 KiB granule's first 64 bytes, and the whole of every granule whose number is a multiple
+    of whole_every (1: all; 0: none); (-1, or the offset in the buffer of the first granule
+    that differs, and the bytes compared)."""
     cdef Py_buffer view
     cdef dio_content c
     cdef const dio_content *cp = _content(content, &c)
     cdef uint64_t s = <uint64_t>(seed & U64_MASK)
-    cdef int64_t bad
+    cdef int64_t bad, compared = 0
     PyObject_GetBuffer(buffer, &view, PyBUF_ANY_CONTIGUOUS)
     try:
         with nogil:
-            bad = dio_ckpt_check(view.buf, <size_t>view.len, s, start, cp, whole)
+            bad = dio_ckpt_check(view.buf, <size_t>view.len, s, start, cp, whole_every,
+                                 &compared)
     finally:
         PyBuffer_Release(&view)
-    return bad
+    return bad, compared
 
 
 def write_shard(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, bint odirect=False,
@@ -527,6 +530,13 @@ def write_shard(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, bi
         rc = dio_shard_write(fd, offset, nbytes, s, cp, chunk, odirect, fsync, &st, cpath, &err)
     _check(rc, &err)
     return _shard_stats(&st)
+
+
+def shard_prepare(size_t chunk, int count=2):
+    """Allocate and touch the C core's `count` shard buffers of chunk bytes now (kept by the
+    process), so that the first save does not pay their page faults."""
+    if dio_shard_prepare(chunk, count) < 0:
+        raise MemoryError(f"shard_prepare: cannot allocate {count} buffers of {chunk} bytes")
 
 
 def shard_chunk(size_t chunk, int64_t nbytes):
@@ -581,7 +591,7 @@ def write_buffer(int fd, int64_t offset, buffer, size_t chunk=0, bint odirect=Fa
 def read_shard(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, int verify=1,
                path="", content=None):
     """Read a shard written by write_shard back and check it (dio_shard_read: the first 64
-    bytes of every 4 KiB, every 64th block whole; verify=2 everything, 0 nothing); returns
+    bytes of every 4 KiB, every 64th 4 KiB whole; verify=2 everything, 0 nothing); returns
     its stats; OSError (EIO) naming the offset that differs."""
     cdef dio_error err
     cdef dio_shard_stats st

@@ -77,22 +77,28 @@ def test_no_two_granules_of_a_shard_are_equal_and_nothing_compresses(folder):
 
 
 def test_a_restore_checks_the_head_of_every_granule(folder):
-    """verify=1 compares the first 64 bytes of every 4 KiB and every 64th block whole: a
-    change past a granule's head in a block checked whole is found; past it in another block
-    it is not (the documented sampling)."""
+    """verify=1 compares the first 64 bytes of every 4 KiB and every 64th 4 KiB whole: a change
+    in a head is found, past it in a granule checked whole too; past the head of another
+    granule it is not (the documented sampling), and verify=2 finds it."""
     path = folder / "shard.pt"
     write(path, 3 * MiB, 8, chunk=MiB)
-    data = bytearray(path.read_bytes())
-    data[MiB + 7 * 4096 + 63] ^= 1  # a head byte in block 1
-    path.write_bytes(bytes(data))
-    with pytest.raises(OSError, match=f"the 4 KiB at offset {MiB + 7 * 4096} "):
-        read(path, 3 * MiB, 8, chunk=MiB)
-    data[MiB + 7 * 4096 + 63] ^= 1
-    data[MiB + 7 * 4096 + 64] ^= 1  # past the head of a block not checked whole
-    path.write_bytes(bytes(data))
-    assert read(path, 3 * MiB, 8, chunk=MiB)["verified"] == MiB + 2 * (MiB // 4096 * 64)
-    with pytest.raises(OSError, match=f"the 4 KiB at offset {MiB + 7 * 4096} "):
-        read(path, 3 * MiB, 8, chunk=MiB, verify=2)
+    clean = path.read_bytes()
+    granules = 3 * MiB // 4096
+    for where, found in [(MiB + 7 * 4096 + 63, True), (MiB + 7 * 4096 + 64, False),
+                         (64 * 4096 + 100, True)]:
+        data = bytearray(clean)
+        data[where] ^= 1
+        path.write_bytes(bytes(data))
+        at = f"the 4 KiB at offset {where // 4096 * 4096} "
+        if found:
+            with pytest.raises(OSError, match=at):
+                read(path, 3 * MiB, 8, chunk=MiB)
+        else:
+            whole = granules // 64
+            assert read(path, 3 * MiB, 8, chunk=MiB)["verified"] == \
+                (granules - whole) * 64 + whole * 4096
+        with pytest.raises(OSError, match=at):
+            read(path, 3 * MiB, 8, chunk=MiB, verify=2)
 
 
 def test_without_fsync_none_is_made(folder):
@@ -149,8 +155,8 @@ def test_ckpt_fill_is_what_write_shard_writes_at_any_offset(folder, start, n):
     block = bytearray(n)
     _core.ckpt_fill(block, 9, start)
     assert bytes(block) == path.read_bytes()[start:start + n]
-    assert _core.ckpt_check(block, 9, start, whole=True) == -1
-    assert _core.ckpt_check(block, 10, start) == 0  # another seed's bytes differ at once
+    assert _core.ckpt_check(block, 9, start, whole_every=1) == (-1, n)
+    assert _core.ckpt_check(block, 10, start)[0] == 0  # another seed's bytes differ at once
 
 
 @pytest.mark.parametrize("nbytes,chunk,offset", [

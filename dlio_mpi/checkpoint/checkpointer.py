@@ -197,10 +197,12 @@ class Checkpointer:
             return removed, striping
 
         removed, self.striping = on_root(self.comm, make_way)
-        # pt_save keeps its tensors all run, as DLIO allocates them at start: made and filled
-        # here, outside the first save's time; async_write's snapshot buffer likewise
-        check_all(self.comm, lambda: self.writer.allocate(self.shard))
-        if self.saver is not None:
+        # pt_save keeps its tensors all run, as DLIO allocates them at start, and the C core
+        # its block buffers: made here, outside the first save's time; async_write's snapshot
+        # buffer likewise (its writes need no block buffers)
+        if self.saver is None:
+            check_all(self.comm, lambda: self.writer.allocate(self.shard))
+        else:
             check_all(self.comm, self.saver.allocate)
         return removed
 
@@ -359,7 +361,7 @@ class Checkpointer:
         st = written.stats
         record = gather_record(self.comm, "save", p.index, p.checkpoint_id, st.bytes,
                                p.start_ns, written.end_ns, st.syncs, st.sync_ns,
-                               self.clock_offset_ns)
+                               self.clock_offset_ns, st.storage_ns)
         overlap = max(0, min(written.end_ns, wait_start) - written.start_ns)
         figures = gather_async(self.comm, p.stall_ns, p.snapshot_ns, p.waited_ns,
                                written.end_ns - written.start_ns, overlap,
@@ -449,7 +451,8 @@ class Checkpointer:
         if self.cfg.checkpoint.rank_sync:
             self.comm.Barrier()
         return gather_record(self.comm, kind, index, checkpoint_id, stats.bytes, start, end,
-                             stats.syncs, stats.sync_ns, self.clock_offset_ns)
+                             stats.syncs, stats.sync_ns, self.clock_offset_ns,
+                             stats.storage_ns)
 
 
 def _check_complete(folder: CheckpointFolder, cid: str) -> None:

@@ -36,6 +36,12 @@ class FilePerRank(CheckpointWriter):
     def path(self, checkpoint_id: str, name: str) -> str:
         return os.path.join(self.folder, checkpoint_id, name)
 
+    def allocate(self, shard: RankShard) -> None:
+        """The C core's two block buffers allocated and touched before the first save."""
+        largest = max((n for _, n in shard.files), default=0)
+        if largest:
+            _core.shard_prepare(_core.shard_chunk(self.chunk, largest))
+
     def file_names(self, shards) -> list[str]:
         """The files of one checkpoint, given every rank's shard."""
         return [name for shard in shards for name in shard.names]
@@ -48,7 +54,8 @@ class FilePerRank(CheckpointWriter):
         for index, (name, nbytes) in enumerate(shard.files):
             final = self.path(checkpoint_id, name)
             tmp = temporary_name(final, self.tag)
-            fd = create_exclusive(tmp)
+            with stats.storage_call():
+                fd = create_exclusive(tmp)
             try:
                 try:
                     stats.add(_core.write_shard(fd, 0, nbytes,
@@ -56,8 +63,10 @@ class FilePerRank(CheckpointWriter):
                                                 self.chunk, self.odirect, self.fsync, final,
                                                 self.content))
                 finally:
-                    os.close(fd)
-                rename_noreplace(tmp, final)  # refused if a file is there: it is not ours
+                    with stats.storage_call():
+                        os.close(fd)
+                with stats.storage_call():
+                    rename_noreplace(tmp, final)  # refused if a file is there: not ours
             except BaseException:
                 remove_quietly([tmp])
                 raise
@@ -73,15 +82,18 @@ class FilePerRank(CheckpointWriter):
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_DIRECT if self.odirect else 0)
         for index, (name, nbytes) in enumerate(shard.files):
             path = self.path(checkpoint_id, name)
-            fd = os.open(path, flags)
+            with stats.storage_call():
+                fd = os.open(path, flags)
             try:
                 if drop_cache and not self.odirect:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    with stats.storage_call():
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 stats.add(_core.read_shard(fd, 0, nbytes,
                                            shard_seed(checkpoint, shard.rank, index),
                                            self.chunk, 1, path, self.content))
             finally:
-                os.close(fd)
+                with stats.storage_call():
+                    os.close(fd)
         return stats
 
     # ---- asynchronous saves: each rank its own files, renamed by it when whole

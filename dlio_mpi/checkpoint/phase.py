@@ -16,7 +16,7 @@ import numpy as np
 from .. import _core
 from ..config import TimeSpec
 from .checkpointer import Checkpointer, restore_methods, restore_warnings, writer_name
-from .results import GB, CheckpointRecord, summary_fields
+from .results import GB, CheckpointRecord, summary_fields, time_split_summary
 from .schedule import Due, Schedule
 from .sizing import checkpoint_layout
 
@@ -78,6 +78,11 @@ def announce(record: CheckpointRecord) -> str:
         line += (
             f"; durable {d['durable_seconds']:.3f} s after its save began, in {d['to']}"
             if d["complete"] else "; cut short by a stop: not drained")
+    split = record.time_split
+    if split is not None:
+        line += (f"; the storage's calls {split['storage_seconds']:.3f} s, the emulator's "
+                 f"{split['emulator_seconds']:.3f} s ({100 * split['emulator_share']:.1f} %"
+                 + (": limited by the emulator)" if split["limited_by"] == "emulator" else ")"))
     a = record.asynchronous
     if a is not None:
         line += (f"; asynchronously: training stalled {a['stall_seconds']:.3f} s (snapshot "
@@ -154,6 +159,7 @@ def describe_checkpoints(cfg, ckpt: Checkpointer, records: list[CheckpointRecord
                         topo.memory_bytes // max(topo.nodes, 1), topo.nodes,
                         any(r.kind == "load" for r in records))},
         "sizing": layout.summary(),
+        "time_split": time_split_summary(records),
         "async_write": ckpt.describe_async(),
         "drain": ckpt.describe_drain(records),
         "records": [r.to_json() for r in records],

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 GB = 2**30
+EMULATOR_LIMIT = 0.10  # a phase whose emulator's share is above this is limited by it
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class CheckpointRecord:
     # checkpoint.async_write's figures of a save (results.gather_async), None when synchronous
     asynchronous: dict | None = None
     drain: dict | None = None  # a drain's (kind "drain"): complete, durable_seconds, to
+    time_split: dict | None = None  # the slowest rank's storage and emulator time (split_of)
 
     def with_drain(self, figures: dict) -> CheckpointRecord:
         from dataclasses import replace
@@ -53,28 +55,45 @@ class CheckpointRecord:
                 self.GB_per_second, "syncs": self.syncs, "sync_seconds": self.sync_seconds,
                 "rank_seconds": {"min": float(times.min()), "median": float(np.median(times)),
                                  "max": float(times.max())} if len(times) else None,
+                **({"time_split": self.time_split} if self.time_split is not None else {}),
                 **({"async": self.asynchronous} if self.asynchronous is not None else {}),
                 **({"drain": self.drain} if self.drain is not None else {})}
 
 
+def split_of(own_ns: int, storage_ns: int) -> dict:
+    """A rank's phase of `own_ns` split into the storage's calls (`storage_ns`: writes or reads,
+    fsync, open, close, rename) and the emulator's time (the rest: making or checking bytes,
+    planning, barriers), and which of the two limits it."""
+    storage = min(max(storage_ns, 0), own_ns)
+    share = (own_ns - storage) / own_ns if own_ns > 0 else 0.0
+    return {"storage_seconds": storage / 1e9, "emulator_seconds": (own_ns - storage) / 1e9,
+            "emulator_share": round(share, 6),
+            "limited_by": "emulator" if share > EMULATOR_LIMIT else "storage"}
+
+
 def gather_record(comm, kind: str, index: int, checkpoint_id: str, nbytes: int,
                   start_ns: int, end_ns: int, syncs: int = 0, sync_ns: int = 0,
-                  clock_offset_ns: int | None = None) -> CheckpointRecord:
+                  clock_offset_ns: int | None = None, storage_ns: int | None = None
+                  ) -> CheckpointRecord:
     """Collective: this rank's part (its bytes, its clock's start and end, after a common
     barrier) into the checkpoint's record, on every rank. Clocks are CLOCK_MONOTONIC:
     `clock_offset_ns` (this rank's clock minus rank 0's, topology.discover) puts them on one
     time line; without it, ranks on one host share a clock and across hosts the slowest
-    rank's own time bounds the duration."""
+    rank's own time bounds the duration. `storage_ns`: the rank's time in the storage's calls
+    (the record's time_split is the slowest rank's)."""
     offset = clock_offset_ns or 0
-    parts = comm.allgather((nbytes, start_ns - offset, end_ns - offset, syncs, sync_ns))
-    own = tuple((end - start) / 1e9 for _, start, end, _, _ in parts)
+    parts = comm.allgather((nbytes, start_ns - offset, end_ns - offset, syncs, sync_ns,
+                            storage_ns))
+    own = tuple((p[2] - p[1]) / 1e9 for p in parts)
     one_line = clock_offset_ns is not None or _one_host(comm)
     span = ((max(p[2] for p in parts) - min(p[1] for p in parts)) / 1e9
             if one_line else max(own))
+    slowest = max(parts, key=lambda p: p[2] - p[1])
+    split = split_of(slowest[2] - slowest[1], slowest[5]) if storage_ns is not None else None
     return CheckpointRecord(kind, index, checkpoint_id, sum(p[0] for p in parts),
                             max(span, max(own)), own, sum(p[3] for p in parts),
                             max(p[4] for p in parts) / 1e9, min(p[1] for p in parts),
-                            max(p[2] for p in parts))
+                            max(p[2] for p in parts), time_split=split)
 
 
 def gather_async(comm, stall_ns: int, snapshot_ns: int, waited_ns: int, write_ns: int,
@@ -102,6 +121,21 @@ def _one_host(comm) -> bool:
     import socket
 
     return len(set(comm.allgather(socket.gethostname()))) == 1
+
+
+def time_split_summary(records: list[CheckpointRecord]) -> dict:
+    """summary.json's dlio_mpi.checkpoint.time_split: per kind of record, the emulator's
+    largest share of a phase and whether any phase was limited by the emulator."""
+    out = {}
+    for kind in ("save", "load"):
+        splits = [r.time_split for r in records if r.kind == kind and r.time_split]
+        if splits:
+            share = max(s["emulator_share"] for s in splits)
+            out[kind] = {"emulator_share_max": share,
+                         "emulator_seconds_total": sum(s["emulator_seconds"] for s in splits),
+                         "storage_seconds_total": sum(s["storage_seconds"] for s in splits),
+                         "limited_by": "emulator" if share > EMULATOR_LIMIT else "storage"}
+    return out
 
 
 def summary_fields(records: list[CheckpointRecord], checkpoint_bytes: int) -> dict:

@@ -27,7 +27,7 @@ from ..ownership import remove_quietly, rename_noreplace, temporary_name
 from ..readers.base import drop_cached_pages
 from .file_per_rank import shard_seed
 from .sizing import EXTENSION, RankShard
-from .writer import WHOLE_EVERY, AsyncFile, CheckpointWriter, IoStats, checked_bytes
+from .writer import WHOLE_EVERY, AsyncFile, CheckpointWriter, IoStats
 
 CHUNK = 64 << 20  # bytes per rank and round
 ALIGN = 1 << 20  # a rank's share starts at a multiple of this with O_DIRECT
@@ -50,6 +50,12 @@ class SharedFile(CheckpointWriter):
         align = ALIGN if odirect else 1
         spans = [-(-n // align) * align for n in sizes]
         self.starts = [0, *np.cumsum(spans, dtype=np.int64).tolist()][:len(sizes)]
+
+    def allocate(self, shard: RankShard) -> None:
+        """With O_DIRECT (the C core's writes), its two block buffers allocated and touched
+        before the first save."""
+        if self.odirect and shard.nbytes:
+            _core.shard_prepare(_core.shard_chunk(self.chunk, shard.nbytes))
 
     def file_names(self, shards) -> list[str]:
         return [NAME]
@@ -81,8 +87,9 @@ class SharedFile(CheckpointWriter):
         stats = IoStats(files=0 if self.odirect else 1)  # IoStats.add counts the file
         blocks = self._blocks(checkpoint, shard, lambda view, seed, k, at: _core.ckpt_fill(
             view, seed, at, self.content), stats)
-        handle = open_shared(self.comm, tmp, self.hints,
-                             MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
+        with stats.storage_call():
+            handle = open_shared(self.comm, tmp, self.hints,
+                                 MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
         try:
             if self.odirect:
                 stats.add(check_all(self.comm, lambda: self._posix(
@@ -91,7 +98,9 @@ class SharedFile(CheckpointWriter):
                         shard_seed(checkpoint, shard.rank, 0), self.chunk, True, self.fsync,
                         tmp, self.content))))
             else:
+                began = _core.now_ns()
                 stats.bytes = write_rounds(self.comm, handle, blocks, tmp)
+                stats.io_ns += _core.now_ns() - began - stats.emulator_ns  # less the fills
                 stats.calls = len(blocks)
             if self.fsync and not self.odirect:
                 started = _core.now_ns()
@@ -102,11 +111,13 @@ class SharedFile(CheckpointWriter):
             if self.comm.Get_rank() == 0:
                 remove_quietly([tmp])
             raise
-        handle.Close()
+        with stats.storage_call():
+            handle.Close()
 
         def complete() -> None:
             try:
-                rename_noreplace(tmp, final)  # refused if a file is there: it is not ours
+                with stats.storage_call():
+                    rename_noreplace(tmp, final)  # refused if a file is there: not ours
             except BaseException:
                 remove_quietly([tmp])
                 raise
@@ -117,39 +128,42 @@ class SharedFile(CheckpointWriter):
     def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
              drop_cache: bool = False) -> IoStats:
         """Read `shard`'s share (this rank's, or another's under recovery_rank_shift) back
-        collectively and check it (the first 64 bytes of every 4 KiB, every 64th block whole);
+        collectively and check it (the first 64 bytes of every 4 KiB, every 64th 4 KiB whole);
         `drop_cache`: advise the page cache to drop the file first."""
         from mpi4py import MPI
 
         path = os.path.join(self.folder, checkpoint_id, NAME)
+        stats = IoStats(files=0 if self.odirect else 1)  # IoStats.add counts the file
         if drop_cache:
-            check_all(self.comm, lambda: drop_cached_pages([path]))
+            with stats.storage_call():
+                check_all(self.comm, lambda: drop_cached_pages([path]))
 
         def check(view: np.ndarray, seed: int, block: int, at: int) -> None:
-            bad = _core.ckpt_check(view, seed, at, self.content, block % WHOLE_EVERY == 0)
+            bad, compared = _core.ckpt_check(view, seed, at, self.content, WHOLE_EVERY)
+            stats.verified += compared
             if bad >= 0:
                 raise OSError(5, f"checkpoint {path}: the 4 KiB at offset "
                                  f"{self.starts[shard.rank] + at + bad} (rank {shard.rank}'s "
                                  "share) do not hold the bytes written", path)
 
         if self.odirect:
-            stats = IoStats()
             stats.add(check_all(self.comm, lambda: self._posix(
                 path, os.O_RDONLY | os.O_DIRECT, lambda fd: _core.read_shard(
                     fd, self.starts[shard.rank], shard.nbytes,
                     shard_seed(checkpoint, shard.rank, 0), self.chunk, 1, path,
                     self.content))))
             return stats
-        stats = IoStats(files=1)
         blocks = self._blocks(checkpoint, shard, check, stats)
-        handle = open_shared(self.comm, path, self.hints, MPI.MODE_RDONLY)
+        with stats.storage_call():
+            handle = open_shared(self.comm, path, self.hints, MPI.MODE_RDONLY)
         try:
+            began = _core.now_ns()
             stats.bytes = read_rounds(self.comm, handle, blocks, path)
+            stats.io_ns += _core.now_ns() - began - stats.emulator_ns  # less the checks
         finally:
-            handle.Close()
+            with stats.storage_call():
+                handle.Close()
         stats.calls = len(blocks)
-        stats.verified = sum(checked_bytes(n, k % WHOLE_EVERY == 0)
-                             for k, (_, n, _) in enumerate(blocks))
         return stats
 
     # ---- asynchronous saves: created collectively, each rank writing its share at its

@@ -13,7 +13,7 @@ file) (_core.ckpt_fill, what file_per_rank writes), made again in place before e
 training changes the weights; DLIO writes the same tensors every time, which deduplicating
 storage would store once; the making is the emulator's time, reported apart), so that a
 restore checks them without having kept them (the first 64 bytes of every 4 KiB, every 64th
-block of 64 MiB whole).
+4 KiB whole).
 
 A file is written under a temporary name of this job's (created with O_EXCL), flushed, synced
 when checkpoint.fsync, and renamed to its final name only when whole, never over an existing
@@ -33,7 +33,7 @@ from ..errors import raise_if_stopped
 from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
 from .file_per_rank import shard_seed
 from .sizing import RankShard
-from .writer import WHOLE_EVERY, CheckpointWriter, IoStats, checked_bytes
+from .writer import WHOLE_EVERY, CheckpointWriter, IoStats
 
 BLOCK = 64 << 20  # bytes per check unit
 TENSOR = 1 << 30  # bytes per tensor at most (a whole number of blocks)
@@ -112,7 +112,8 @@ class TorchSave(CheckpointWriter):
             stats.emulator_ns += _core.now_ns() - began
             final = self.path(checkpoint_id, name)
             tmp = temporary_name(final, self.tag)
-            fd = create_exclusive(tmp)
+            with stats.storage_call():
+                fd = create_exclusive(tmp)
             try:
                 try:
                     fp = os.fdopen(fd, "wb")
@@ -120,17 +121,19 @@ class TorchSave(CheckpointWriter):
                     os.close(fd)
                     raise
                 with fp:
-                    try:
-                        torch.save(state, fp)
+                    try:  # the framework's call, timed as the storage's (its pickling too)
+                        with stats.storage_call():
+                            torch.save(state, fp)
+                            fp.flush()
                     except RuntimeError as exc:  # torch's own failures: an I/O error here
                         raise OSError(errno.EIO, f"torch.save {final}: {exc}", final) from exc
-                    fp.flush()
                     if self.fsync:
                         started = _core.now_ns()
                         os.fsync(fp.fileno())
                         stats.sync_ns += _core.now_ns() - started
                         stats.syncs += 1
-                rename_noreplace(tmp, final)  # refused if a file is there: it is not ours
+                with stats.storage_call():
+                    rename_noreplace(tmp, final)  # refused if a file is there: not ours
             except BaseException:
                 remove_quietly([tmp])
                 raise
@@ -143,7 +146,7 @@ class TorchSave(CheckpointWriter):
              drop_cache: bool = False) -> IoStats:
         """Read the files of `shard` (this rank's, or another's under recovery_rank_shift)
         back with torch.load and check them (their bytes in total, the first 64 bytes of every
-        4 KiB, every 64th block whole); `drop_cache`: advise the page cache to drop each file
+        4 KiB, every 64th 4 KiB whole); `drop_cache`: advise the page cache to drop each file
         first. OSError (EIO) naming the file when one does not hold what was written."""
         stats = IoStats()
         # O_NONBLOCK: a FIFO put in place of a file of ours cannot block the open
@@ -151,7 +154,8 @@ class TorchSave(CheckpointWriter):
         for index, (name, nbytes) in enumerate(shard.files):
             raise_if_stopped()
             path = self.path(checkpoint_id, name)
-            fd = os.open(path, flags)
+            with stats.storage_call():
+                fd = os.open(path, flags)
             try:
                 fp = os.fdopen(fd, "rb")
             except BaseException:
@@ -161,9 +165,11 @@ class TorchSave(CheckpointWriter):
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     raise OSError(errno.EIO, f"checkpoint {path}: not a regular file", path)
                 if drop_cache:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                try:
-                    state = torch.load(fp, map_location="cpu", weights_only=True)
+                    with stats.storage_call():
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                try:  # the framework's call, timed as the storage's (its unpickling too)
+                    with stats.storage_call():
+                        state = torch.load(fp, map_location="cpu", weights_only=True)
                 except OSError:
                     raise
                 except Exception as exc:  # not a torch.save file, or a damaged one
@@ -193,16 +199,16 @@ def _check(state, path: str, nbytes: int, rank: int, seed: int,
     if held != nbytes or [t.numel() for t in state.values()] != sizes:
         raise OSError(errno.EIO, f"checkpoint {path}: its tensors hold {held:,} bytes, "
                       f"expected {nbytes:,}", path)
-    verified, block = 0, 0
+    verified = 0
     for j, tensor in enumerate(state.values()):
         view = tensor.contiguous().numpy()
         for start in range(0, len(view), BLOCK):
-            got, whole = view[start:start + BLOCK], block % WHOLE_EVERY == 0
-            bad = _core.ckpt_check(got, seed, j * TENSOR + start, content, whole)
+            got = view[start:start + BLOCK]
+            bad, compared = _core.ckpt_check(got, seed, j * TENSOR + start, content,
+                                             WHOLE_EVERY)
             if bad >= 0:
                 raise OSError(errno.EIO, f"checkpoint {path}: the 4 KiB at payload offset "
                               f"{j * TENSOR + start + bad} (rank {rank}) do not hold the bytes "
                               "written", path)
-            verified += checked_bytes(len(got), whole)
-            block += 1
+            verified += compared
     return verified

@@ -8,17 +8,14 @@ names (close_async, then publish_async, collective) or to remove them (discard_a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from .. import _core
 from .sizing import RankShard
 
-WHOLE_EVERY = 64  # a restore compares every so many blocks whole (as the C core's reads)
-
-
-def checked_bytes(n: int, whole: bool) -> int:
-    """The bytes a restore's check of a block of n bytes compares: all of them, or the first
-    64 of every 4 KiB (_core.ckpt_check)."""
-    return n if whole else n // 4096 * 64 + min(n % 4096, 64)
+WHOLE_EVERY = 64  # a restore compares every so many 4 KiB granules whole (as the C core's)
 
 
 @dataclass
@@ -33,6 +30,22 @@ class IoStats:
     verified: int = 0
     io_ns: int = 0  # in the write or read calls (the storage's)
     emulator_ns: int = 0  # waiting on bytes being made, or checking them (the emulator's)
+    meta_ns: int = 0  # in the storage's other calls: open, close, rename (storage_call)
+
+    @property
+    def storage_ns(self) -> int:
+        """The time in the storage's calls: writes or reads, fsync, open, close, rename."""
+        return self.io_ns + self.sync_ns + self.meta_ns
+
+    @contextmanager
+    def storage_call(self) -> Iterator[None]:
+        """Time a storage call made outside the C core's loops (open, close, rename, MPI-IO's
+        collective open, a framework's save or load) as the storage's."""
+        began = _core.now_ns()
+        try:
+            yield
+        finally:
+            self.meta_ns += _core.now_ns() - began
 
     def add(self, stats: dict) -> None:
         """Count one file's C-core stats (_core.write_shard, read_shard, write_buffer)."""

@@ -445,6 +445,17 @@ def _rows(phase: str, epochs: list[EpochSummary], host: bool) -> list[str]:
     return rows
 
 
+def _checkpoint_split(summary: dict, kind: str) -> str:
+    """The table's verdict on a kind of checkpoint phase: the emulator's largest share."""
+    split = ((summary.get("dlio_mpi") or {}).get("checkpoint") or {}).get(
+        "time_split", {}).get(kind)
+    if not split:
+        return ""
+    verdict = ("LIMITED BY THE EMULATOR" if split["limited_by"] == "emulator"
+               else "limited by the storage")
+    return f"; the emulator's share {100 * split['emulator_share_max']:.1f} % at most: {verdict}"
+
+
 def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: dict) -> str:
     """The short table rank 0 prints (a `host s` column where reader.step_cpu_time or
     step_wait_time acts)."""
@@ -470,7 +481,8 @@ def format_table(train: list[EpochSummary], evals: list[EpochSummary], summary: 
                 f"checkpoint {kind}: {m[f'{kind}_checkpoint_io_mean_GB_per_second']:.3f} GiB/s "
                 f"mean (stdev {m[f'{kind}_checkpoint_io_stdev_GB_per_second']:.3f}), "
                 f"{m[f'{kind}_checkpoint_duration_mean_seconds']:.3f} s mean per checkpoint of "
-                f"{m['checkpoint_size_GB']:.3f} GiB (duration: the slowest rank's)")
+                f"{m['checkpoint_size_GB']:.3f} GiB (duration: the slowest rank's)"
+                + _checkpoint_split(summary, kind))
     if train or evals:
         rows.append("(AU-sync: AU without the per-step barrier; MiB/s: bytes storage returned "
                     "over AU's span; wait/compute/sync: slowest rank's total"
