@@ -91,15 +91,42 @@ def state_dict_for(args, rank: int, world: int, mesh) -> dict:
 
     tensors = llama_tensors(args.layers, args.hidden, args.ffn, args.vocab, args.heads,
                             args.kv_heads)
+    if args.fsdp2:
+        return _fsdp2_state_dict(tensors, _torch_dtype(args.model_dtype), mesh)
     mdt, odt = _torch_dtype(args.model_dtype), _torch_dtype(args.optim_dtype)
     model = {fqn: _shard(shape, mdt, mesh, rank, world, 1.0) for fqn, shape in tensors}
-    state = {fqn: {"step": torch.tensor(0.0, dtype=torch.float32),
+    # get_state_dict's optimizer fqns are str objects of their own (not the model's keys),
+    # shared with the param group's "params": it shows in .metadata's pickle memo
+    optim_fqns = [(fqn + ".")[:-1] for fqn, _ in tensors]
+    state = {key: {"step": torch.tensor(0.0, dtype=torch.float32),
                    "exp_avg": _shard(shape, odt, mesh, rank, world, 0.5),
                    "exp_avg_sq": _shard(shape, odt, mesh, rank, world, 0.25)}
-             for fqn, shape in tensors}
+             for key, (_, shape) in zip(optim_fqns, tensors)}
     group = adamw_default_group()
-    group["params"] = [fqn for fqn, _ in tensors]
+    group["params"] = optim_fqns
     return {"model": model, "optim": {"state": state, "param_groups": [group]}}
+
+
+def _fsdp2_state_dict(tensors, dtype, mesh) -> dict:
+    """The state dict of a real fully_shard model and AdamW (get_state_dict initialises the
+    optimizer's state with one step of zero gradients); its tensors all of `dtype`."""
+    import torch
+    from torch import nn
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.fsdp import fully_shard
+
+    root = nn.Module()
+    for fqn, shape in tensors:
+        owner = root
+        for name in fqn.split(".")[:-1]:
+            if not hasattr(owner, name):
+                owner.add_module(name, nn.Module())
+            owner = getattr(owner, name)
+        owner.register_parameter("weight", nn.Parameter(torch.ones(shape, dtype=dtype)))
+    fully_shard(root, mesh=mesh)
+    optim = torch.optim.AdamW(root.parameters())
+    model_sd, optim_sd = get_state_dict(root, optim)
+    return {"model": model_sd, "optim": optim_sd}
 
 
 def _init(rank: int, world: int, store: str):
@@ -137,6 +164,7 @@ def _pretend_accelerator() -> None:
 
     torch.cuda.is_available = lambda: True
     fs._get_available_device_type = lambda: "cpu"
+    torch.cpu.Stream.synchronize = lambda self: None  # the CPU "stream" runs synchronously
 
 
 def _written_items(metadata) -> list[dict]:
@@ -257,6 +285,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--optim-dtype", choices=DTYPES, default="fp32")
     p.add_argument("--load-ranks", type=int, default=0,
                    help="then load at this world size, recording the reads (0: no load)")
+    p.add_argument("--fsdp2", action="store_true",
+                   help="the state dict of a real fully_shard model and AdamW (its tensors "
+                        "all of --model-dtype) instead of one built directly")
     p.add_argument("--gpu-loader-order", action="store_true",
                    help="write as on a node with an accelerator (thread_count 1 only)")
     return p.parse_args(argv)
