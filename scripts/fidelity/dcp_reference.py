@@ -58,9 +58,11 @@ def _torch_dtype(name: str):
             "fp64": torch.float64}[name]
 
 
-def _shard(global_shape, dtype, mesh, rank: int, world: int, fill: float):
+def _shard(global_shape, dtype, mesh, rank: int, world: int, fill: float,
+           compact: bool = False):
     """A DTensor Shard(0) whose local tensor is FSDP2's: torch.chunk's split, the local rows a
-    view of a buffer padded to the full chunk (so DCP must clone uneven shards)."""
+    view of a buffer padded to the full chunk (so DCP must clone uneven shards); `compact`:
+    the rows alone, as a GPU tensor's .to("cpu") gives them (--gpu-loader-order)."""
     import torch
     from torch.distributed.tensor import DTensor, Shard
 
@@ -69,7 +71,7 @@ def _shard(global_shape, dtype, mesh, rank: int, world: int, fill: float):
     start = min(rows, chunk * rank)
     local_rows = max(0, min(rows, start + chunk) - start)
     padded = torch.full((chunk, *rest), fill, dtype=dtype)
-    local = padded[:local_rows]
+    local = padded[:local_rows].clone() if compact else padded[:local_rows]
     stride = torch.empty(global_shape, device="meta").stride()
     return DTensor.from_local(local, mesh, [Shard(0)], run_check=False,
                               shape=torch.Size(global_shape), stride=stride)
@@ -94,13 +96,14 @@ def state_dict_for(args, rank: int, world: int, mesh) -> dict:
     if args.fsdp2:
         return _fsdp2_state_dict(tensors, _torch_dtype(args.model_dtype), mesh)
     mdt, odt = _torch_dtype(args.model_dtype), _torch_dtype(args.optim_dtype)
-    model = {fqn: _shard(shape, mdt, mesh, rank, world, 1.0) for fqn, shape in tensors}
+    compact = args.gpu_loader_order
+    model = {fqn: _shard(shape, mdt, mesh, rank, world, 1.0, compact) for fqn, shape in tensors}
     # get_state_dict's optimizer fqns are str objects of their own (not the model's keys),
     # shared with the param group's "params": it shows in .metadata's pickle memo
     optim_fqns = [(fqn + ".")[:-1] for fqn, _ in tensors]
     state = {key: {"step": torch.tensor(0.0, dtype=torch.float32),
-                   "exp_avg": _shard(shape, odt, mesh, rank, world, 0.5),
-                   "exp_avg_sq": _shard(shape, odt, mesh, rank, world, 0.25)}
+                   "exp_avg": _shard(shape, odt, mesh, rank, world, 0.5, compact),
+                   "exp_avg_sq": _shard(shape, odt, mesh, rank, world, 0.25, compact)}
              for key, (_, shape) in zip(optim_fqns, tensors)}
     group = adamw_default_group()
     group["params"] = optim_fqns
@@ -272,7 +275,7 @@ def _run(target, world: int, args, results: str) -> None:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, required=True, help="world size of the save")
+    p.add_argument("--ranks", type=int, default=2, help="world size of the save")
     p.add_argument("--threads", type=int, default=1, help="FileSystemWriter thread_count")
     p.add_argument("--out", required=True, help="checkpoint folder (made if missing)")
     p.add_argument("--layers", type=int, default=2)
@@ -285,6 +288,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--optim-dtype", choices=DTYPES, default="fp32")
     p.add_argument("--load-ranks", type=int, default=0,
                    help="then load at this world size, recording the reads (0: no load)")
+    p.add_argument("--load-only", action="store_true",
+                   help="no save: load the checkpoint already in --out (with --load-ranks)")
     p.add_argument("--fsdp2", action="store_true",
                    help="the state dict of a real fully_shard model and AdamW (its tensors "
                         "all of --model-dtype) instead of one built directly")
@@ -297,8 +302,10 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     args.out = os.path.abspath(args.out)
     with tempfile.TemporaryDirectory(prefix="dcp_reference_") as results:
-        _run(save_worker, args.ranks, args, results)
-        report = {"save": _by_rank(json.loads(Path(results, "save.json").read_text()))}
+        report = {}
+        if not args.load_only:
+            _run(save_worker, args.ranks, args, results)
+            report["save"] = _by_rank(json.loads(Path(results, "save.json").read_text()))
         report["files"] = {p.name: p.stat().st_size for p in sorted(Path(args.out).iterdir())}
         if args.load_ranks:
             _run(load_worker, args.load_ranks, args, results)
