@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import math
 import re
 import subprocess
 import sys
@@ -18,7 +19,12 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch", reason="the reference saves need torch (the CPU wheel)")
+try:
+    import torch
+except ImportError:  # the plan itself needs no torch: only the tests against real saves do
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="the reference saves need torch "
+                                 "(pip install torch==2.13.0 from the CPU index)")
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "scripts" / "fidelity" / "dcp_reference.py"
@@ -70,6 +76,7 @@ def saves(tmp_path_factory) -> dict:
     return out
 
 
+@needs_torch
 @pytest.mark.parametrize("ranks,threads", [(2, 1), (2, 2), (3, 1), (3, 2)])
 def test_file_names_counts_and_sizes_equal_a_real_save(saves, ranks, threads):
     folder, real = saves[(ranks, threads)]
@@ -83,6 +90,7 @@ def test_file_names_counts_and_sizes_equal_a_real_save(saves, ranks, threads):
         assert predicted == metadata
 
 
+@needs_torch
 @pytest.mark.parametrize("ranks,threads", [(2, 1), (3, 2)])
 def test_every_item_is_where_the_real_save_put_it(saves, ranks, threads):
     _, real = saves[(ranks, threads)]
@@ -96,6 +104,7 @@ def test_every_item_is_where_the_real_save_put_it(saves, ranks, threads):
         assert got == want, f"rank {rank}"
 
 
+@needs_torch
 def test_shared_items_go_to_the_ranks_after_rank_0(saves):
     """Replicated values (steps, the param group) and the empty chunks two ranks share are
     written once, none by rank 0, as the real save did."""
@@ -111,6 +120,7 @@ def test_shared_items_go_to_the_ranks_after_rank_0(saves):
     assert empties and all(i["file"].startswith("__2_") for i in empties)
 
 
+@needs_torch
 @pytest.mark.parametrize("saved,loaded", [((2, 1), 3), ((3, 2), 2)])
 def test_a_restore_at_another_world_size_asks_for_the_planned_ranges(saves, saved, loaded):
     _, real = saves[saved]
@@ -129,6 +139,7 @@ def test_a_restore_at_another_world_size_asks_for_the_planned_ranges(saves, save
         assert payloads <= {tuple(read) for read in record["reads"]}
 
 
+@needs_torch
 def test_the_accelerator_loader_writes_smallest_first(tmp_path):
     """On a node with CUDA, thread_count 1, FileSystemWriter's _OverlappingCpuLoader sorts a
     file's tensors by their global size (observed on CPU by pretending to have one)."""
@@ -141,6 +152,7 @@ def test_the_accelerator_loader_writes_smallest_first(tmp_path):
                        for i in real["save"][str(rank)]]
 
 
+@needs_torch
 @pytest.mark.parametrize("shape", [(), (0,), (0, 8), (1,), (3, 5), (300, 70), (70000,),
                                    (2, 3, 4, 5)])
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32", "fp64"])
@@ -157,6 +169,7 @@ def test_a_tensor_archive_is_torch_save_byte_for_byte(shape, dtype):
     assert archive.payload_offset % 64 == 0
 
 
+@needs_torch
 @pytest.mark.parametrize("value", [0.001, (0.9, 0.999), False, None, ["model.a.weight"] * 1200])
 def test_a_value_archive_is_torch_save_byte_for_byte(value):
     buffer = io.BytesIO()
@@ -165,6 +178,7 @@ def test_a_value_archive_is_torch_save_byte_for_byte(value):
     assert archive.prefix() + archive.suffix() == buffer.getvalue()
 
 
+@needs_torch
 def test_a_checkpoint_written_from_the_plan_alone_loads_in_torch(tmp_path):
     """Every file made from the plan (our payload bytes, torch's bytes around them, the
     .metadata emulated): torch loads it at 3 ranks, asking for the planned ranges."""
@@ -184,3 +198,33 @@ def test_a_checkpoint_written_from_the_plan_alone_loads_in_torch(tmp_path):
     for rank in range(3):
         assert real["load"][str(rank)]["requests"] == [
             [r.file, r.offset, r.length] for r in dcp_plan.restore_reads(plan, 3, rank)]
+
+
+def test_the_tensors_are_dlio_s_parameter_count():
+    """DLIO's formula (sizing.py) counts exactly these tensors: untied embedding and lm_head,
+    no biases, grouped-query k and v projections."""
+    from dlio_mpi.checkpoint.sizing import _Model
+
+    for dims in ((32, 4096, 14336, 128256, 32, 8), (80, 8192, 28672, 128256, 64, 8),
+                 (2, 8, 16, 32, 8, 1)):
+        ours = dcp_plan.LlamaModel(*dims)
+        dlio = _Model(num_layers=dims[0], hidden=dims[1], ffn=dims[2], vocab=dims[3],
+                      heads=dims[4], kv_heads=dims[5], model_dtype=2, optimizer_dtype=4,
+                      flat_bytes=0, layer_parameters=(), optimization_groups=())
+        assert sum(math.prod(shape) for _, shape in ours.parameters()) == dlio.parameters()
+
+
+@pytest.mark.parametrize("count", [2, 5, 6, 7, 40, 100, 1000])
+@pytest.mark.parametrize("first", [0, 3, 30, 1018])
+def test_int_set_order_is_cpython_s(first, count):
+    values = list(range(first, first + count))
+    real: set[int] = set()
+    for v in values:
+        real.add(v)
+    assert dcp_plan._int_set_order(values) == list(real)
+
+
+def test_shard_rows_is_torch_chunk_s_split():
+    assert [dcp_plan.shard_rows(5, 4, r) for r in range(4)] == [(0, 2), (2, 2), (4, 1), (5, 0)]
+    assert [dcp_plan.shard_rows(1, 3, r) for r in range(3)] == [(0, 1), (1, 0), (1, 0)]
+    assert [dcp_plan.shard_rows(128256, 1024, r)[1] for r in (1016, 1017, 1018)] == [126, 114, 0]
