@@ -20,7 +20,7 @@ import zlib
 from dataclasses import dataclass
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "fp64": 8}
-# torch.save's pickle names a tensor's storage by its legacy class (serialization.py:1234)
+# torch.save's pickle names a tensor's storage by its legacy class (serialization.py:1211)
 STORAGE_CLASS = {"bf16": "BFloat16Storage", "fp16": "HalfStorage", "fp32": "FloatStorage",
                  "fp64": "DoubleStorage"}
 # torch.optim.AdamW's default param group in torch 2.13 (without "params"), in its key order
@@ -839,7 +839,7 @@ class _MetadataClasses:
         return _Reduce(self.size, (tuple([*values]),))  # a new tuple: torch.Size pickles one
 
     def properties(self, dtype: str) -> _NewObj:
-        """TensorProperties: its __getstate__'s tuple (metadata.py:63-83)."""
+        """TensorProperties: its __getstate__'s tuple (metadata.py:57-75)."""
         return _NewObj(self.TensorProperties,
                        (self.dtypes[dtype], self.strided, False, self.contiguous, False))
 
