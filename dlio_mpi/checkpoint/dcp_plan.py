@@ -549,6 +549,7 @@ class DcpSavePlan:
         self.owners = dedup_owners(self.entries, world)
         self._files: dict[int, tuple[PlannedFile, ...]] = {}
         self._index: dict[int, dict[tuple, PlannedItem]] = {}
+        self._chunks: dict[str, list[tuple[tuple[int, ...], tuple[int, ...], int]]] = {}
 
     def kept_items(self, rank: int) -> list[WriteItem]:
         """The rank's plan after deduplication, in plan order."""
@@ -576,13 +577,14 @@ class DcpSavePlan:
     def chunks(self, fqn: str) -> list[tuple[tuple[int, ...], tuple[int, ...], int]]:
         """(offsets, sizes, writing rank) of a tensor's chunks in the metadata's order: plans
         in rank order after deduplication (default_planner.py:570-611)."""
-        entry = next(e for e in self.entries if e.fqn == fqn)
-        out = []
-        for rank in range(self.world):
-            item = local_save_plan([entry], self.world, rank)[0]
-            if self.owners.get(item.key, rank) == rank:
-                out.append((item.chunk_offsets, item.chunk_sizes, rank))
-        return out
+        if fqn not in self._chunks:
+            entry = next(e for e in self.entries if e.fqn == fqn)
+            self._chunks[fqn] = []
+            for rank in range(self.world):
+                item = local_save_plan([entry], self.world, rank)[0]
+                if self.owners.get(item.key, rank) == rank:
+                    self._chunks[fqn].append((item.chunk_offsets, item.chunk_sizes, rank))
+        return self._chunks[fqn]
 
     def locate(self, fqn: str, chunk_offsets: tuple[int, ...] | None, rank: int) -> PlannedItem:
         """The written item of this key (chunk_offsets None for a non-tensor), which `rank`

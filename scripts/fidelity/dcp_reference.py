@@ -9,7 +9,9 @@ that FSDP2 (fully_shard) + AdamW's get_state_dict gives, without any training:
 FileSystemWriter(path, thread_count=T, sync_files=True). A local shard of an uneven split is a
 view of a padded buffer, as FSDP2's is. With --load-ranks M, M other processes then load the
 checkpoint at world size M through a FileSystemReader that records every item request
-(file, offset, length) and every read of the file stream. Prints JSON:
+(file, offset, length) and every read of the file stream (--load-only: no save, the load of
+the checkpoint already in --out, e.g. one written from dcp_plan). Prints JSON ("save" only
+when it saved):
 
     {"files": {name: size}, "save": {rank: [{"fqn", "file", "offset", "length", "chunk_offsets",
      "chunk_sizes", "global_shape", "kind"}, ...]}, "param_group": {...}, "fqns": [...],
