@@ -472,6 +472,8 @@ ACTING = {
     # every step loop the second; calibrate/ measures them)
     "reader.preprocess_cpu_time", "reader.step_cpu_time", "reader.step_wait_time",
     "reader.startup_time",
+    # issue 32: what checkpoints' bytes are made of (checkpoint/content.py)
+    "checkpoint.content.compression_ratio", "checkpoint.content.dedup_ratio",
 }
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _core
+from .content import core_content
 from .writer import AsyncFile, IoStats
 
 ALIGN = 2 << 20  # each file's part of the snapshot starts at a multiple of this
@@ -56,8 +57,7 @@ class AsyncSaver:
     """This rank's snapshot buffer and background writer (one save at a time)."""
 
     def __init__(self, sizes: list[int], chunk: int, odirect: bool, fsync: bool,
-                 bytes_per_second: float = 0.0, content: tuple[int, int] | None = None
-                 ) -> None:
+                 bytes_per_second: float = 0.0, content=None) -> None:
         self.sizes, self.chunk, self.content = list(sizes), chunk, content
         self.odirect, self.fsync, self.rate = odirect, fsync, bytes_per_second
         self.buffer_bytes = snapshot_bytes(self.sizes)
@@ -84,7 +84,8 @@ class AsyncSaver:
     def snapshot(self, files: list[AsyncFile]) -> int:
         """Make the shard of `files` into the buffer (the stall); its bytes."""
         for part, f in zip(self.parts, files):
-            _core.shard_snapshot(part, f.seed, self.chunk, self.rate, self.content)
+            _core.shard_snapshot(part, f.seed, self.chunk, self.rate,
+                                 core_content(self.content, f.nbytes))
         return sum(f.nbytes for f in files)
 
     def start(self, files: list[AsyncFile]) -> Written:

@@ -48,7 +48,7 @@ class WriterContext:
     fsync: bool
     hints: dict[str, str]
     sizes: list[int]  # every rank's bytes per checkpoint
-    content: tuple[int, int] | None = None  # checkpoint.content (None: fresh bytes)
+    content: object = None  # checkpoint.content's section (content.py; None: fresh bytes)
 
 
 def _file_per_rank(ctx: WriterContext) -> CheckpointWriter:
@@ -139,7 +139,8 @@ class Checkpointer:
         sizes = comm.allgather(self.shard.nbytes)
         self.writer_name = writer_name(ck)
         self.writer = WRITERS[self.writer_name](WriterContext(
-            comm, self.root, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes))
+            comm, self.root, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes,
+            ck.content))
         self.folder = CheckpointFolder(self.root, tag) if rank == 0 else None
         self.striping: dict | None = None  # what storage.lustre did to the folder
         self.lock: FolderLock | None = None  # rank 0's, on the folder (run.py holds it)
@@ -159,7 +160,8 @@ class Checkpointer:
                                    clock_offset_ns)
             if ck.drain.restore_from == "pfs":
                 self.restorer = WRITERS[self.writer_name](WriterContext(
-                    comm, ck.drain.to, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes))
+                    comm, ck.drain.to, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes,
+                    ck.content))
 
     # -------------------------------------------------------------- before any I/O
     def prepare(self, schedule: Schedule) -> list[str]:

@@ -16,6 +16,7 @@ import os
 
 from .. import _core
 from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+from .content import core_content
 from .sizing import RankShard
 from .writer import AsyncFile, CheckpointWriter, IoStats
 
@@ -29,7 +30,7 @@ class FilePerRank(CheckpointWriter):
     """Saves and loads one rank's files of each checkpoint (a checkpoint.CheckpointWriter)."""
 
     def __init__(self, folder: str, tag: str, odirect: bool, fsync: bool,
-                 chunk: int = 0, content: tuple[int, int] | None = None) -> None:
+                 chunk: int = 0, content=None) -> None:
         self.folder, self.tag = folder, tag
         self.odirect, self.fsync, self.chunk, self.content = odirect, fsync, chunk, content
 
@@ -61,7 +62,7 @@ class FilePerRank(CheckpointWriter):
                     stats.add(_core.write_shard(fd, 0, nbytes,
                                                 shard_seed(checkpoint, shard.rank, index),
                                                 self.chunk, self.odirect, self.fsync, final,
-                                                self.content))
+                                                core_content(self.content, nbytes)))
                 finally:
                     with stats.storage_call():
                         os.close(fd)
@@ -90,7 +91,8 @@ class FilePerRank(CheckpointWriter):
                         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                 stats.add(_core.read_shard(fd, 0, nbytes,
                                            shard_seed(checkpoint, shard.rank, index),
-                                           self.chunk, 1, path, self.content))
+                                           self.chunk, 1, path,
+                                           core_content(self.content, nbytes)))
             finally:
                 with stats.storage_call():
                     os.close(fd)

@@ -25,6 +25,7 @@ from ..errors import check_all, on_root
 from ..mpi.write_rounds import mpiio_call, open_shared, read_rounds, write_rounds
 from ..ownership import remove_quietly, rename_noreplace, temporary_name
 from ..readers.base import drop_cached_pages
+from .content import core_content
 from .file_per_rank import shard_seed
 from .sizing import EXTENSION, RankShard
 from .writer import WHOLE_EVERY, AsyncFile, CheckpointWriter, IoStats
@@ -43,7 +44,7 @@ class SharedFile(CheckpointWriter):
 
     def __init__(self, comm, folder: str, tag: str, fsync: bool, hints: dict[str, str],
                  sizes: list[int], chunk: int = CHUNK, odirect: bool = False,
-                 content: tuple[int, int] | None = None) -> None:
+                 content=None) -> None:
         self.comm, self.folder, self.tag = comm, folder, tag
         self.fsync, self.hints, self.chunk, self.odirect = fsync, dict(hints), chunk, odirect
         self.content = content
@@ -85,8 +86,9 @@ class SharedFile(CheckpointWriter):
         final = os.path.join(self.folder, checkpoint_id, NAME)
         tmp = self.comm.bcast(temporary_name(final, self.tag), root=0)
         stats = IoStats(files=0 if self.odirect else 1)  # IoStats.add counts the file
+        content = core_content(self.content, shard.nbytes)
         blocks = self._blocks(checkpoint, shard, lambda view, seed, k, at: _core.ckpt_fill(
-            view, seed, at, self.content), stats)
+            view, seed, at, content), stats)
         with stats.storage_call():
             handle = open_shared(self.comm, tmp, self.hints,
                                  MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
@@ -96,7 +98,7 @@ class SharedFile(CheckpointWriter):
                     tmp, os.O_WRONLY, lambda fd: _core.write_shard(
                         fd, self.starts[shard.rank], shard.nbytes,
                         shard_seed(checkpoint, shard.rank, 0), self.chunk, True, self.fsync,
-                        tmp, self.content))))
+                        tmp, content))))
             else:
                 began = _core.now_ns()
                 stats.bytes = write_rounds(self.comm, handle, blocks, tmp)
@@ -134,12 +136,13 @@ class SharedFile(CheckpointWriter):
 
         path = os.path.join(self.folder, checkpoint_id, NAME)
         stats = IoStats(files=0 if self.odirect else 1)  # IoStats.add counts the file
+        content = core_content(self.content, shard.nbytes)
         if drop_cache:
             with stats.storage_call():
                 check_all(self.comm, lambda: drop_cached_pages([path]))
 
         def check(view: np.ndarray, seed: int, block: int, at: int) -> None:
-            bad, compared = _core.ckpt_check(view, seed, at, self.content, WHOLE_EVERY)
+            bad, compared = _core.ckpt_check(view, seed, at, content, WHOLE_EVERY)
             stats.verified += compared
             if bad >= 0:
                 raise OSError(5, f"checkpoint {path}: the 4 KiB at offset "
@@ -151,7 +154,7 @@ class SharedFile(CheckpointWriter):
                 path, os.O_RDONLY | os.O_DIRECT, lambda fd: _core.read_shard(
                     fd, self.starts[shard.rank], shard.nbytes,
                     shard_seed(checkpoint, shard.rank, 0), self.chunk, 1, path,
-                    self.content))))
+                    content))))
             return stats
         blocks = self._blocks(checkpoint, shard, check, stats)
         with stats.storage_call():

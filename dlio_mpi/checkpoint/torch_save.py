@@ -31,6 +31,7 @@ import torch
 from .. import _core
 from ..errors import raise_if_stopped
 from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+from .content import core_content
 from .file_per_rank import shard_seed
 from .sizing import RankShard
 from .writer import WHOLE_EVERY, CheckpointWriter, IoStats
@@ -60,7 +61,7 @@ class TorchSave(CheckpointWriter):
     checkpoint.CheckpointWriter)."""
 
     def __init__(self, folder: str, tag: str, fsync: bool,
-                 content: tuple[int, int] | None = None) -> None:
+                 content=None) -> None:
         self.folder, self.tag, self.fsync, self.content = folder, tag, fsync, content
         # (rank, file index, bytes) -> that file's state dict, allocated once per run
         self._states: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
@@ -88,7 +89,8 @@ class TorchSave(CheckpointWriter):
         seed = shard_seed(checkpoint, shard.rank, index)
         if self._filled.get(key) != seed:
             for j, tensor in enumerate(state.values()):
-                _core.ckpt_fill(tensor.numpy(), seed, j * TENSOR, self.content)
+                _core.ckpt_fill(tensor.numpy(), seed, j * TENSOR,
+                                core_content(self.content, nbytes))
             self._filled[key] = seed
         return state
 
@@ -177,7 +179,8 @@ class TorchSave(CheckpointWriter):
                                   f"({type(exc).__name__}: {exc})", path) from exc
             began = _core.now_ns()
             stats.verified += _check(state, path, nbytes, shard.rank,
-                                     shard_seed(checkpoint, shard.rank, index), self.content)
+                                     shard_seed(checkpoint, shard.rank, index),
+                                     core_content(self.content, nbytes))
             stats.emulator_ns += _core.now_ns() - began
             del state  # the loaded tensors go before the next file is read
             stats.bytes += nbytes

@@ -96,7 +96,7 @@ class CheckpointWriter:
 
     # ---- asynchronous saves (None of these: async_write is refused for the writer)
     chunk: int = 0  # the bytes of its write calls (0: the C core's 64 MiB)
-    content: tuple[int, int] | None = None  # checkpoint.content (_core's; None: fresh bytes)
+    content: object = None  # checkpoint.content's section (content.py; None: fresh bytes)
 
     def async_files(self, checkpoint: int, checkpoint_id: str, shard: RankShard
                     ) -> list[AsyncFile]:

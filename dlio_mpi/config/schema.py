@@ -823,6 +823,17 @@ class Drain:
 
 
 @dataclass(frozen=True)
+class Content:
+    """Ours: what checkpoints' bytes are made of (checkpoint/content.py). By default every
+    4 KiB is fresh and incompressible, so no storage can shortcut it; an architect modelling
+    real tensors sets what a compressor (R:1, zstd or lz4) and a deduplicating store (D:1 at
+    4 KiB) would get out of them (docs/checkpoints.md gives real weights' and Adam states')."""
+
+    compression_ratio: float = key(1.0, "number", minimum=1, maximum=64)
+    dedup_ratio: float = key(1.0, "number", minimum=1, maximum=2**20)
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     checkpoint_folder: str = key("./checkpoints", "str")
     checkpoint_after_epoch: int = key(1, "int", minimum=0, maximum=MAX_COUNT)
@@ -849,6 +860,7 @@ class Checkpoint:
     rank_sync: bool = key(False, "bool")
     # false: DLIO writes tensors of ones (compressible, deduplicable)
     randomize_tensor: bool = key(True, "bool", unimplemented=(False,))
+    content: Content = section(Content)  # ours
     checkpoint_mechanism_classname: str | None = key(None, "str", optional=True,
                                                      unimplemented=NON_DEFAULT)
     ksm: Ksm | None = section(Ksm, optional=True, inert=UNUSED_MEMORY)

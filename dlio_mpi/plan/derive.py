@@ -263,6 +263,8 @@ def _checkpoint_plan(cfg, ranks: int, steps: int) -> dict | None:
     return {**sizing, "writer": writer_name(ck), "layout": ck.layout,
             "odirect": bool(ck.odirect), "fsync": bool(ck.fsync),
             "async_write": bool(ck.async_write),
+            "content": {"compression_ratio": ck.content.compression_ratio,
+                        "dedup_ratio": ck.content.dedup_ratio},
             "drain": None if ck.drain is None else {
                 "to": ck.drain.to, "keep": ck.drain.keep, "restore_from": ck.drain.restore_from,
                 "odirect": ck.drain.odirect, "buffer_bytes": ck.drain.buffer_bytes},

@@ -268,6 +268,13 @@ def _checkpoint_lines(ck: dict) -> list[str]:
             f"once complete in {ck['folder']} ({kept}); restores read "
             f"{'the drained copies' if d['restore_from'] == 'pfs' else ck['folder']}; the "
             "run ends when every drain is complete")
+    content = ck.get("content") or {}
+    lines.append(
+        "content         checkpoint bytes "
+        + ("fresh in every 4 KiB: nothing compresses or deduplicates"
+           if content.get("compression_ratio", 1) == 1 and content.get("dedup_ratio", 1) == 1
+           else f"compress {content['compression_ratio']:g}:1 and deduplicate "
+                f"{content['dedup_ratio']:g}:1 at 4 KiB (checkpoint.content)"))
     if ck.get("async_write"):
         lines.append(
             "checkpoints     asynchronous (checkpoint.async_write): training stalls for a "
