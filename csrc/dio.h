@@ -109,6 +109,11 @@ void dio_fill_random_at(void *buf, size_t n, uint64_t seed, uint64_t start);
 int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                      uint32_t *crc, const char *path, dio_error *err);
 
+/* The nanoseconds this process has spent so far in the pwrite calls of dio_write_random,
+ * dio_write_tfrecords and the copy engine (every thread): a phase's storage time is the
+ * difference across it. */
+int64_t dio_write_ns(void);
+
 /* TFRecord's CRC mask: ((crc >> 15) | (crc << 17)) + 0xa282ead8 (mod 2^32). */
 uint32_t dio_crc32c_mask(uint32_t crc);
 

@@ -172,12 +172,23 @@ int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size
     return 0;
 }
 
+/* ns this process spent in dio_pwrite_all's pwrite calls (data generation's writes, copies):
+ * the storage's part of a phase, read by dio_write_ns. */
+static int64_t write_ns;
+
+int64_t dio_write_ns(void)
+{
+    return __atomic_load_n(&write_ns, __ATOMIC_RELAXED);
+}
+
 int dio_pwrite_all(int fd, const void *buf, size_t n, int64_t offset, const char *path,
                    dio_error *err)
 {
     size_t put = 0;
     while (put < n) {
+        int64_t t0 = dio_now_ns();
         ssize_t w = pwrite(fd, (const char *)buf + put, n - put, (off_t)(offset + (int64_t)put));
+        __atomic_add_fetch(&write_ns, dio_now_ns() - t0, __ATOMIC_RELAXED);
         if (w < 0) {
             int e = errno;
             if (e == EINTR)

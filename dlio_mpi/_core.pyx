@@ -74,6 +74,7 @@ cdef extern from "dio.h" nogil:
     int dio_write_random(int fd, int64_t offset, int64_t nbytes, uint64_t seed, size_t chunk,
                          uint32_t *crc, const char *path, dio_error *err)
     int dio_syncfs(int fd)
+    int64_t dio_write_ns()
     ctypedef struct dio_shard_stats:
         int64_t bytes
         int64_t calls
@@ -530,6 +531,13 @@ def write_shard(int fd, int64_t offset, int64_t nbytes, seed, size_t chunk=0, bi
         rc = dio_shard_write(fd, offset, nbytes, s, cp, chunk, odirect, fsync, &st, cpath, &err)
     _check(rc, &err)
     return _shard_stats(&st)
+
+
+def write_ns():
+    """Nanoseconds this process has spent so far in the C core's data writes (pwrite calls of
+    write_random, write_tfrecords and the copy engine): a phase's storage time is the
+    difference across it."""
+    return dio_write_ns()
 
 
 def shard_prepare(size_t chunk, int count=2):

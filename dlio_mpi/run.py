@@ -60,6 +60,7 @@ from .metrics.summary import (
     node_bandwidth,
     per_epoch_stats,
 )
+from .metrics.time_split import verdict_text
 from .metrics.trace import RankTrace, trace_name
 from .mpi.pacing import (
     Pacing,
@@ -198,9 +199,12 @@ def run_generation(comm, cfg, plan: RunPlan, out: OutputFolder | None = None,
             say(comm, f"striping: {striping[key]}", out=out)
     together = (f" by all {comm.Get_size()} ranks together through MPI-IO (Write_at_all)"
                 if result.collective and result.files_written else "")
+    split = (f"; {verdict_text(result.time_split)}"
+             if result.time_split and result.files_written else "")
     say(comm, f"generated {result.files_written} files{together} ("
               f"{result.bytes_written / 2**20:.1f} MiB, {result.mib_per_second:.1f} MiB/s), "
-              f"{result.files_skipped} already complete, under {splits['train'].root}", out=out)
+              f"{result.files_skipped} already complete, under {splits['train'].root}{split}",
+        out=out)
     return result
 
 
@@ -851,7 +855,8 @@ def _generate_in_run(comm, cfg, plan: RunPlan, out: OutputFolder, tracer,
     striping = result.striping or striping
     return ({"files_written": result.files_written, "files_skipped": result.files_skipped,
              "bytes_written": result.bytes_written, "seconds": result.seconds,
-             "collective": result.collective, "striping_set_by": striping_set_by(result)},
+             "collective": result.collective, "striping_set_by": striping_set_by(result),
+             "time_split": result.time_split if result.files_written else None},
             striping)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import _core
 from ..config import TimeSpec
+from ..metrics.time_split import verdict_text
 from .checkpointer import Checkpointer, restore_methods, restore_warnings, writer_name
 from .results import GB, CheckpointRecord, summary_fields, time_split_summary
 from .schedule import Due, Schedule
@@ -78,11 +79,8 @@ def announce(record: CheckpointRecord) -> str:
         line += (
             f"; durable {d['durable_seconds']:.3f} s after its save began, in {d['to']}"
             if d["complete"] else "; cut short by a stop: not drained")
-    split = record.time_split
-    if split is not None:
-        line += (f"; the storage's calls {split['storage_seconds']:.3f} s, the emulator's "
-                 f"{split['emulator_seconds']:.3f} s ({100 * split['emulator_share']:.1f} %"
-                 + (": limited by the emulator)" if split["limited_by"] == "emulator" else ")"))
+    if record.time_split is not None:
+        line += f"; {verdict_text(record.time_split)}"
     a = record.asynchronous
     if a is not None:
         line += (f"; asynchronously: training stalled {a['stall_seconds']:.3f} s (snapshot "

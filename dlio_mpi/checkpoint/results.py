@@ -14,8 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..metrics.time_split import EMULATOR_LIMIT, split_of
+
 GB = 2**30
-EMULATOR_LIMIT = 0.10  # a phase whose emulator's share is above this is limited by it
 
 
 @dataclass(frozen=True)
@@ -58,17 +59,6 @@ class CheckpointRecord:
                 **({"time_split": self.time_split} if self.time_split is not None else {}),
                 **({"async": self.asynchronous} if self.asynchronous is not None else {}),
                 **({"drain": self.drain} if self.drain is not None else {})}
-
-
-def split_of(own_ns: int, storage_ns: int) -> dict:
-    """A rank's phase of `own_ns` split into the storage's calls (`storage_ns`: writes or reads,
-    fsync, open, close, rename) and the emulator's time (the rest: making or checking bytes,
-    planning, barriers), and which of the two limits it."""
-    storage = min(max(storage_ns, 0), own_ns)
-    share = (own_ns - storage) / own_ns if own_ns > 0 else 0.0
-    return {"storage_seconds": storage / 1e9, "emulator_seconds": (own_ns - storage) / 1e9,
-            "emulator_share": round(share, 6),
-            "limited_by": "emulator" if share > EMULATOR_LIMIT else "storage"}
 
 
 def gather_record(comm, kind: str, index: int, checkpoint_id: str, nbytes: int,

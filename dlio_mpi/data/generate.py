@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import os
 import signal
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -19,6 +18,7 @@ import numpy as np
 from .. import _core, progress
 from ..errors import JobError, Stopped, UserError, agreed_stop, check_all, on_root
 from ..formats.base import StagedWrites
+from ..metrics.time_split import split_of
 from ..ownership import (
     LOCK_NAME,
     FolderLock,
@@ -49,6 +49,9 @@ class GenerationResult:
     seconds: float  # slowest rank
     striping: dict | None = None  # what storage.lustre did (filesystems.apply_striping)
     collective: dict | None = None  # files written by all ranks through MPI-IO: how
+    # the slowest rank's time in the storage's calls and the emulator's (checkpoint.results
+    # split_of); None where files were written collectively (MPI-IO's calls are not split)
+    time_split: dict | None = None
 
     @property
     def mib_per_second(self) -> float:
@@ -246,7 +249,7 @@ class _Generation:
                                              temporaries=[tag],
                                              **({"sizes": dict(recorded_names)} if sized
                                                 else {})))
-        written, how, sizes_written, seconds = self.write(todo, tag, collective)
+        written, how, sizes_written, seconds, split = self.write(todo, tag, collective)
         if collective:  # every rank knows the totals
             totals = np.array([len(todo), len(_my_files(splits, 0, 1)) - len(todo), written])
         else:
@@ -263,14 +266,15 @@ class _Generation:
             files={name: s.num_files for name, s in splits.items()},
             bytes=totals_bytes, **({"sizes": dict(recorded_names)} if sized else {})))
         return GenerationResult(int(totals[0]), int(totals[1]), int(totals[2]), seconds,
-                                striping, how)
+                                striping, how, split)
 
     def write(self, todo: list, tag: str, collective: bool) -> tuple:
         """Write `todo` (collectively, or each rank its own files): (files written, how,
-        the records of the files written, the slowest rank's seconds)."""
+        the records of the files written, the slowest rank's seconds, and its time split
+        between the storage's calls and the emulator's work, None when collective)."""
         comm, splits, root = self.comm, self.splits, self.root
-        start = time.perf_counter()
-        how, sizes_written = None, []
+        start, written_ns = _core.now_ns(), _core.write_ns()
+        how, sizes_written, meta_ns = None, [], 0
         if collective:
             try:
                 written, how = _write_collectively(comm, splits, todo, tag, root, self.hints)
@@ -278,10 +282,13 @@ class _Generation:
                 _raise_if_stopped(comm, exc)
                 raise
         else:
-            written, sizes_written = _check_all_or_stop(
+            written, sizes_written, meta_ns = _check_all_or_stop(
                 comm, lambda: _write_files(splits, todo, tag, root))
-        seconds = comm.allreduce(time.perf_counter() - start, op=_max_op())
-        return written, how, sizes_written, seconds
+        own = _core.now_ns() - start
+        storage = _core.write_ns() - written_ns + meta_ns
+        slowest = max(comm.allgather((own, storage)))
+        split = None if collective else split_of(*slowest)
+        return written, how, sizes_written, slowest[0] / 1e9, split
 
     def record(self, todo: list, sizes_written: list, collective: bool, tag: str,
                recorded_names: dict) -> tuple[dict, dict]:
@@ -337,9 +344,10 @@ def _stripe(lustre, root: str, folders: list[str], ours: bool) -> dict:
 
 
 def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str
-                 ) -> tuple[int, list[int]]:
-    """Write my files; returns the bytes written and each file's size (its record row for a
-    format that records rows: write_recorded). On a failure remove
+                 ) -> tuple[int, list[int], int]:
+    """Write my files; returns the bytes written, each file's size (its record row for a
+    format that records rows: write_recorded) and the ns spent in the storage's calls made
+    from Python (open, close, syncfs, rename, a rendered file's writes). On a failure remove
     my uncommitted temporaries (committed files are complete) and say which folder filled
     when it is ENOSPC."""
     written, sizes = 0, []
@@ -370,7 +378,7 @@ def _write_files(splits, todo: list[tuple[str, int]], tag: str, root: str
     finally:
         shown.close()
         staged.discard()
-    return written, sizes
+    return written, sizes, staged.storage_ns
 
 
 def _record_of(split: DatasetSplit, path: str, size: int):

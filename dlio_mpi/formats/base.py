@@ -345,11 +345,22 @@ class StagedWrites:
         self.tag = tag
         self.pending: list[tuple[str, str]] = []
         self.bytes = 0
+        self.storage_ns = 0  # in the storage's calls made here: open, close, syncfs, rename
+
+    def timed(self, call, *args):
+        """call(*args), its time the storage's (a call to the file system)."""
+        from .. import _core
+
+        began = _core.now_ns()
+        try:
+            return call(*args)
+        finally:
+            self.storage_ns += _core.now_ns() - began
 
     def write(self, path: str, fill) -> int:
         """Create `path`'s temporary, let `fill(fd)` write it; return its size."""
         tmp = temporary_name(path, self.tag)
-        fd = create_exclusive(tmp)
+        fd = self.timed(create_exclusive, tmp)
         try:
             fill(fd)
             size = os.fstat(fd).st_size
@@ -359,7 +370,7 @@ class StagedWrites:
             os.close(fd)
             remove_quietly([tmp])
             raise
-        os.close(fd)
+        self.timed(os.close, fd)
         self.pending.append((tmp, path))
         self.bytes += size
         return size
@@ -375,14 +386,14 @@ class StagedWrites:
             return
         from .. import _core
 
-        fd = os.open(self.pending[0][0], os.O_RDONLY | os.O_CLOEXEC)
+        fd = self.timed(os.open, self.pending[0][0], os.O_RDONLY | os.O_CLOEXEC)
         try:
-            _core.syncfs(fd)
+            self.timed(_core.syncfs, fd)
         finally:
             os.close(fd)
         while self.pending:
             tmp, path = self.pending[0]
-            rename_noreplace(tmp, path)
+            self.timed(rename_noreplace, tmp, path)
             self.pending.pop(0)
         self.bytes = 0
 
