@@ -85,6 +85,8 @@ class AsyncSaver:
         """Make the shard of `files` into the buffer (the stall); its bytes."""
         for part, f in zip(self.parts, files):
             _core.shard_snapshot(part, f.seed, self.chunk, self.rate, self.content)
+            if f.overlay is not None:
+                f.overlay(part)
         return sum(f.nbytes for f in files)
 
     def start(self, files: list[AsyncFile]) -> Written:
