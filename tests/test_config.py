@@ -454,6 +454,7 @@ ACTING = {
     "checkpoint.recovery_rank_shift", "checkpoint.rank_sync", "checkpoint.checkpoint_mechanism",
     "checkpoint.layout", "checkpoint.odirect", "checkpoint.mpiio_hints",
     "checkpoint.async_write", "checkpoint.snapshot_bytes_per_second", "checkpoint.drain",
+    "checkpoint.dcp", "checkpoint.dcp.thread_count",
     # the framework engine (issue 9, readers/torch_loader.py); the plan notes the last two
     # with reader.engine native
     "reader.engine", "reader.pin_memory", "reader.multiprocessing_context",

@@ -86,6 +86,8 @@ class AsyncSaver:
         for part, f in zip(self.parts, files):
             _core.shard_snapshot(part, f.seed, self.chunk, self.rate,
                                  core_content(self.content, f.nbytes))
+            if f.overlay is not None:
+                f.overlay(part)
         return sum(f.nbytes for f in files)
 
     def start(self, files: list[AsyncFile]) -> Written:

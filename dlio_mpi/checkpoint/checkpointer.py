@@ -49,6 +49,7 @@ class WriterContext:
     hints: dict[str, str]
     sizes: list[int]  # every rank's bytes per checkpoint
     content: object = None  # checkpoint.content's section (content.py; None: fresh bytes)
+    layout: object = None  # the checkpoint's sizing (sizing.CheckpointLayout, dcp's DcpLayout)
 
 
 def _file_per_rank(ctx: WriterContext) -> CheckpointWriter:
@@ -66,8 +67,14 @@ def _pt_save(ctx: WriterContext) -> CheckpointWriter:
     return TorchSave(ctx.folder, ctx.tag, ctx.fsync, ctx.content)
 
 
+def _dcp(ctx: WriterContext) -> CheckpointWriter:
+    from .dcp_writer import DcpWriter
+
+    return DcpWriter(ctx.comm, ctx.folder, ctx.tag, ctx.fsync, ctx.layout, ctx.content)
+
+
 WRITERS: dict[str, Callable[[WriterContext], CheckpointWriter]] = {
-    "file_per_rank": _file_per_rank, "shared": _shared, "pt_save": _pt_save}
+    "file_per_rank": _file_per_rank, "shared": _shared, "pt_save": _pt_save, "dcp": _dcp}
 
 
 @dataclass
@@ -140,7 +147,7 @@ class Checkpointer:
         self.writer_name = writer_name(ck)
         self.writer = WRITERS[self.writer_name](WriterContext(
             comm, self.root, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes,
-            ck.content))
+            ck.content, layout))
         self.folder = CheckpointFolder(self.root, tag) if rank == 0 else None
         self.striping: dict | None = None  # what storage.lustre did to the folder
         self.lock: FolderLock | None = None  # rank 0's, on the folder (run.py holds it)
@@ -161,7 +168,7 @@ class Checkpointer:
             if ck.drain.restore_from == "pfs":
                 self.restorer = WRITERS[self.writer_name](WriterContext(
                     comm, ck.drain.to, tag, ck.odirect, ck.fsync, dict(ck.mpiio_hints), sizes,
-                    ck.content))
+                    ck.content, layout))
 
     # -------------------------------------------------------------- before any I/O
     def prepare(self, schedule: Schedule) -> list[str]:

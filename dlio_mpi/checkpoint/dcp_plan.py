@@ -598,6 +598,8 @@ class DcpSavePlan:
         """The rank that wrote this key (for a chunk: its own rank unless shared)."""
         if item.key in self.owners:
             return self.owners[item.key]
+        if item.entry.kind != "shard":  # a value one rank holds: world 1
+            return 0
         start = item.chunk_offsets[0]
         return next(r for r in range(self.world)
                     if shard_rows(item.entry.shape[0], self.world, r)[0] == start)
@@ -903,13 +905,9 @@ def _storage_data(plan: DcpSavePlan, g: _MetadataClasses, chunk_index) -> dict:
     return data
 
 
-def metadata_bytes(plan: DcpSavePlan, checkpoint_path: str, save_id: str = "0" * 36) -> bytes:
-    """The .metadata the coordinator writes (pickle.dump of Metadata, filesystem.py:758-790)
-    for this save into `checkpoint_path` (as given to FileSystemWriter: PurePosixPath's parts
-    are pickled) with this uuid4 save_id (36 characters). Exact but for thread_count > 1,
-    where the order threads finish files in can move a 64 KiB frame's end (9 bytes)."""
-    import pathlib
-
+def metadata_fields(plan: DcpSavePlan) -> tuple[_MetadataClasses, dict]:
+    """The globals and the Metadata's fields but storage_meta (which holds the checkpoint's
+    path and save id): state_dict_metadata, planner_data, storage_data."""
     g = _MetadataClasses()
     objects: dict[tuple[int, str], str] = {}
 
@@ -920,12 +918,30 @@ def metadata_bytes(plan: DcpSavePlan, checkpoint_path: str, save_id: str = "0" *
     chunk_index = {(fqn, tuple(c.state["offsets"].args[0])): i
                    for fqn, md in state.items() if md.state
                    for i, c in enumerate(md.state["chunks"])}
+    return g, {"state_dict_metadata": state, "planner_data": _planner_data(plan, fqn_of),
+               "storage_data": _storage_data(plan, g, chunk_index)}
+
+
+def storage_meta(g: _MetadataClasses, checkpoint_path: str, save_id: str) -> _NewObj:
+    """StorageMeta(checkpoint_id=Path(checkpoint_path), save_id): PurePosixPath's parts."""
+    import pathlib
+
     parts = tuple(_fresh(p) for p in pathlib.PurePosixPath(checkpoint_path).parts)
-    storage_meta = _NewObj(g.StorageMeta, {
+    return _NewObj(g.StorageMeta, {
         "checkpoint_id": _Reduce(g.posix_path, parts), "save_id": _fresh(save_id),
         "load_id": None, "modules": []})
-    metadata = _NewObj(g.Metadata, {
-        "state_dict_metadata": state, "planner_data": _planner_data(plan, fqn_of),
-        "storage_data": _storage_data(plan, g, chunk_index), "storage_meta": storage_meta,
-        "version": _fresh(DCP_VERSION)})
-    return _Pickler4().dumps(metadata)
+
+
+def metadata_object(g: _MetadataClasses, fields: dict, meta: object) -> _NewObj:
+    """The Metadata of `fields` (metadata_fields) and `meta` (storage_meta)."""
+    return _NewObj(g.Metadata, {**fields, "storage_meta": meta, "version": _fresh(DCP_VERSION)})
+
+
+def metadata_bytes(plan: DcpSavePlan, checkpoint_path: str, save_id: str = "0" * 36) -> bytes:
+    """The .metadata the coordinator writes (pickle.dump of Metadata, filesystem.py:758-790)
+    for this save into `checkpoint_path` (as given to FileSystemWriter: PurePosixPath's parts
+    are pickled) with this uuid4 save_id (36 characters). Exact but for thread_count > 1,
+    where the order threads finish files in can move a 64 KiB frame's end (9 bytes)."""
+    g, fields = metadata_fields(plan)
+    return _Pickler4().dumps(metadata_object(g, fields, storage_meta(g, checkpoint_path,
+                                                                     save_id)))

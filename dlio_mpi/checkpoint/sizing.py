@@ -276,7 +276,12 @@ def _stage_layers(m: _Model, tensor: int, pipeline: int, sf: int
 def checkpoint_layout(cfg, ranks: int) -> CheckpointLayout:
     """The layout of one checkpoint of workload `cfg` run on `ranks` ranks. Refuses (UserError)
     a rank count the parallelism does not fit. (ZeRO 3 with pipeline > 1 and
-    model.parallelism.data outside subset mode are refused by the loader.)"""
+    model.parallelism.data outside subset mode are refused by the loader.) checkpoint.layout
+    dcp: torch DCP's files instead (checkpoint/dcp_layout.py)."""
+    if cfg.checkpoint.layout == "dcp":
+        from .dcp_layout import dcp_layout
+
+        return dcp_layout(cfg, ranks)
     par, mode = cfg.model.parallelism, cfg.checkpoint.mode
     mp = par.tensor * par.pipeline
     if ranks < 1:

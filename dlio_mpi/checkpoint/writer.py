@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Callable
 
 from .. import _core
 from .sizing import RankShard
@@ -63,7 +64,8 @@ class IoStats:
 class AsyncFile:
     """One file an asynchronous save writes from the snapshot: `nbytes` of the shard of `seed`
     at `offset` of the file, written under `tmp` (descriptor `fd` once opened) and renamed to
-    `final` when whole."""
+    `final` when whole. `overlay(view)`: what the writer lays over the shard's bytes in the
+    snapshot (dcp's framing around each payload), if anything."""
 
     seed: int
     nbytes: int
@@ -71,6 +73,7 @@ class AsyncFile:
     tmp: str
     final: str
     fd: int = field(default=-1, compare=False)
+    overlay: Callable | None = field(default=None, compare=False, repr=False)
 
 
 class CheckpointWriter:

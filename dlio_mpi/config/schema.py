@@ -834,6 +834,14 @@ class Content:
 
 
 @dataclass(frozen=True)
+class Dcp:
+    """Ours: checkpoint.layout dcp's FileSystemWriter options (checkpoint/dcp_writer.py)."""
+
+    # files per rank (torch's thread_count: one thread writes each; default 1, as torch's)
+    thread_count: int = key(1, "int", minimum=1, maximum=64)
+
+
+@dataclass(frozen=True)
 class Checkpoint:
     checkpoint_folder: str = key("./checkpoints", "str")
     checkpoint_after_epoch: int = key(1, "int", minimum=0, maximum=MAX_COUNT)
@@ -868,7 +876,8 @@ class Checkpoint:
     # (shared); pt_save: a real torch.save per file (DLIO's PyTorch checkpointing)
     checkpoint_mechanism: str = key("native", "str", choices=("native", "pt_save", "tf_save"),
                                     unimplemented=("tf_save",))
-    layout: str = key("file_per_rank", "str", choices=("file_per_rank", "shared"))
+    layout: str = key("file_per_rank", "str", choices=("file_per_rank", "shared", "dcp"))
+    dcp: Dcp = section(Dcp)  # ours: layout dcp's options
     odirect: bool = key(False, "bool")  # O_DIRECT writes and restores (file_per_rank)
     mpiio_hints: tuple[tuple[str, str], ...] = key((), "hints")  # layout shared
     # ours: asynchronous saves (checkpoint/async_write.py): the step loop stalls only for a

@@ -251,6 +251,9 @@ def _checkpoint_notes(cfg) -> list[str]:
     if cfg.workflow.checkpoint and ck.layout != "shared":
         idle.append((keys_set(cfg, ("checkpoint.mpiio_hints",)),
                      "checkpoint.layout file_per_rank writes without MPI-IO"))
+    if ck.layout != "dcp":
+        idle.append((keys_set(cfg, ("checkpoint.dcp.",)),
+                     f"checkpoint.layout is {ck.layout}, not dcp"))
     return [f"{', '.join(keys)}: no effect here: {why}" for keys, why in idle if keys]
 
 

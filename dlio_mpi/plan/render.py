@@ -247,7 +247,15 @@ def _checkpoint_lines(ck: dict) -> list[str]:
                  f"ZeRO {ck['zero_stage']}, {ck['mode']} mode)")
     writer = {"file_per_rank": "each rank its own files (C core)",
               "shared": "one shared file per checkpoint (MPI-IO Write_at_all)",
-              "pt_save": "each rank its own files through torch.save"}[ck["writer"]]
+              "pt_save": "each rank its own files through torch.save",
+              "dcp": "torch Distributed Checkpoint's files (each rank its __<rank>_<i>.distcp, "
+                     "rank 0 .metadata once every rank's are in)"}[ck["writer"]]
+    if ck.get("dcp"):
+        d = ck["dcp"]
+        lines.append(f"checkpoint      dcp: {d['distcp_files']:,} .distcp file(s) "
+                     f"({d['thread_count']} per rank, checkpoint.dcp.thread_count) of "
+                     f"{size_text(d['distcp_bytes'])} and a .metadata of about "
+                     f"{size_text(d['metadata_bytes_estimated'])}; {d['model']}")
     restore = (f"; restores defeat the page cache by {' + '.join(ck['restore_methods'])}"
                if ck["restore_methods"] else "")
     lines.append(f"checkpoints     {ck['when']}; {ck['saves']:,} checkpoint(s) "
