@@ -94,3 +94,26 @@ def test_ratios_out_of_range_are_refused_before_any_io():
                              ("dedup_ratio", "0", ">= 1")]:
         with pytest.raises(ConfigError, match=f"checkpoint.content.{key}: .*{said}"):
             load_config("llama_7b_zero3", [f"checkpoint.content.{key}={value}"])
+
+
+@pytest.mark.parametrize("layout", ["file_per_rank", "dcp"])
+def test_a_run_with_a_content_saves_and_restores(tmp_path, layout):
+    """Every writer takes the content (its files compress as asked) and restores check it."""
+    from mpi4py import MPI
+
+    from dlio_mpi.config import load_config
+    from dlio_mpi.run import run
+    from test_checkpoint_time_split import MEDIUM
+
+    settings = {"checkpoint.checkpoint_folder": str(tmp_path / "ck"),
+                "output.folder": str(tmp_path / "out"), "checkpoint.layout": layout,
+                "checkpoint.time_between_checkpoints": 0,
+                "checkpoint.num_checkpoints_write": 1, "checkpoint.num_checkpoints_read": 1,
+                "checkpoint.content.compression_ratio": 4, **MEDIUM}
+    summary = run(MPI.COMM_WORLD, load_config("llama_7b_zero3", [
+        f"{k}={v}" for k, v in settings.items()]))
+    kinds = [r["kind"] for r in summary["dlio_mpi"]["checkpoint"]["records"]]
+    assert kinds == ["save", "load"]
+    largest = max((p for p in (tmp_path / "ck").rglob("*") if p.is_file()),
+                  key=lambda p: p.stat().st_size)
+    assert 3.5 <= ratios(largest.read_bytes())["zstd"] <= 4.1
