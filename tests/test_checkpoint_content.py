@@ -100,10 +100,10 @@ def test_ratios_out_of_range_are_refused_before_any_io():
 def test_a_run_with_a_content_saves_and_restores(tmp_path, layout):
     """Every writer takes the content (its files compress as asked) and restores check it."""
     from mpi4py import MPI
+    from test_checkpoint_time_split import MEDIUM
 
     from dlio_mpi.config import load_config
     from dlio_mpi.run import run
-    from test_checkpoint_time_split import MEDIUM
 
     settings = {"checkpoint.checkpoint_folder": str(tmp_path / "ck"),
                 "output.folder": str(tmp_path / "out"), "checkpoint.layout": layout,

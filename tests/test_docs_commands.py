@@ -35,6 +35,9 @@ SCALED = {
     "python scripts/bench/results_writing.py --work ./bench-data/results-writing":
         "python scripts/bench/results_writing.py --work ./bench-data/results-writing "
         "--epochs 500 --repeat 1 --turns 1 --after 3 --cases train write stop",
+    "python scripts/bench/checkpoint_bytes.py --work ./bench-data":
+        "python scripts/bench/checkpoint_bytes.py --work ./bench-data --gib 0.25 --rounds 1",
+    "python scripts/bench/tensor_ratios.py": "python scripts/bench/tensor_ratios.py --quick",
     "python scripts/fidelity/compare.py scripts/fidelity/workloads/jpeg_vm.yaml":
         "python scripts/fidelity/compare.py scripts/fidelity/workloads/jpeg_vm.yaml "
         "--work output/fidelity/compare --workers 1 --ranks 1 --repeat 1 --baseline",

@@ -107,8 +107,9 @@ def _fio(work: Path, nbytes: int) -> float:
 
 
 def write_rates(work: Path, nbytes: int, baseline: str | None, rounds: int) -> dict:
-    runs: dict[str, list[float]] = {"ours": [], "fio": [], **({"baseline": []} if baseline
-                                                              else {})}
+    fio = shutil.which("fio") is not None
+    runs: dict[str, list[float]] = {"ours": [], **({"fio": []} if fio else {}),
+                                    **({"baseline": []} if baseline else {})}
     cases = {"ours": lambda: _writes(work, nbytes, None), "fio": lambda: _fio(work, nbytes),
              "baseline": lambda: _writes(work, nbytes, baseline)}
     names = list(runs)
@@ -120,7 +121,8 @@ def write_rates(work: Path, nbytes: int, baseline: str | None, rounds: int) -> d
     med = {k: statistics.median(v) for k, v in runs.items()}
     out = {f"{k}_GiB_per_s": round(v, 3) for k, v in med.items()}
     out |= {f"{k}_runs": [round(x, 3) for x in v] for k, v in runs.items()}
-    out["ours_over_fio"] = round(med["ours"] / med["fio"], 3)
+    if fio:
+        out["ours_over_fio"] = round(med["ours"] / med["fio"], 3)
     if baseline:
         out["ours_over_baseline"] = round(med["ours"] / med["baseline"], 3)
     return out
@@ -168,7 +170,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     if shutil.which("fio") is None:
-        sys.exit("checkpoint_bytes: fio not found (apt-get install fio)")
+        print("fio not found (apt-get install fio): no fio reference", flush=True)
     nbytes = int(args.gib * GiB) // MiB * MiB
     result = {"generator_GB_per_s_a_core": generator_rates()}
     print(json.dumps(result), flush=True)
