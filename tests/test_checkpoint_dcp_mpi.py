@@ -147,6 +147,29 @@ def test_an_asynchronous_dcp_save_writes_the_same_files(shared_tmp):
     comm.Barrier()
 
 
+@pytest.mark.parametrize("async_write", ["false", "true"])
+def test_a_dcp_checkpoint_drains_whole_and_restores_from_the_pfs(shared_tmp, async_write):
+    """checkpoint.drain copies every rank's .distcp files and the .metadata (the commit,
+    last), byte for byte; restores read the drained copies."""
+    comm = _comm()
+    pfs = shared_tmp / "pfs"
+    cfg, summary = _run(shared_tmp, **{"checkpoint.async_write": async_write,
+                                       "checkpoint.drain.to": str(pfs),
+                                       "checkpoint.drain.restore_from": "pfs"})
+    for cid in IDS:
+        fast, drained = shared_tmp / "ck" / cid, pfs / cid
+        assert _files(drained) == _files(fast) == _planned(cfg, fast), cid
+        if comm.Get_rank() == 0:
+            assert all((drained / n).read_bytes() == (fast / n).read_bytes()
+                       for n in _files(fast)), cid
+    records = summary["dlio_mpi"]["checkpoint"]["records"]
+    assert [r["kind"] for r in records].count("drain") == 2
+    assert all(r["drain"]["complete"] for r in records if r["kind"] == "drain")
+    assert summary["dlio_mpi"]["checkpoint"]["restore"]["methods"]
+    assert [r["kind"] for r in records if r["kind"] == "load"] == ["load", "load"]
+    comm.Barrier()
+
+
 def test_a_failing_rank_leaves_no_metadata_and_no_final_named_partial_file(shared_tmp,
                                                                            monkeypatch):
     """The storage fails rank 1's fsync: the job ends with the agreed error, no .metadata
