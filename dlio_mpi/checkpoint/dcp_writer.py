@@ -28,12 +28,19 @@ import numpy as np
 
 from .. import _core
 from ..errors import check_all, on_root
-from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+from ..ownership import temporary_name
 from .content import core_content
 from .dcp_layout import METADATA, DcpLayout, dcp_seed
 from .dcp_plan import PlannedFile, local_save_plan, restore_reads
 from .sizing import RankShard
-from .writer import WHOLE_EVERY, AsyncFile, CheckpointWriter, IoStats
+from .writer import (
+    WHOLE_EVERY,
+    AsyncFile,
+    CheckpointWriter,
+    IoStats,
+    OwnFilesAsync,
+    write_whole,
+)
 
 CHUNK = 64 << 20  # bytes per write or read call
 METADATA_FRAME = 64 << 10  # the pickle's frames: torch's fsync comes before the last one
@@ -49,17 +56,23 @@ def framing(planned: PlannedFile) -> list[tuple[int, bytes]]:
     return out
 
 
-def overlay(view: np.ndarray, at: int, pieces: list[tuple[int, bytes]], starts: list[int]
-            ) -> None:
-    """Lay the pieces that fall in [at, at + len(view)) of the file over `view`."""
-    end = at + len(view)
+def pieces_in(at: int, end: int, pieces: list[tuple[int, bytes]], starts: list[int]):
+    """The parts of the framing pieces in the file's bytes [at, end): (lo, hi, the piece's
+    bytes there as uint8)."""
     i = max(bisect.bisect_right(starts, at) - 1, 0)
     while i < len(pieces) and pieces[i][0] < end:
         start, data = pieces[i]
         lo, hi = max(start, at), min(start + len(data), end)
         if lo < hi:
-            view[lo - at:hi - at] = np.frombuffer(data, np.uint8, hi - lo, lo - start)
+            yield lo, hi, np.frombuffer(data, np.uint8, hi - lo, lo - start)
         i += 1
+
+
+def overlay(view: np.ndarray, at: int, pieces: list[tuple[int, bytes]], starts: list[int]
+            ) -> None:
+    """Lay the pieces that fall in [at, at + len(view)) of the file over `view`."""
+    for lo, hi, data in pieces_in(at, at + len(view), pieces, starts):
+        view[lo - at:hi - at] = data
 
 
 def _file_number(name: str) -> tuple[int, int]:
@@ -68,7 +81,7 @@ def _file_number(name: str) -> tuple[int, int]:
     return int(rank), int(index)
 
 
-class DcpWriter(CheckpointWriter):
+class DcpWriter(OwnFilesAsync, CheckpointWriter):
     """Saves and loads one rank's part of each DCP checkpoint (collective calls)."""
 
     collective = True
@@ -141,22 +154,9 @@ class DcpWriter(CheckpointWriter):
         (file, offset, length of every item) as DCP's write results."""
         self.allocate(None)
         for index, planned in enumerate(self._own()):
-            final = self.path(checkpoint_id, planned.name)
-            tmp = temporary_name(final, self.tag)
-            with stats.storage_call():
-                fd = create_exclusive(tmp)
-            try:
-                try:
-                    self._write_file(fd, dcp_seed(checkpoint, self.rank, index), planned,
-                                     stats, tmp)
-                finally:
-                    with stats.storage_call():
-                        os.close(fd)
-                with stats.storage_call():
-                    rename_noreplace(tmp, final)  # refused if a file is there: not ours
-            except BaseException:
-                remove_quietly([tmp])
-                raise
+            write_whole(self.path(checkpoint_id, planned.name), self.tag, stats,
+                        lambda fd, tmp, index=index, planned=planned: self._write_file(
+                            fd, dcp_seed(checkpoint, self.rank, index), planned, stats, tmp))
         return [(i.fqn, i.file, i.offset, i.length) for f in self._own() for i in f.items]
 
     def _write_file(self, fd: int, seed: int, planned: PlannedFile, stats: IoStats,
@@ -205,32 +205,23 @@ class DcpWriter(CheckpointWriter):
             raise OSError(5, f"checkpoint {checkpoint_id}: rank {bad}'s write results differ "
                              "from its plan")
         data = self.template.render(os.path.join(self.folder, checkpoint_id))
-        final = self.path(checkpoint_id, METADATA)
-        tmp = temporary_name(final, self.tag)
         stats = stats if stats is not None else IoStats()
-        try:
+
+        def write(fd: int, _: str) -> None:
+            # torch pickles into a buffered file and fsyncs before closing it: the last
+            # frame's bytes (all of a .metadata under 64 KiB) are written after the fsync
+            tail = len(data) % METADATA_FRAME if len(data) >= METADATA_FRAME else len(data)
             with stats.storage_call():
-                fd = create_exclusive(tmp)
-            try:
-                # torch pickles into a buffered file and fsyncs before closing it: the last
-                # frame's bytes (all of a .metadata under 64 KiB) are written after the fsync
-                tail = len(data) % METADATA_FRAME if len(data) >= METADATA_FRAME else len(data)
-                with stats.storage_call():
-                    self._write_all(fd, data[:len(data) - tail], 0)
-                if self.fsync:
-                    began = _core.now_ns()
-                    os.fsync(fd)
-                    stats.syncs += 1
-                    stats.sync_ns += _core.now_ns() - began
-                with stats.storage_call():
-                    self._write_all(fd, data[len(data) - tail:], len(data) - tail)
-            finally:
-                os.close(fd)
+                self._write_all(fd, data[:len(data) - tail], 0)
+            if self.fsync:
+                began = _core.now_ns()
+                os.fsync(fd)
+                stats.syncs += 1
+                stats.sync_ns += _core.now_ns() - began
             with stats.storage_call():
-                rename_noreplace(tmp, final)
-        except BaseException:
-            remove_quietly([tmp])
-            raise
+                self._write_all(fd, data[len(data) - tail:], len(data) - tail)
+
+        write_whole(self.path(checkpoint_id, METADATA), self.tag, stats, write)
         stats.bytes += len(data)
         stats.files += 1
         return data
@@ -332,19 +323,11 @@ class DcpWriter(CheckpointWriter):
             stats.verified += compared
             if bad >= 0:
                 return lo + bad
-        end = at + len(view)
-        i = max(bisect.bisect_right(starts, at) - 1, 0)
-        while i < len(pieces) and pieces[i][0] < end:
-            start, data = pieces[i]
-            lo, hi = max(start, at), min(start + len(data), end)
-            if lo < hi:
-                got = view[lo - at:hi - at]
-                want = np.frombuffer(data, np.uint8, hi - lo, lo - start)
-                stats.verified += hi - lo
-                differ = np.flatnonzero(got != want)
-                if len(differ):
-                    return lo + int(differ[0])
-            i += 1
+        for lo, hi, want in pieces_in(at, at + len(view), pieces, starts):
+            stats.verified += hi - lo
+            differ = np.flatnonzero(view[lo - at:hi - at] != want)
+            if len(differ):
+                return lo + int(differ[0])
         return -1
 
     # ---------------------------------------------------------------- asynchronous saves
@@ -360,33 +343,8 @@ class DcpWriter(CheckpointWriter):
                                        view, 0, p, s)))
         return files
 
-    def open_async(self, files: list[AsyncFile]) -> None:
-        try:
-            for f in files:
-                f.fd = create_exclusive(f.tmp)
-        except BaseException:
-            self.discard_async(files)
-            raise
-
-    def close_async(self, files: list[AsyncFile]) -> None:
-        try:
-            for f in files:
-                os.close(f.fd)
-                f.fd = -1
-                rename_noreplace(f.tmp, f.final)  # refused if a file is there: not ours
-        except BaseException:
-            self.discard_async(files)
-            raise
-
     def publish_async(self, files: list[AsyncFile]) -> None:
         """Collective, once every rank's files are in: rank 0's .metadata (the commit)."""
         checkpoint_id = os.path.basename(os.path.dirname(files[0].final))
         results = [(i.fqn, i.file, i.offset, i.length) for f in self._own() for i in f.items]
         self._commit(checkpoint_id, results, None)
-
-    def discard_async(self, files: list[AsyncFile]) -> None:
-        for f in files:
-            if f.fd >= 0:
-                os.close(f.fd)
-                f.fd = -1
-        remove_quietly([f.tmp for f in files])

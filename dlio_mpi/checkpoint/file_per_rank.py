@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 
 from .. import _core
-from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+from ..ownership import temporary_name
 from .content import core_content
 from .sizing import RankShard
-from .writer import AsyncFile, CheckpointWriter, IoStats
+from .writer import AsyncFile, CheckpointWriter, IoStats, OwnFilesAsync, write_whole
 
 
 def shard_seed(checkpoint: int, rank: int, file: int) -> int:
@@ -26,7 +26,7 @@ def shard_seed(checkpoint: int, rank: int, file: int) -> int:
     return (0xC4 << 56) | (checkpoint & 0xFFFF) << 40 | (rank & 0xFFFFFF) << 16 | file & 0xFFFF
 
 
-class FilePerRank(CheckpointWriter):
+class FilePerRank(OwnFilesAsync, CheckpointWriter):
     """Saves and loads one rank's files of each checkpoint (a checkpoint.CheckpointWriter)."""
 
     def __init__(self, folder: str, tag: str, odirect: bool, fsync: bool,
@@ -54,23 +54,12 @@ class FilePerRank(CheckpointWriter):
         stats = IoStats()
         for index, (name, nbytes) in enumerate(shard.files):
             final = self.path(checkpoint_id, name)
-            tmp = temporary_name(final, self.tag)
-            with stats.storage_call():
-                fd = create_exclusive(tmp)
-            try:
-                try:
-                    stats.add(_core.write_shard(fd, 0, nbytes,
-                                                shard_seed(checkpoint, shard.rank, index),
-                                                self.chunk, self.odirect, self.fsync, final,
-                                                core_content(self.content, nbytes)))
-                finally:
-                    with stats.storage_call():
-                        os.close(fd)
-                with stats.storage_call():
-                    rename_noreplace(tmp, final)  # refused if a file is there: not ours
-            except BaseException:
-                remove_quietly([tmp])
-                raise
+            write_whole(final, self.tag, stats, lambda fd, _, index=index, nbytes=nbytes,
+                        final=final:
+                        stats.add(_core.write_shard(
+                            fd, 0, nbytes, shard_seed(checkpoint, shard.rank, index),
+                            self.chunk, self.odirect, self.fsync, final,
+                            core_content(self.content, nbytes))))
         return stats
 
     def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
@@ -108,27 +97,3 @@ class FilePerRank(CheckpointWriter):
                                    temporary_name(final, self.tag), final))
         return files
 
-    def open_async(self, files: list[AsyncFile]) -> None:
-        try:
-            for f in files:
-                f.fd = create_exclusive(f.tmp)
-        except BaseException:
-            self.discard_async(files)
-            raise
-
-    def close_async(self, files: list[AsyncFile]) -> None:
-        try:
-            for f in files:
-                os.close(f.fd)
-                f.fd = -1
-                rename_noreplace(f.tmp, f.final)  # refused if a file is there: not ours
-        except BaseException:
-            self.discard_async(files)
-            raise
-
-    def discard_async(self, files: list[AsyncFile]) -> None:
-        for f in files:
-            if f.fd >= 0:
-                os.close(f.fd)
-                f.fd = -1
-        remove_quietly([f.tmp for f in files])

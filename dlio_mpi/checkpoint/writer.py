@@ -8,12 +8,14 @@ names (close_async, then publish_async, collective) or to remove them (discard_a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import _core
+from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
 from .sizing import RankShard
 
 WHOLE_EVERY = 64  # a restore compares every so many 4 KiB granules whole (as the C core's)
@@ -123,3 +125,54 @@ class CheckpointWriter:
         """Close and remove this rank's temporaries of an abandoned save (collective where
         the writer is)."""
         raise NotImplementedError
+
+
+def write_whole(final: str, tag: str, stats: IoStats, write) -> None:
+    """Create `final`'s temporary of this job (O_EXCL), let write(fd) fill it, close it and
+    rename it to `final` only when whole, never over a file (one there is not ours); on any
+    failure remove the temporary. Open, close and rename timed as the storage's."""
+    tmp = temporary_name(final, tag)
+    with stats.storage_call():
+        fd = create_exclusive(tmp)
+    try:
+        try:
+            write(fd, tmp)
+        finally:
+            with stats.storage_call():
+                os.close(fd)
+        with stats.storage_call():
+            rename_noreplace(tmp, final)
+    except BaseException:
+        remove_quietly([tmp])
+        raise
+
+
+class OwnFilesAsync:
+    """The asynchronous hooks of a writer whose ranks each write their own files: each opened
+    under its temporary name (O_EXCL), renamed by its rank when whole, removed when the save
+    is abandoned (file_per_rank, dcp)."""
+
+    def open_async(self, files: list[AsyncFile]) -> None:
+        try:
+            for f in files:
+                f.fd = create_exclusive(f.tmp)
+        except BaseException:
+            self.discard_async(files)
+            raise
+
+    def close_async(self, files: list[AsyncFile]) -> None:
+        try:
+            for f in files:
+                os.close(f.fd)
+                f.fd = -1
+                rename_noreplace(f.tmp, f.final)  # refused if a file is there: not ours
+        except BaseException:
+            self.discard_async(files)
+            raise
+
+    def discard_async(self, files: list[AsyncFile]) -> None:
+        for f in files:
+            if f.fd >= 0:
+                os.close(f.fd)
+                f.fd = -1
+        remove_quietly([f.tmp for f in files])
