@@ -60,7 +60,6 @@ from .metrics.summary import (
     node_bandwidth,
     per_epoch_stats,
 )
-from .metrics.time_split import verdict_text
 from .metrics.trace import RankTrace, trace_name
 from .mpi.pacing import (
     Pacing,
@@ -93,6 +92,7 @@ from .sampling.sharding import (
 from .storage.filesystems import check_direct_io, check_striping, describe_filesystems
 from .tiers.cache import CacheTier, room_warning
 from .tiers.stage_in import StageSet, clean_stage, rerooted, stage_in
+from .time_split import verdict_text
 from .training import run_epoch
 
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from dlio_mpi.metrics.time_split import split_of
+from dlio_mpi.time_split import split_of
 
 MEDIUM = {"model.transformer.hidden_size": 256, "model.transformer.ffn_hidden_size": 512,
           "model.transformer.vocab_size": 1024, "model.transformer.num_attention_heads": 8,

@@ -10,7 +10,7 @@ import functools
 
 from ..errors import UserError
 from .dcp_plan import DcpSavePlan, LlamaModel
-from .sizing import RankShard
+from .shard import RankShard
 
 METADATA = ".metadata"
 # .metadata's bytes, estimated (fitted to dcp_plan.metadata_bytes within 10 %: 174 bytes per item

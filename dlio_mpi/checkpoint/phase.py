@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import _core
 from ..config import TimeSpec
-from ..metrics.time_split import verdict_text
+from ..time_split import verdict_text
 from .checkpointer import Checkpointer, restore_methods, restore_warnings, writer_name
 from .results import GB, CheckpointRecord, summary_fields, time_split_summary
 from .schedule import Due, Schedule

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..metrics.time_split import EMULATOR_LIMIT, split_of
+from ..time_split import EMULATOR_LIMIT, split_of
 
 GB = 2**30
 

@@ -43,26 +43,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import UserError
+from .shard import RankShard
 
 EXTENSION = "pt"
 DATATYPE_BYTES = {"int8": 1, "uint8": 1, "fp16": 2, "bf16": 2, "fp32": 4, "fp64": 8}
-
-
-@dataclass(frozen=True)
-class RankShard:
-    """The files one rank writes for one checkpoint: (name without folder, bytes) in write order."""
-
-    rank: int
-    files: tuple[tuple[str, int], ...]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes this rank writes."""
-        return sum(size for _, size in self.files)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.files)
 
 
 @dataclass(frozen=True)

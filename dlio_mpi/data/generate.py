@@ -18,7 +18,6 @@ import numpy as np
 from .. import _core, progress
 from ..errors import JobError, Stopped, UserError, agreed_stop, check_all, on_root
 from ..formats.base import StagedWrites
-from ..metrics.time_split import split_of
 from ..ownership import (
     LOCK_NAME,
     FolderLock,
@@ -27,6 +26,7 @@ from ..ownership import (
     remove_quietly,
 )
 from ..storage.filesystems import apply_striping, nearest_existing
+from ..time_split import split_of
 from .catalog import spot_check_sizes
 from .collective_generation import collective_format, write_file_collectively
 from .dataset import SPLITS, DatasetSplit, LayoutTable, SizedLayouts

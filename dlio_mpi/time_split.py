@@ -1,7 +1,9 @@
-"""Which of the storage and the emulator limits a phase (a checkpoint save or restore, data
-generation): a rank's time split into the storage's calls, timed around each call (writes,
-reads and fsync in the C core; open, close, rename, syncfs around them), and the emulator's
-(the rest: making or checking bytes, encoding, planning, barriers, Python)."""
+"""Which of the storage and the emulator limits a phase: checkpoint saves and restores, data
+generation.
+
+A rank's time is split into the storage's calls, timed around each call (writes, reads and
+fsync in the C core; open, close, rename, syncfs around them), and the emulator's (the rest:
+making or checking bytes, encoding, planning, barriers, Python)."""
 
 from __future__ import annotations
 
