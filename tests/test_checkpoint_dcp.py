@@ -1,6 +1,6 @@
 """checkpoint.layout: dcp without MPI: what dcp cannot model yet refused before any I/O (one
 message naming the key, the value and what is accepted; exit 2), the plan describing the dcp
-files, and .metadata's template finishing to dcp_plan.metadata_bytes' bytes."""
+files, and .metadata's template finishing to dcp_metadata.metadata_bytes' bytes."""
 
 from __future__ import annotations
 
@@ -77,8 +77,8 @@ def test_the_plan_describes_the_dcp_files(tmp_path):
 @pytest.mark.parametrize("world,threads", [(2, 1), (3, 2), (7, 1)])
 def test_the_metadata_template_gives_metadata_bytes(world, threads):
     """The pickle made once, finished per checkpoint path: byte for byte dcp_plan's."""
-    from dlio_mpi.checkpoint.dcp_metadata import MetadataTemplate
-    from dlio_mpi.checkpoint.dcp_plan import DcpSavePlan, LlamaModel, metadata_bytes
+    from dlio_mpi.checkpoint.dcp_metadata import MetadataTemplate, metadata_bytes
+    from dlio_mpi.checkpoint.dcp_plan import DcpSavePlan, LlamaModel
 
     plan = DcpSavePlan(LlamaModel(3, 64, 128, 512, 8, 2), world, threads)
     template = MetadataTemplate(plan)

@@ -52,7 +52,8 @@ def _files(folder) -> dict[str, int]:
 def _planned(cfg, folder: Path) -> dict[str, int]:
     """dcp_plan's files of the save and the .metadata's length for this folder."""
     from dlio_mpi.checkpoint.dcp_layout import llama_model
-    from dlio_mpi.checkpoint.dcp_plan import DcpSavePlan, metadata_bytes
+    from dlio_mpi.checkpoint.dcp_metadata import metadata_bytes
+    from dlio_mpi.checkpoint.dcp_plan import DcpSavePlan
 
     plan = DcpSavePlan(llama_model(cfg), _comm().Get_size(), cfg.checkpoint.dcp.thread_count)
     return {**plan.file_sizes(), ".metadata": len(metadata_bytes(plan, str(folder)))}

@@ -1,13 +1,13 @@
-"""checkpoint/dcp_plan.py against real torch Distributed Checkpoint saves and loads
-(scripts/fidelity/dcp_reference.py: 2 and 3 gloo processes on CPU, thread_count 1 and 2, a
-tiny Llama-like model): file names, counts and sizes, every item's place, the .metadata byte
-for byte, torch.save's archive byte for byte, the ranges a load at another world size asks
-for, and a checkpoint written from the plan alone loaded by torch. Needs torch (skipped
-without); each reference run spawns its processes (tens of seconds on 2 busy cores)."""
+"""checkpoint/dcp_plan.py (with dcp_archive.py and dcp_metadata.py) against real torch
+Distributed Checkpoint saves and loads (scripts/fidelity/dcp_reference.py: 2 and 3 gloo
+processes on CPU, thread_count 1 and 2, a tiny Llama-like model): file names, counts and
+sizes, every item's place, the .metadata byte for byte, torch.save's archive byte for byte,
+the ranges a load at another world size asks for, and a checkpoint written from the plan
+alone loaded by torch. Needs torch (skipped without); each reference run spawns its
+processes (tens of seconds on 2 busy cores)."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import math
@@ -18,6 +18,8 @@ import zlib
 from pathlib import Path
 
 import pytest
+
+from dlio_mpi.checkpoint import dcp_archive, dcp_metadata, dcp_plan
 
 try:
     import torch
@@ -34,18 +36,6 @@ TINY = {"layers": 2, "hidden": 8, "ffn": 16, "vocab": 32, "heads": 8, "kv_heads"
 UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
-def _load_dcp_plan():
-    """This checkout's module, by file: an installed dlio_mpi may be another checkout's (a
-    checkout without its compiled core defers to the installed one: dlio_mpi/__init__.py)."""
-    path = ROOT / "dlio_mpi" / "checkpoint" / "dcp_plan.py"
-    spec = importlib.util.spec_from_file_location("dlio_mpi_dcp_plan_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while being made
-    spec.loader.exec_module(module)
-    return module
-
-
-dcp_plan = _load_dcp_plan()
 
 
 def tiny_model(model_dtype="bf16", optimizer_dtype="fp32"):
@@ -83,7 +73,8 @@ def test_file_names_counts_and_sizes_equal_a_real_save(saves, ranks, threads):
     plan = dcp_plan.DcpSavePlan(tiny_model(), ranks, threads)
     real_files = dict(real["files"])
     metadata = folder.joinpath(".metadata").read_bytes()
-    predicted = dcp_plan.metadata_bytes(plan, str(folder), UUID.search(metadata).group().decode())
+    predicted = dcp_metadata.metadata_bytes(plan, str(folder),
+                                            UUID.search(metadata).group().decode())
     assert plan.file_sizes() | {".metadata": len(predicted)} == real_files
     assert len(real_files) == ranks * threads + 1
     if threads == 1:  # with more threads, files finish in any order: .metadata's order too
@@ -163,7 +154,7 @@ def test_a_tensor_archive_is_torch_save_byte_for_byte(shape, dtype):
     buffer = io.BytesIO()
     torch.save(tensor, buffer)
     payload = tensor.reshape(-1).view(torch.uint8).numpy().tobytes()
-    archive = dcp_plan.tensor_archive(shape, dtype)
+    archive = dcp_archive.tensor_archive(shape, dtype)
     assert archive.length == len(buffer.getvalue())
     assert archive.prefix() + payload + archive.suffix(zlib.crc32(payload)) == buffer.getvalue()
     assert archive.payload_offset % 64 == 0
@@ -174,7 +165,7 @@ def test_a_tensor_archive_is_torch_save_byte_for_byte(shape, dtype):
 def test_a_value_archive_is_torch_save_byte_for_byte(value):
     buffer = io.BytesIO()
     torch.save(value, buffer)
-    archive = dcp_plan.object_archive(value)
+    archive = dcp_archive.object_archive(value)
     assert archive.prefix() + archive.suffix() == buffer.getvalue()
 
 
@@ -192,7 +183,7 @@ def test_a_checkpoint_written_from_the_plan_alone_loads_in_torch(tmp_path):
                     payload = bytes([rank + 1]) * item.payload_length
                     out.write(item.archive.prefix() + payload
                               + item.archive.suffix(zlib.crc32(payload)))
-    folder.joinpath(".metadata").write_bytes(dcp_plan.metadata_bytes(
+    folder.joinpath(".metadata").write_bytes(dcp_metadata.metadata_bytes(
         plan, str(folder), "6b1d2c3e-0000-4000-8000-000000000000"))
     real = run_reference(folder, 2, 1, "--load-only", "--load-ranks", "3")
     for rank in range(3):

@@ -13,8 +13,8 @@ from .dcp_plan import DcpSavePlan, LlamaModel
 from .shard import RankShard
 
 METADATA = ".metadata"
-# .metadata's bytes, estimated (fitted to dcp_plan.metadata_bytes within 10 %: 174 bytes per item
-# and 269 per fqn); dcp_metadata.MetadataTemplate makes the real one on rank 0
+# .metadata's bytes, estimated (fitted to dcp_metadata.metadata_bytes within 10 %: 174 bytes
+# per item and 269 per fqn); dcp_metadata.MetadataTemplate makes the real one on rank 0
 METADATA_PER_ITEM, METADATA_PER_FQN, METADATA_BASE = 174, 269, 0
 DTYPES = ("bf16", "fp16", "fp32", "fp64")  # dcp_plan.DTYPE_BYTES'
 
