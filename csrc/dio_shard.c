@@ -51,23 +51,24 @@ static size_t pool_bytes[POOLED];
 
 static size_t rounded(size_t chunk) { return (chunk + HUGE_ALIGN - 1) / HUGE_ALIGN * HUGE_ALIGN; }
 
-/* A buffer of at least chunk bytes: a kept one, else a new one. */
-static void *buffer_take(size_t chunk)
+/* A buffer of at least chunk bytes, its size in *bytes: a kept one, else a new one. */
+static void *buffer_take(size_t chunk, size_t *bytes)
 {
     void *p = NULL;
     pthread_mutex_lock(&pool_lock);
     for (int i = 0; i < POOLED && !p; i++)
         if (pool[i] && pool_bytes[i] >= rounded(chunk))
-            p = pool[i], pool[i] = NULL;
+            p = pool[i], *bytes = pool_bytes[i], pool[i] = NULL;
     pthread_mutex_unlock(&pool_lock);
-    return p ? p : shard_buffer(chunk);
+    if (!p && (p = shard_buffer(chunk)))
+        *bytes = rounded(chunk);
+    return p;
 }
 
-/* Give back a buffer of buffer_take(chunk): kept in a free slot or in place of a smaller
+/* Give back a buffer of `bytes` (buffer_take's): kept in a free slot or in place of a smaller
  * one (freed), else freed. */
-static void buffer_give(void *p, size_t chunk)
+static void buffer_give(void *p, size_t bytes)
 {
-    size_t bytes = rounded(chunk);
     if (!p)
         return;
     pthread_mutex_lock(&pool_lock);
@@ -85,16 +86,17 @@ static void buffer_give(void *p, size_t chunk)
 int dio_shard_prepare(size_t chunk, int count)
 {
     void *held[POOLED] = {NULL};
+    size_t bytes[POOLED] = {0};
     int rc = 0;
     count = count < POOLED ? count : POOLED;
     for (int i = 0; i < count && rc == 0; i++) {
-        if (!(held[i] = buffer_take(chunk)))
+        if (!(held[i] = buffer_take(chunk, &bytes[i])))
             rc = -ENOMEM;
         else
-            memset(held[i], 0, chunk); /* its pages faulted in now */
+            memset(held[i], 0, bytes[i]); /* its pages faulted in now */
     }
     for (int i = 0; i < count; i++)
-        buffer_give(held[i], chunk);
+        buffer_give(held[i], bytes[i]);
     return rc;
 }
 
@@ -169,6 +171,7 @@ typedef struct block_maker {
     pthread_mutex_t lock;
     pthread_cond_t changed;
     unsigned char *buf[2];
+    size_t bytes[2]; /* each buffer's size (buffer_take's) */
     size_t chunk;
     int64_t nbytes;
     uint64_t seed;
@@ -267,17 +270,17 @@ static int maker_open(block_maker *m, int64_t nbytes, uint64_t seed, const dio_c
 {
     memset(m, 0, sizeof *m);
     m->chunk = chunk, m->nbytes = nbytes, m->seed = seed, m->content = c;
-    if (!(m->buf[0] = buffer_take(chunk)) ||
-        (nbytes > (int64_t)chunk && !(m->buf[1] = buffer_take(chunk)))) {
-        buffer_give(m->buf[0], chunk);
+    if (!(m->buf[0] = buffer_take(chunk, &m->bytes[0])) ||
+        (nbytes > (int64_t)chunk && !(m->buf[1] = buffer_take(chunk, &m->bytes[1])))) {
+        buffer_give(m->buf[0], m->bytes[0]);
         return -ENOMEM;
     }
     int64_t t0 = dio_now_ns();
     int rc = maker_start(m);
     *made_ns += dio_now_ns() - t0;
     if (rc < 0) {
-        buffer_give(m->buf[0], chunk);
-        buffer_give(m->buf[1], chunk);
+        buffer_give(m->buf[0], m->bytes[0]);
+        buffer_give(m->buf[1], m->bytes[1]);
     }
     return rc;
 }
@@ -285,8 +288,8 @@ static int maker_open(block_maker *m, int64_t nbytes, uint64_t seed, const dio_c
 static void maker_close(block_maker *m)
 {
     maker_stop(m);
-    buffer_give(m->buf[0], m->chunk);
-    buffer_give(m->buf[1], m->chunk);
+    buffer_give(m->buf[0], m->bytes[0]);
+    buffer_give(m->buf[1], m->bytes[1]);
 }
 
 int dio_shard_write(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
@@ -414,6 +417,7 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
                    const char *path, dio_error *err)
 {
     unsigned char *buf;
+    size_t bytes = 0;
     int64_t done = 0, bad = -1;
     int rc = 0;
     if (!path)
@@ -423,7 +427,7 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
     if (offset < 0 || nbytes < 0)
         return dio_fail(err, EINVAL, path, "shard read %s: invalid extent", path);
     chunk = dio_shard_chunk(chunk, nbytes);
-    if (!(buf = buffer_take(chunk)))
+    if (!(buf = buffer_take(chunk, &bytes)))
         return dio_fail(err, ENOMEM, path, "shard read %s: cannot allocate %zu bytes", path,
                         chunk);
     while (done < nbytes) {
@@ -440,7 +444,7 @@ int dio_shard_read(int fd, int64_t offset, int64_t nbytes, uint64_t seed,
         done += (int64_t)n;
     }
     st->bytes = done;
-    buffer_give(buf, chunk);
+    buffer_give(buf, bytes);
     return rc < 0 ? read_failed(rc, offset, done, nbytes, bad, path, err) : 0;
 }
 
