@@ -137,8 +137,9 @@ def check_all(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueErro
 def agreed_failure(comm, failure: BaseException | None) -> JobError | None:
     """Collectively: this rank's `failure` (None: none) and the others' as one JobError, with
     the distinct messages (and which ranks saw them when not all did); a StopRequested is a
-    stop, not a failure: Stopped when no rank failed otherwise; None when no rank did either."""
-    if isinstance(failure, StopRequested):
+    stop, not a failure: Stopped when no rank failed otherwise; None when no rank did either.
+    A Stopped already agreed by a collective inside (a writer's own check_all) stays a stop."""
+    if isinstance(failure, (StopRequested, Stopped)):
         mine = (None, failure.signum)
     else:
         mine = (None if failure is None else describe(failure), 0)
@@ -160,7 +161,7 @@ def on_root(comm, fn: Callable[[], T], expected=(UserError, OSError, ValueError)
     if comm.Get_rank() == 0:
         try:
             payload = (True, fn())
-        except StopRequested as exc:
+        except (StopRequested, Stopped) as exc:  # a stop, whether agreed inside or not
             payload = (False, exc.signum)
         except expected as exc:
             payload = (False, describe(exc))

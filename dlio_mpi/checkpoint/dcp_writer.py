@@ -27,7 +27,7 @@ import os
 import numpy as np
 
 from .. import _core
-from ..errors import check_all, on_root
+from ..errors import check_all, on_root, raise_if_stopped
 from ..ownership import temporary_name
 from .content import core_content
 from .dcp_layout import METADATA, DcpLayout, dcp_seed
@@ -167,6 +167,7 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
         buf, at, size = self._buffer, 0, planned.size
         content = core_content(self.content, size)
         while at < size:
+            raise_if_stopped()  # between two calls: a stop waits for one call at most
             n = min(len(buf), size - at)
             view = buf[:n]
             began = _core.now_ns()
@@ -271,7 +272,8 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
             if drop_cache:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                with stats.storage_call():
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             began, head = _core.now_ns(), b""
             while True:
                 data = os.read(fd, METADATA_FRAME)
@@ -293,6 +295,7 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
         buf, at, end = self._buffer, r.offset, r.offset + r.length
         payload_end = r.payload_offset + r.payload_length
         while at < end:
+            raise_if_stopped()
             n = min(len(buf), end - at)
             view = buf[:n]
             began = _core.now_ns()
