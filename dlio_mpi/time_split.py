@@ -10,6 +10,11 @@ from __future__ import annotations
 EMULATOR_LIMIT = 0.10  # a phase whose emulator's share is above this is limited by it
 
 
+def limited_by(emulator_share: float) -> str:
+    """Which of the two limits a phase whose emulator's share is `emulator_share`."""
+    return "emulator" if emulator_share > EMULATOR_LIMIT else "storage"
+
+
 def split_of(own_ns: int, storage_ns: int) -> dict:
     """A rank's phase of `own_ns` split into the storage's calls (`storage_ns`) and the
     emulator's time, and which of the two limits it."""
@@ -17,7 +22,7 @@ def split_of(own_ns: int, storage_ns: int) -> dict:
     share = (own_ns - storage) / own_ns if own_ns > 0 else 0.0
     return {"storage_seconds": storage / 1e9, "emulator_seconds": (own_ns - storage) / 1e9,
             "emulator_share": round(share, 6),
-            "limited_by": "emulator" if share > EMULATOR_LIMIT else "storage"}
+            "limited_by": limited_by(share)}
 
 
 def verdict_text(split: dict) -> str:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..time_split import EMULATOR_LIMIT, split_of
+from ..time_split import limited_by, split_of
 
 GB = 2**30
 
@@ -124,7 +124,7 @@ def time_split_summary(records: list[CheckpointRecord]) -> dict:
             out[kind] = {"emulator_share_max": share,
                          "emulator_seconds_total": sum(s["emulator_seconds"] for s in splits),
                          "storage_seconds_total": sum(s["storage_seconds"] for s in splits),
-                         "limited_by": "emulator" if share > EMULATOR_LIMIT else "storage"}
+                         "limited_by": limited_by(share)}
     return out
 
 
