@@ -71,6 +71,7 @@ from .mpi.pacing import (
 )
 from .mpi.topology import HostInfo, Topology, discover, emulated_ranks_per_node
 from .ownership import remove_quietly
+from .plan.checks import check_direct_io
 from .plan.derive import RunPlan, derive_plan, derive_plan_everywhere
 from .plan.notes import resolve_read_mode
 from .plan.render import describe_plan
@@ -89,7 +90,7 @@ from .sampling.sharding import (
     rank_draws,
     rank_shard,
 )
-from .storage.filesystems import check_direct_io, check_striping, describe_filesystems
+from .storage.filesystems import check_striping, describe_filesystems
 from .tiers.cache import CacheTier, room_warning
 from .tiers.stage_in import StageSet, clean_stage, rerooted, stage_in
 from .time_split import verdict_text

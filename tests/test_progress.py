@@ -80,7 +80,7 @@ def test_off_and_other_ranks_show_nothing(capsys):
 
 def test_a_task_in_bytes_shows_mib(tmp_path):
     """Checkpoints are followed in bytes of rank 0's share (its process's /proc io counter)."""
-    from dlio_mpi.checkpoint.checkpointer import _process_io
+    from dlio_mpi.storage.counters import process_field as _process_io
 
     out = io.StringIO()
     before = _process_io("wchar")

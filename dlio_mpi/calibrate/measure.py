@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from torch.utils.data import Dataset
 
-from ..readers.base import io_between, thread_io
+from ..storage.counters import io_between, thread_io
 from .datasets import EpochSampler, make_loader
 
 # the columns of an item's record

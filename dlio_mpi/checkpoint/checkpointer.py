@@ -24,6 +24,7 @@ from typing import Callable
 from .. import _core, progress
 from ..errors import JobError, Stopped, UserError, check_all, on_root
 from ..ownership import FolderLock, remove_quietly
+from ..storage.counters import process_field
 from ..storage.filesystems import apply_striping
 from .async_write import AsyncSaver
 from .drain import Drainer
@@ -450,8 +451,8 @@ class Checkpointer:
             with progress.task(f"checkpoint {kind} {index} ({checkpoint_id}), rank 0's share",
                                share, progress.BYTES) as shown:
                 if shown.active:
-                    before = _process_io(field)
-                    shown.watch(lambda: min(max(_process_io(field) - before, 0), share)
+                    before = process_field(field)
+                    shown.watch(lambda: min(max(process_field(field) - before, 0), share)
                                 if before >= 0 else 0)
                 stats = act()
             return stats, _core.now_ns()
@@ -472,17 +473,3 @@ def _check_complete(folder: CheckpointFolder, cid: str) -> None:
                         "is not a complete checkpoint of an earlier dlio-mpi run; expected "
                         "num_checkpoints_read <= num_checkpoints_write, or the checkpoints "
                         "of an earlier run of this workload in that folder")
-
-
-def _process_io(field: str) -> int:
-    """This process's `field` of /proc/self/io (rchar, wchar: bytes read or written by its
-    system calls, every thread's); -1 where the kernel does not say."""
-    try:
-        with open("/proc/self/io", "rb") as fp:
-            for line in fp:
-                name, _, value = line.partition(b":")
-                if name == field.encode():
-                    return int(value)
-    except OSError:
-        pass
-    return -1

@@ -15,6 +15,7 @@ from ..errors import UserError, install_hint
 from ..readers import (
     batches_in_flight,
 )
+from ..storage.filesystems import check_direct_io_folder
 from .limits import (
     CACHE_FILL_BUFFER,
     CHECKPOINT_BLOCK,
@@ -290,3 +291,31 @@ def check_pt_save_importable() -> None:
                         f"torch cannot be imported ({exc}); install it with "
                         f"{install_hint('torch')} (torch 2.13.0, the CPU build), or use "
                         "checkpoint_mechanism native") from None
+
+
+def direct_io_uses(cfg, data_folder: str) -> list[tuple[str, str, str]]:
+    """(folder, its key, the O_DIRECT key) of every folder the run reads or writes with
+    O_DIRECT outside the C engine's epochs (whose opens refuse such a file system
+    themselves, naming the file): checkpoints, their drain (both tiers), reader.staging's
+    reads."""
+    uses = []
+    ck = cfg.checkpoint
+    if cfg.workflow.checkpoint and ck.odirect:
+        uses.append((ck.checkpoint_folder, "checkpoint.checkpoint_folder", "checkpoint.odirect"))
+    if cfg.workflow.checkpoint and ck.drain is not None and ck.drain.odirect:
+        uses += [(ck.drain.to, "checkpoint.drain.to", "checkpoint.drain.odirect"),
+                 (ck.checkpoint_folder, "checkpoint.checkpoint_folder",
+                  "checkpoint.drain.odirect")]
+    rd = cfg.reader
+    if cfg.workflow.train and rd.odirect and rd.staging != "none":
+        stage = cfg.storage.stage_in
+        uses.append((stage.to, "storage.stage_in.to", "reader.odirect") if stage is not None
+                    else (data_folder, "dataset.data_folder", "reader.odirect"))
+    return uses
+
+
+def check_direct_io(cfg, data_folder: str) -> None:
+    """Refuse, before any I/O, O_DIRECT asked of a folder on a file system without real
+    direct I/O (direct_io_uses)."""
+    for folder, folder_key, odirect_key in direct_io_uses(cfg, data_folder):
+        check_direct_io_folder(folder, folder_key, odirect_key)

@@ -47,14 +47,13 @@ from .. import _core
 from ..data.catalog import SplitFiles
 from ..formats.hdf5 import Rows
 from ..sampling.requests import ReadPlan
+from ..storage.counters import IoChain, forget_thread_io
 from .base import (
     BatchStats,
-    IoChain,
     ReaderBackend,
     ReaderOptions,
     RequestTrace,
     drop_cached_pages,
-    forget_thread_io,
 )
 
 if TYPE_CHECKING:

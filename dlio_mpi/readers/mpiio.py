@@ -61,6 +61,7 @@ from ..mpi.library import (
 )
 from ..mpi.mpiio import info_of, open_file
 from ..sampling.requests import ReadPlan
+from ..storage.counters import process_io
 from .base import (
     BatchStats,
     IoWatchdog,
@@ -83,17 +84,11 @@ class MpiioBatch(BatchStats):
     offsets: np.ndarray | None = None
 
 
-def process_bytes_read() -> int | None:
+def _rchar() -> int | None:
     """rchar of /proc/self/io: the bytes every read() of this process returned (None where
     the kernel does not say)."""
-    try:
-        with open("/proc/self/io", "rb") as fp:
-            for line in fp:
-                if line.startswith(b"rchar:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return None
+    got = process_io()
+    return None if got is None else got[0]
 
 
 HUGE_PAGE = 2 << 20
@@ -280,7 +275,7 @@ class _MpiioReader(ReaderBackend):
         self._holding = False
         self._stall = stall_hook()
         self.inline = is_open_mpi()  # see _InlineReads
-        self._rchar_at_open = process_bytes_read()
+        self._rchar_at_open = _rchar()
 
     # buffers and the epoch
 
@@ -367,7 +362,7 @@ class _MpiioReader(ReaderBackend):
 
     def describe(self) -> dict:
         reported = (self.read_back or {}).get("direct_read")
-        rchar = process_bytes_read()
+        rchar = _rchar()
         return {
             "backend": "mpiio", "file_access": self.file_access,
             "mpi_library": mpi_library(),

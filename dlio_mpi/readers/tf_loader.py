@@ -70,6 +70,7 @@ import tensorflow as tf  # noqa: E402
 from .. import _core  # noqa: E402
 from ..data.catalog import SplitFiles  # noqa: E402
 from ..sampling.requests import ReadPlan  # noqa: E402
+from ..storage.counters import process_io  # noqa: E402
 from . import FRAMEWORK_LOADERS  # noqa: E402
 from .base import (  # noqa: E402
     BatchStats,
@@ -92,18 +93,6 @@ try:  # one rank per accelerator is the emulation; TensorFlow takes no GPU here
     tf.config.set_visible_devices([], "GPU")
 except (RuntimeError, ValueError):  # already initialised, or no GPU support
     pass
-
-
-def process_io() -> tuple[int, int, int] | None:
-    """(rchar, syscr, bytes of this very read) of the whole process from /proc/self/io;
-    None where the kernel does not say."""
-    try:
-        with open("/proc/self/io", "rb") as fp:
-            text = fp.read()
-    except OSError:
-        return None
-    values = dict(line.split(b":") for line in text.splitlines() if b":" in line)
-    return int(values[b"rchar"]), int(values[b"syscr"]), len(text)
 
 
 def parallel_reads(read_threads: int) -> int | None:

@@ -69,11 +69,11 @@ from ..data.catalog import SplitFiles
 from ..data.dataset import FileNaming
 from ..formats.base import Format
 from ..sampling.requests import ReadPlan
+from ..storage.counters import IoChain
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
 from .base import (
     BatchStats,
     BatchWaitWatch,
-    IoChain,
     ReaderBackend,
     ReaderOptions,
     RequestTrace,

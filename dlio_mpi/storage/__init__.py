@@ -1,2 +1,73 @@
-"""The file systems under the folders: their type and mount (mountinfo, statfs), Lustre
-striping (lfs setstripe, getstripe), and node-local folders (node_local.py)."""
+"""Every I/O the emulator asks of storage, behind one seam (seam.py; POSIX in posix.py); which
+files are ours; file system type, mount and Lustre striping; node-local folders.
+
+storage_for picks the implementation serving a path; ownership.py names our temporaries and
+locks; filesystems.py and node_local.py hold the file-system facts."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import UserError
+from .posix import PosixStorage
+from .seam import Entry, Handle, Storage
+
+__all__ = ["Entry", "Handle", "Storage", "implementations", "missing_folders",
+           "read_own_json", "remove_empty_folders", "storage_for"]
+
+_POSIX = PosixStorage()
+_BY_SCHEME: dict[str, Storage] = {"": _POSIX}  # an object store adds its "<scheme>" here
+
+
+def implementations() -> dict[str, Storage]:
+    """The registry: each implementation under the scheme of the paths it serves."""
+    return dict(_BY_SCHEME)
+
+
+def storage_for(path: str) -> Storage:
+    """The implementation serving `path`: its "<scheme>://" prefix, none for POSIX."""
+    scheme, sep, _ = path.partition("://")
+    if not sep or "/" in scheme:
+        return _POSIX
+    try:
+        return _BY_SCHEME[scheme]
+    except KeyError:
+        raise UserError(f"{path}: no storage implements {scheme}:// yet; expected a path "
+                        f"(or one of: {', '.join(s for s in _BY_SCHEME if s) or 'none'})") \
+            from None
+
+
+def read_own_json(path: str, refusal: str) -> dict | None:
+    """A JSON record dlio-mpi wrote (its "tool" is "dlio-mpi"): None when there is none;
+    UserError(refusal) when the file there is anything else."""
+    import json
+
+    try:
+        raw = storage_for(path).read_small(path, 1 << 26)
+        if raw is None:
+            return None
+        body = json.loads(raw)
+    except (OSError, ValueError):
+        body = None
+    if not isinstance(body, dict) or body.get("tool") != "dlio-mpi":
+        raise UserError(refusal)
+    return body
+
+
+def missing_folders(path: str) -> list[str]:
+    """The folders make_folders(path) would create, deepest first (to remove them again)."""
+    fs, missing = storage_for(path), []
+    path = os.path.abspath(path) if not fs.scheme else path
+    while path and not fs.exists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def remove_empty_folders(folders) -> None:
+    """Remove each of `folders` in order, leaving any that holds something."""
+    for folder in folders:
+        storage_for(folder).remove_folder(folder)

@@ -17,12 +17,18 @@ import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ..errors import UserError
 
-if TYPE_CHECKING:
-    from ..config.schema import Lustre
+
+class StripingKeys(Protocol):
+    """What the striping functions read of a `storage.lustre` section (config's Lustre)."""
+
+    stripe_count: int | None
+    stripe_size: int | None
+    pool: str | None
+    required: bool
 
 MOUNTINFO = "/proc/self/mountinfo"
 LFS_TIMEOUT_SECONDS = 30.0
@@ -112,34 +118,6 @@ def check_direct_io_folder(folder: str, folder_key: str, odirect_key: str) -> No
                         "a file system without real direct I/O (tmpfs only emulates it "
                         f"through the page cache); set {odirect_key}: false or choose a "
                         "folder on another file system")
-
-
-def direct_io_uses(cfg, data_folder: str) -> list[tuple[str, str, str]]:
-    """(folder, its key, the O_DIRECT key) of every folder the run reads or writes with
-    O_DIRECT outside the C engine's epochs (whose opens refuse such a file system
-    themselves, naming the file): checkpoints, their drain (both tiers), reader.staging's
-    reads."""
-    uses = []
-    ck = cfg.checkpoint
-    if cfg.workflow.checkpoint and ck.odirect:
-        uses.append((ck.checkpoint_folder, "checkpoint.checkpoint_folder", "checkpoint.odirect"))
-    if cfg.workflow.checkpoint and ck.drain is not None and ck.drain.odirect:
-        uses += [(ck.drain.to, "checkpoint.drain.to", "checkpoint.drain.odirect"),
-                 (ck.checkpoint_folder, "checkpoint.checkpoint_folder",
-                  "checkpoint.drain.odirect")]
-    rd = cfg.reader
-    if cfg.workflow.train and rd.odirect and rd.staging != "none":
-        stage = cfg.storage.stage_in
-        uses.append((stage.to, "storage.stage_in.to", "reader.odirect") if stage is not None
-                    else (data_folder, "dataset.data_folder", "reader.odirect"))
-    return uses
-
-
-def check_direct_io(cfg, data_folder: str) -> None:
-    """Refuse, before any I/O, O_DIRECT asked of a folder on a file system without real
-    direct I/O (direct_io_uses)."""
-    for folder, folder_key, odirect_key in direct_io_uses(cfg, data_folder):
-        check_direct_io_folder(folder, folder_key, odirect_key)
 
 
 def mount_of(path: str, mounts: list[Mount]) -> Mount | None:
@@ -275,7 +253,7 @@ def describe_filesystems(paths: dict[str, str], mountinfo: str = MOUNTINFO,
 
 
 # --------------------------------------------------------------------------- striping
-def setstripe_args(lustre: Lustre, folder: str) -> list[str]:
+def setstripe_args(lustre: StripingKeys, folder: str) -> list[str]:
     """The arguments of `lfs setstripe` for a `storage.lustre` section, or [] when it sets
     no layout (only `required`)."""
     options = [(flag, value) for flag, value in (
@@ -288,7 +266,7 @@ def setstripe_args(lustre: Lustre, folder: str) -> list[str]:
             os.path.abspath(folder)]
 
 
-def check_striping(lustre: Lustre, folder: str, mountinfo: str = MOUNTINFO) -> dict[str, Any]:
+def check_striping(lustre: StripingKeys, folder: str, mountinfo: str = MOUNTINFO) -> dict[str, Any]:
     """Whether `storage.lustre` can be applied to `folder`, changing nothing: "planned" on
     Lustre with lfs at hand, else "not applicable" or "lfs not found" with a note, or
     UserError when storage.lustre.required is true."""
@@ -308,14 +286,14 @@ def check_striping(lustre: Lustre, folder: str, mountinfo: str = MOUNTINFO) -> d
     return {**result, "status": "planned"}
 
 
-def _refuse_or_note(lustre: Lustre, result: dict[str, Any], status: str, problem: str
+def _refuse_or_note(lustre: StripingKeys, result: dict[str, Any], status: str, problem: str
                     ) -> dict[str, Any]:
     if lustre.required:
         raise UserError(f"{REQUIRED_KEY} is true, but {problem}")
     return {**result, "status": status, "note": f"storage.lustre: {status}: {problem}"}
 
 
-def apply_striping(lustre: Lustre, folder: str, mountinfo: str = MOUNTINFO,
+def apply_striping(lustre: StripingKeys, folder: str, mountinfo: str = MOUNTINFO,
                    timeout: float = LFS_TIMEOUT_SECONDS) -> dict[str, Any]:
     """Rank 0, before any file of the data set is created: set the default layout of the
     data `folder` (created when missing) with `lfs setstripe`, and read it back. Returns

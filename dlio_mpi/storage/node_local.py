@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from ..errors import UserError, check_all
-from ..ownership import create_exclusive, remove_quietly
+from . import storage_for
 
 
 def node_root(to: str, scope: str, node: int, emulated: bool) -> str:
@@ -18,23 +18,24 @@ def node_root(to: str, scope: str, node: int, emulated: bool) -> str:
 def check_node_local(comm, to: str, node: int, leader: bool, tag: str) -> None:
     """Collective (scope node on real nodes): refuse a `to` that the nodes share."""
     probe = os.path.join(to, f".dlio_mpi-{tag}-node{node}.probe")
+    fs = storage_for(to)
 
     def write() -> None:
         if leader:
-            os.makedirs(to, exist_ok=True)
-            os.close(create_exclusive(probe))
+            fs.make_folders(to)
+            fs.close(fs.create_exclusive(probe))
 
     check_all(comm, write)
     comm.Barrier()
     seen = []
     if leader:
-        seen = sorted(n for n in os.listdir(to)
-                      if n.startswith(f".dlio_mpi-{tag}-node") and n.endswith(".probe")
-                      and n != os.path.basename(probe))
+        seen = sorted(e.name for e in fs.list(to)
+                      if e.name.startswith(f".dlio_mpi-{tag}-node")
+                      and e.name.endswith(".probe") and e.name != os.path.basename(probe))
     seen = comm.allgather(seen)
     comm.Barrier()
     if leader:
-        remove_quietly([probe])
+        fs.remove_quietly([probe])
     shared = [(n, s) for n, s in enumerate(seen) if s]
     if shared:
         raise UserError(f"storage.stage_in.scope: node, but {to} is one folder the nodes "
