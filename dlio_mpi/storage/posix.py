@@ -135,6 +135,19 @@ class PosixStorage(Storage):
             raise UserError(f"{path} exists and is not dlio-mpi's: it was left as it is; "
                             "remove it yourself or choose another folder") from None
 
+    def put(self, path: str, data, sync: bool = False) -> None:
+        fd = self.create_exclusive(path)
+        try:
+            try:
+                self.append(fd, data)
+                if sync:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+        except BaseException:
+            self.remove_quietly([path])
+            raise
+
     def open_write(self, path: str, direct: bool = False) -> Handle:
         return os.open(path, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK
                        | (os.O_DIRECT if direct else 0))

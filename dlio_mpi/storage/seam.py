@@ -15,6 +15,7 @@ operation: POSIX / S3 (the full table: docs/architecture.md)
 - stream: a buffered reader on the file / GetObject's body
 - drop_cached: posix_fadvise DONTNEED / nothing (no client cache)
 - create_exclusive: open O_CREAT O_EXCL / CreateMultipartUpload, completed If-None-Match: *
+- put: create_exclusive, write, fsync, close / PutObject with If-None-Match: *
 - open_write: open O_WRONLY of a file of ours / the upload id of one we created
 - write_at, append: pwrite, write / UploadPart on part boundaries, PutObject when small
 - truncate: ftruncate / the size the parts will sum to
@@ -115,6 +116,12 @@ class Storage:
     # ---- write
     def create_exclusive(self, path: str, direct: bool = False) -> Handle:
         """Create a new file for writing; UserError if anything already has that name."""
+        raise NotImplementedError
+
+    def put(self, path: str, data, sync: bool = False) -> None:
+        """Create `path` exclusively (as create_exclusive) holding `data`, made durable first
+        when `sync`; nothing left under its name on failure (a manifest's temporary, a
+        record, a probe)."""
         raise NotImplementedError
 
     def open_write(self, path: str, direct: bool = False) -> Handle:
