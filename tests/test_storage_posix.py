@@ -111,7 +111,7 @@ def test_open_read_refuses_a_fifo_without_blocking_and_names_it(fs, tmp_path):
     t.start()
     t.join(10)
     assert done == [True], "an open of a FIFO blocked"
-    with pytest.raises(OSError, match="is a folder, not a regular file"):
+    with pytest.raises(IsADirectoryError, match="is a directory, not a regular file"):
         fs.open_read(str(tmp_path))
 
 

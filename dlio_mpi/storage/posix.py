@@ -39,9 +39,10 @@ def _kind(mode: int) -> str:
             else "link" if stat.S_ISLNK(mode) else "other")
 
 
-def _what(mode: int) -> str:
-    return ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode)
-            else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
+def _what(mode: int) -> str:  # worded as the C core's open of a data file (dio_open.c)
+    return ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket")
 
 
 def _appeared(path: str) -> UserError:
@@ -85,8 +86,8 @@ class PosixStorage(Storage):
         try:
             mode = os.fstat(fd).st_mode
             if not stat.S_ISREG(mode):  # pread would say "Illegal seek", naming nothing
-                raise OSError(errno.EINVAL, f"{path} is {_what(mode)}, not a regular file",
-                              path)
+                raise OSError(errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL,
+                              f"{path} is {_what(mode)}, not a regular file", path)
         except BaseException:
             os.close(fd)
             raise
