@@ -69,7 +69,7 @@ def test_an_existing_file_is_never_replaced(folder):
 def test_a_write_failing_midway_leaves_no_file_that_looks_complete(folder, monkeypatch):
     import dlio_mpi.checkpoint.file_per_rank as module
 
-    def failing(fd, offset, nbytes, seed, *args):
+    def failing(fd, offset, nbytes, seed, *args, **options):
         os.write(fd, b"x" * 4096)  # part of the file, then the fault
         raise OSError(28, "No space left on device")
 

@@ -176,7 +176,7 @@ def test_an_existing_file_is_never_replaced(folder):
 
 
 def test_a_temporary_in_the_way_is_refused_and_left(folder):
-    from dlio_mpi.ownership import temporary_name
+    from dlio_mpi.storage.ownership import temporary_name
 
     tmp = temporary_name(str(folder / CID / FILES[0][0]), "t")
     Path(tmp).write_bytes(b"whoever's")

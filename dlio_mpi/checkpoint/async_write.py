@@ -6,10 +6,10 @@ At a save the step loop stalls only for the snapshot: the rank's share put into 
 (the C core's dio_shard_snapshot: the checkpoint stream of each file made into it, the bytes a
 synchronous save writes, so that a restore checks them alike; it makes bytes faster than a
 memcpy copies them), paced by checkpoint.snapshot_bytes_per_second where given (a
-device-to-host copy over PCIe). A background thread then writes the snapshot through the C core
-(dio_buffer_write: large calls, O_DIRECT and fsync as configured; the GIL released, no MPI call
-in the thread). The next save, an evaluation, a restore or the run's end waits for the write
-(Checkpointer.finish).
+device-to-host copy over PCIe). A background thread then writes the snapshot through the storage's
+write_buffer (the C core's dio_buffer_write: large calls, O_DIRECT and fsync as configured; the
+GIL released, no MPI call in the thread). The next save, an evaluation, a restore or the run's
+end waits for the write (Checkpointer.finish).
 
 The snapshot buffer (the share's bytes, each file's part aligned to 2 MiB, advised to huge
 pages) is allocated and touched once before training, outside any timing; its bytes are
@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import _core
+from ..storage import storage_for
 from .content import core_content
 from .writer import AsyncFile, IoStats
 
@@ -98,8 +99,9 @@ class AsyncSaver:
         def write() -> None:
             try:
                 for part, f in zip(self.parts, files):
-                    written.stats.add(_core.write_buffer(f.fd, f.offset, part, self.chunk,
-                                                         self.odirect, self.fsync, f.tmp))
+                    written.stats.add(storage_for(f.tmp).write_buffer(
+                        f.fd, f.offset, part, chunk=self.chunk, odirect=self.odirect,
+                        fsync=self.fsync, path=f.tmp))
             except BaseException as exc:  # told at finish, agreed by every rank there
                 written.error = exc
             written.end_ns = _core.now_ns()

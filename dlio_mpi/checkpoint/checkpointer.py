@@ -23,7 +23,7 @@ from typing import Callable
 
 from .. import _core, progress
 from ..errors import JobError, Stopped, UserError, check_all, on_root
-from ..ownership import FolderLock, remove_quietly
+from ..storage import storage_for
 from ..storage.counters import process_field
 from ..storage.filesystems import apply_striping
 from .async_write import AsyncSaver
@@ -35,7 +35,7 @@ from .schedule import Schedule
 from .shared_file import NAME as SHARED_NAME
 from .shared_file import SharedFile
 from .sizing import CheckpointLayout
-from .writer import AsyncFile, CheckpointWriter, IoStats
+from .writer import AsyncFile, CheckpointWriter, IoStats, close_async_files, remove_async_files
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Checkpointer:
             ck.content, layout))
         self.folder = CheckpointFolder(self.root, tag) if rank == 0 else None
         self.striping: dict | None = None  # what storage.lustre did to the folder
-        self.lock: FolderLock | None = None  # rank 0's, on the folder (run.py holds it)
+        self.lock = None  # rank 0's claim of the folder (Storage.claim; run.py holds it)
         self.saves = 0
         self.saver: AsyncSaver | None = None  # checkpoint.async_write's
         if ck.async_write:  # this rank's files' sizes (`sizes` stays every rank's share)
@@ -197,9 +197,10 @@ class Checkpointer:
                                            _check_complete) if self.drainer else []
             lustre = self.cfg.storage.lustre  # the folder's default layout, as the data's
             striping = apply_striping(lustre, self.root) if lustre is not None else None
-            os.makedirs(self.root, exist_ok=True)  # nothing written before the checks
+            fs = storage_for(self.root)
+            fs.make_folders(self.root)  # nothing written before the checks
             # one job at a time: another's checkpoints are never removed under it
-            self.lock = FolderLock(self.root, "checkpoints")
+            self.lock = fs.claim(self.root, "checkpoints")
             self.lock.acquire()
             removed = self.folder.clear(in_the_way)
             if self.drainer is not None:
@@ -396,12 +397,9 @@ class Checkpointer:
         self.saver.wait()
         if self.pending is not None:
             files, self.pending = self.pending.files, None
-            for f in files:
-                if f.fd >= 0:
-                    os.close(f.fd)
-                    f.fd = -1
+            close_async_files(files)
             if self.comm.Get_rank() == 0 or not self.writer.collective:
-                remove_quietly([f.tmp for f in files])
+                remove_async_files(files)
         self.saver.close()
 
     def describe_drain(self, records: list[CheckpointRecord]) -> dict | None:

@@ -28,7 +28,8 @@ import numpy as np
 
 from .. import _core
 from ..errors import check_all, on_root, raise_if_stopped
-from ..ownership import temporary_name
+from ..storage import Handle, storage_for
+from ..storage.ownership import temporary_name
 from .content import core_content
 from .dcp_layout import METADATA, DcpLayout, dcp_seed
 from .dcp_plan import PlannedFile, local_save_plan, restore_reads
@@ -91,6 +92,7 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
         self.comm, self.folder, self.tag, self.fsync = comm, folder, tag, fsync
         self.layout, self.plan, self.content = layout, layout.plan, content
         self.rank, self.world = comm.Get_rank(), comm.Get_size()
+        self.fs = storage_for(folder)
         self._framing: dict[str, tuple[list, list[int]]] = {}
         self._buffer: np.ndarray | None = None
         if self.rank == 0:  # .metadata's pickle, made once before any save (outside its time)
@@ -159,7 +161,7 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
                             fd, dcp_seed(checkpoint, self.rank, index), planned, stats, tmp))
         return [(i.fqn, i.file, i.offset, i.length) for f in self._own() for i in f.items]
 
-    def _write_file(self, fd: int, seed: int, planned: PlannedFile, stats: IoStats,
+    def _write_file(self, fd: Handle, seed: int, planned: PlannedFile, stats: IoStats,
                     path: str) -> None:
         """The file's bytes in calls of CHUNK: the checkpoint stream of `seed` with the items'
         framing over it; fsync when checkpoint.fsync."""
@@ -175,17 +177,15 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
             overlay(view, at, pieces, starts)
             stats.emulator_ns += _core.now_ns() - began
             began = _core.now_ns()
-            done = 0
-            while done < n:
-                done += os.pwrite(fd, view[done:], at + done)
-                stats.calls += 1
+            self.fs.write_at(fd, view, at)
+            stats.calls += 1
             stats.io_ns += _core.now_ns() - began
             at += n
         stats.bytes += size
         stats.files += 1
         if self.fsync:
             began = _core.now_ns()
-            os.fsync(fd)
+            self.fs.sync(fd)
             stats.syncs += 1
             stats.sync_ns += _core.now_ns() - began
 
@@ -208,31 +208,24 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
         data = self.template.render(os.path.join(self.folder, checkpoint_id))
         stats = stats if stats is not None else IoStats()
 
-        def write(fd: int, _: str) -> None:
+        def write(fd: Handle, _: str) -> None:
             # torch pickles into a buffered file and fsyncs before closing it: the last
             # frame's bytes (all of a .metadata under 64 KiB) are written after the fsync
             tail = len(data) % METADATA_FRAME if len(data) >= METADATA_FRAME else len(data)
             with stats.storage_call():
-                self._write_all(fd, data[:len(data) - tail], 0)
+                self.fs.write_at(fd, memoryview(data)[:len(data) - tail], 0)
             if self.fsync:
                 began = _core.now_ns()
-                os.fsync(fd)
+                self.fs.sync(fd)
                 stats.syncs += 1
                 stats.sync_ns += _core.now_ns() - began
             with stats.storage_call():
-                self._write_all(fd, data[len(data) - tail:], len(data) - tail)
+                self.fs.write_at(fd, memoryview(data)[len(data) - tail:], len(data) - tail)
 
         write_whole(self.path(checkpoint_id, METADATA), self.tag, stats, write)
         stats.bytes += len(data)
         stats.files += 1
         return data
-
-    @staticmethod
-    def _write_all(fd: int, data: bytes, at: int) -> None:
-        view = memoryview(data)
-        done = 0
-        while done < len(view):
-            done += os.pwrite(fd, view[done:], at + done)
 
     # ---------------------------------------------------------------- a restore
     def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
@@ -250,11 +243,11 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
         for name, reads in by_file.items():
             path = self.path(checkpoint_id, name)
             with stats.storage_call():
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                fd = self.fs.open_read(path)
             try:
                 if drop_cache:
                     with stats.storage_call():
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                        self.fs.drop_cached(fd)
                 rank, index = _file_number(name)
                 seed = (dcp_seed(checkpoint, rank, index), self._content(name))
                 pieces, starts = self._pieces(name)
@@ -262,34 +255,35 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
                     self._read_item(fd, path, seed, r, pieces, starts, stats)
             finally:
                 with stats.storage_call():
-                    os.close(fd)
+                    self.fs.close(fd)
             stats.files += 1
         return stats
 
     def _read_metadata(self, path: str, drop_cache: bool, stats: IoStats) -> None:
         """All of .metadata, as pickle.load reads it (in frames of about 64 KiB)."""
+        fs = self.fs
         with stats.storage_call():
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            fd = fs.open_read(path)
         try:
             if drop_cache:
                 with stats.storage_call():
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            began, head = _core.now_ns(), b""
+                    fs.drop_cached(fd)
+            began, head, at = _core.now_ns(), b"", 0
             while True:
-                data = os.read(fd, METADATA_FRAME)
+                data = fs.read_at(fd, METADATA_FRAME, at)
                 stats.calls += 1
                 if not data:
                     break
-                head = head or data[:2]
+                head, at = head or data[:2], at + len(data)
                 stats.bytes += len(data)
             stats.io_ns += _core.now_ns() - began
         finally:
-            os.close(fd)
+            fs.close(fd)
         stats.files += 1
         if head != b"\x80\x04":
             raise OSError(5, f"checkpoint {path}: not a pickle of protocol 4", path)
 
-    def _read_item(self, fd: int, path: str, seed: tuple, r, pieces, starts,
+    def _read_item(self, fd: Handle, path: str, seed: tuple, r, pieces, starts,
                    stats: IoStats) -> None:
         """One item whole: its framing compared, its payload checked, in calls of CHUNK."""
         buf, at, end = self._buffer, r.offset, r.offset + r.length
@@ -299,7 +293,7 @@ class DcpWriter(OwnFilesAsync, CheckpointWriter):
             n = min(len(buf), end - at)
             view = buf[:n]
             began = _core.now_ns()
-            got = os.preadv(fd, [view], at)
+            got = self.fs.read_into(fd, view, at)
             stats.io_ns += _core.now_ns() - began
             stats.calls += 1
             if got != n:

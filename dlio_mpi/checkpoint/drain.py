@@ -6,7 +6,7 @@ level do; training goes on meanwhile.
 - Who copies what: each rank its own part of the checkpoint (file_per_rank and pt_save: its
   files, whole; shared: the one file, created by rank 0, cut at the page boundaries below
   the ranks' shares: each rank its share's range, give or take a page), in a
-  thread of its own through the C copy engine (_core.Copier, stage-in's: one aligned buffer
+  thread of its own through the storage's copier (the C core's, stage-in's: one aligned buffer
   of drain.buffer_bytes, read and write calls of that size, O_DIRECT on both sides with
   drain.odirect), each copy fsynced (checkpoint.fsync) and renamed to its final name only
   when every rank's part is in. Drains queue in the order the checkpoints completed.
@@ -32,13 +32,8 @@ from dataclasses import dataclass, field
 
 from .. import _core
 from ..errors import JobError, StopRequested, check_all, describe, on_root
-from ..ownership import (
-    FolderLock,
-    create_exclusive,
-    remove_quietly,
-    rename_noreplace,
-    temporary_name,
-)
+from ..storage import Handle, Storage, storage_for
+from ..storage.ownership import temporary_name
 from .folder import CheckpointFolder, check_checkpoint_space, in_the_way_of
 from .results import CheckpointRecord, gather_record
 from .sizing import RankShard
@@ -88,10 +83,12 @@ class Drainer:
                  tag: str, fsync: bool, clock_offset_ns: int = 0) -> None:
         self.comm, self.opts, self.fast_root, self.tag = comm, opts, fast_root, tag
         self.root = opts.to
+        self.fs = storage_for(self.root)  # drain.to's (the copies'; the sources': source_fs)
+        self.source_fs = storage_for(fast_root)
         self.shared_file, self.starts = shared_file, starts  # the shared layout's file
         self.fsync, self.clock_offset_ns = fsync, clock_offset_ns
         self.folder: CheckpointFolder | None = None  # rank 0's, of drain.to
-        self.lock: FolderLock | None = None
+        self.lock = None  # rank 0's claim of drain.to (Storage.claim)
         self.jobs: list[DrainJob] = []      # started, not yet completed by all ranks
         self._todo: collections.deque[DrainJob] = collections.deque()
         self._cv = threading.Condition()
@@ -107,7 +104,7 @@ class Drainer:
         too little room there for every save; `check_complete(folder, cid)` for checkpoints
         restored from drain.to without being saved. Returns what is in the way (ours)."""
         self.folder = CheckpointFolder(self.root, self.tag, "checkpoint.drain.to")
-        self.lock = FolderLock(self.root, "checkpoint drain")
+        self.lock = self.fs.claim(self.root, "checkpoint drain")
         self.lock.check_free()  # another job's drain.to: refused before the fast tier's claim
         if self.opts.restore_from == "pfs":
             for cid in schedule.load_ids():
@@ -121,7 +118,7 @@ class Drainer:
     def claim(self, in_the_way: list[str]) -> list[str]:
         """Rank 0, after every check: drain.to made, locked for the run and cleared of our
         earlier checkpoints in the way (returned)."""
-        os.makedirs(self.root, exist_ok=True)
+        self.fs.make_folders(self.root)
         self.lock.acquire()
         return self.folder.clear(in_the_way)
 
@@ -137,7 +134,7 @@ class Drainer:
         for piece, source in zip(pieces, sources):
             piece.src_tmp = source
         if self.shared_file is not None:  # rank 0 creates the one copy the ranks write into
-            on_root(self.comm, lambda: os.close(create_exclusive(pieces[0].tmp)))
+            on_root(self.comm, lambda: self.fs.close(self.fs.create_exclusive(pieces[0].tmp)))
         job = DrainJob(index, checkpoint_id, names, pieces, save_start_ns, after)
         self.jobs.append(job)
         with self._cv:
@@ -164,7 +161,7 @@ class Drainer:
 
     def _work(self) -> None:
         try:
-            copier = _core.Copier(self.opts.buffer_bytes)
+            copier = self.fs.copier(self.opts.buffer_bytes)
         except (MemoryError, ValueError) as exc:  # each drain fails with it, told at poll
             copier, self.failure = None, exc
         while True:
@@ -198,17 +195,16 @@ class Drainer:
     def _copy(self, copier, piece: Piece, job: DrainJob) -> bool:
         """One piece, a call of drain.buffer_bytes at a time; True when close() cut it short
         (a stop signal raises StopRequested between two calls)."""
-        direct = os.O_DIRECT if self.opts.odirect else 0
-        src = _open_source(piece, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | direct)
+        # direct: the copier clears it for an unaligned last piece
+        fs, direct = self.fs, self.opts.odirect
+        src = _open_source(self.source_fs, piece, direct)
         try:
             if piece.own:
-                dst = create_exclusive(piece.tmp)
+                dst = fs.create_exclusive(piece.tmp, direct=direct)
             else:
-                dst = os.open(piece.tmp, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                dst = fs.open_write(piece.tmp, direct=direct)
             try:
-                if direct:  # the copy engine clears it for an unaligned last piece
-                    _set_direct(dst)
-                end = piece.offset + (os.fstat(src).st_size if piece.length is None
+                end = piece.offset + (self.source_fs.handle_size(src) if piece.length is None
                                       else piece.length)
                 at = piece.offset
                 while at < end:
@@ -220,12 +216,12 @@ class Drainer:
                     job.bytes += n
                 if self.fsync:
                     started = _core.now_ns()
-                    os.fsync(dst)
+                    fs.sync(dst)
                     job.syncs, job.sync_ns = job.syncs + 1, job.sync_ns + _core.now_ns() - started
             finally:
-                os.close(dst)
+                fs.close(dst)
         finally:
-            os.close(src)
+            self.source_fs.close(src)
         return False
 
     # ----------------------------------------------------------------- completion
@@ -256,11 +252,11 @@ class Drainer:
                 raise JobError("; ".join(sorted({o for _, o in failed})))
         else:
             try:
-                check_all(self.comm, lambda: [rename_noreplace(p.tmp, p.final)
+                check_all(self.comm, lambda: [self.fs.rename_noreplace(p.tmp, p.final)
                                               for p in job.pieces if p.own])
                 if self.shared_file is not None:
-                    on_root(self.comm, lambda: rename_noreplace(job.pieces[0].tmp,
-                                                                job.pieces[0].final))
+                    on_root(self.comm, lambda: self.fs.rename_noreplace(job.pieces[0].tmp,
+                                                                        job.pieces[0].final))
                 on_root(self.comm, lambda: self.folder.complete(job.checkpoint_id, job.names))
             except JobError:
                 self._abandon(job)
@@ -277,7 +273,8 @@ class Drainer:
 
     def _abandon(self, job: DrainJob) -> None:
         """No copy of `job` stays on drain.to, nor its listing (the fast tier's is kept)."""
-        check_all(self.comm, lambda: remove_quietly([p.tmp for p in job.pieces if p.own]))
+        check_all(self.comm, lambda: self.fs.remove_quietly([p.tmp for p in job.pieces
+                                                             if p.own]))
         on_root(self.comm, lambda: self.folder.abandon(job.checkpoint_id))
 
     def fast_copies_to_remove(self, keep: str) -> list[str]:
@@ -301,23 +298,18 @@ class Drainer:
         if self._thread is not None:
             self._thread.join()
         for job in self.jobs:
-            remove_quietly([p.tmp for p in job.pieces if p.own or self.comm.Get_rank() == 0])
+            self.fs.remove_quietly([p.tmp for p in job.pieces
+                                    if p.own or self.comm.Get_rank() == 0])
         self.jobs = []
 
 
-def _open_source(piece: Piece, flags: int) -> int:
+def _open_source(fs: Storage, piece: Piece, direct: bool) -> Handle:
     """The fast tier's file: under its temporary name while its save is completing, then
     under its final name."""
     if piece.src_tmp:
         try:
-            return os.open(piece.src_tmp, flags)
+            return fs.open_read(piece.src_tmp, direct=direct)
         except FileNotFoundError:
             pass  # renamed since
-    return os.open(piece.src, flags)
-
-
-def _set_direct(fd: int) -> None:
-    import fcntl
-
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_DIRECT)
+    return fs.open_read(piece.src, direct=direct)
 

@@ -1,9 +1,9 @@
 """checkpoint.layout: file_per_rank: every rank writes its own files of each checkpoint, as
 DeepSpeed names them, in <checkpoint_folder>/<checkpoint id>/, and reads them back.
 
-A file is written by the C core (_core.write_shard: large writes of bytes made a block ahead
-by a second thread, O_DIRECT when checkpoint.odirect, fsync when checkpoint.fsync) under a
-temporary name of this job's (created with O_EXCL) and renamed to its final name only when
+A file is written by the C core (the storage's write_shard: large writes of bytes made a block
+ahead by a second thread, O_DIRECT when checkpoint.odirect, fsync when checkpoint.fsync) under
+a temporary name of this job's (created with O_EXCL) and renamed to its final name only when
 whole (and synced), never over an existing file: a checkpoint a fault interrupted leaves
 temporaries, never a file that looks complete. Its bytes are the checkpoint stream of
 (checkpoint, rank, file) (fresh in every 4 KiB, unless checkpoint.content asks otherwise), so a
@@ -15,7 +15,8 @@ from __future__ import annotations
 import os
 
 from .. import _core
-from ..ownership import temporary_name
+from ..storage import storage_for
+from ..storage.ownership import temporary_name
 from .content import core_content
 from .sizing import RankShard
 from .writer import AsyncFile, CheckpointWriter, IoStats, OwnFilesAsync, write_whole
@@ -33,6 +34,7 @@ class FilePerRank(OwnFilesAsync, CheckpointWriter):
                  chunk: int = 0, content=None) -> None:
         self.folder, self.tag = folder, tag
         self.odirect, self.fsync, self.chunk, self.content = odirect, fsync, chunk, content
+        self.fs = storage_for(folder)
 
     def path(self, checkpoint_id: str, name: str) -> str:
         return os.path.join(self.folder, checkpoint_id, name)
@@ -56,10 +58,10 @@ class FilePerRank(OwnFilesAsync, CheckpointWriter):
             final = self.path(checkpoint_id, name)
             write_whole(final, self.tag, stats, lambda fd, _, index=index, nbytes=nbytes,
                         final=final:
-                        stats.add(_core.write_shard(
+                        stats.add(self.fs.write_shard(
                             fd, 0, nbytes, shard_seed(checkpoint, shard.rank, index),
-                            self.chunk, self.odirect, self.fsync, final,
-                            core_content(self.content, nbytes))))
+                            chunk=self.chunk, odirect=self.odirect, fsync=self.fsync,
+                            path=final, content=core_content(self.content, nbytes))))
         return stats
 
     def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
@@ -67,24 +69,21 @@ class FilePerRank(OwnFilesAsync, CheckpointWriter):
         """Read the files of `shard` (this rank's, or another's under recovery_rank_shift)
         back and check them; with O_DIRECT when checkpoint.odirect, else (drop_cache) after
         advising the page cache to drop them."""
-        stats = IoStats()
-        # O_NONBLOCK: a FIFO put in place of a file of ours cannot block the open
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (os.O_DIRECT if self.odirect else 0)
+        stats, fs = IoStats(), self.fs
         for index, (name, nbytes) in enumerate(shard.files):
             path = self.path(checkpoint_id, name)
-            with stats.storage_call():
-                fd = os.open(path, flags)
+            with stats.storage_call():  # a FIFO put in place of a file of ours is refused
+                fd = fs.open_read(path, direct=self.odirect)
             try:
                 if drop_cache and not self.odirect:
                     with stats.storage_call():
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                stats.add(_core.read_shard(fd, 0, nbytes,
-                                           shard_seed(checkpoint, shard.rank, index),
-                                           self.chunk, 1, path,
-                                           core_content(self.content, nbytes)))
+                        fs.drop_cached(fd)
+                stats.add(fs.read_shard(fd, 0, nbytes, shard_seed(checkpoint, shard.rank, index),
+                                        chunk=self.chunk, verify=1, path=path,
+                                        content=core_content(self.content, nbytes)))
             finally:
                 with stats.storage_call():
-                    os.close(fd)
+                    fs.close(fd)
         return stats
 
     # ---- asynchronous saves: each rank its own files, renamed by it when whole

@@ -12,20 +12,15 @@ the manifest; the ranks only write their files."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import shutil
 import time
 from typing import TYPE_CHECKING
 
 from ..errors import UserError
-from ..ownership import (
-    create_exclusive,
-    is_temporary_of,
-    read_own_json,
-    remove_quietly,
-    temporary_name,
-)
+from ..storage import Entry, Storage, read_own_json, storage_for
+from ..storage.ownership import is_temporary_of, temporary_name
 
 if TYPE_CHECKING:
     from .schedule import Schedule
@@ -37,7 +32,7 @@ class CheckpointFolder:
     """The manifest of one checkpoint folder, for this run (whose temporaries carry `tag`)."""
 
     def __init__(self, root: str, tag: str, key: str = "checkpoint.checkpoint_folder") -> None:
-        self.root, self.tag = root, tag
+        self.root, self.tag, self.fs = root, tag, storage_for(root)
         self.key = key  # the configuration key of the folder, which its messages name
         self.body = self._read() or {"tool": "dlio-mpi", "checkpoints": {}, "temporaries": []}
 
@@ -47,7 +42,7 @@ class CheckpointFolder:
                                    "folder")
 
     def _present(self, checkpoint_ids: list[str]) -> list[str]:
-        return [cid for cid in checkpoint_ids if os.path.lexists(os.path.join(self.root, cid))]
+        return [cid for cid in checkpoint_ids if self.fs.exists(os.path.join(self.root, cid))]
 
     def check_clear(self, checkpoint_ids: list[str]) -> None:
         """Refuse, naming it, anything in the place of `checkpoint_ids` that clear() would
@@ -68,7 +63,7 @@ class CheckpointFolder:
         self.check_clear(present)  # all looked at before anything is removed
         removed = []
         for cid in present:
-            shutil.rmtree(os.path.join(self.root, cid))
+            _remove_checkpoint(self.fs, os.path.join(self.root, cid))
             del self.body["checkpoints"][cid]
             removed.append(cid)
         if removed:
@@ -78,15 +73,14 @@ class CheckpointFolder:
     def _check_ours(self, cid: str) -> None:
         """Refuse, naming it, anything in the way of checkpoint `cid` that is not ours."""
         folder = os.path.join(self.root, cid)
-        listed = self.body["checkpoints"].get(cid)
-        if listed is None or os.path.islink(folder) or not os.path.isdir(folder):
+        listed, entry = self.body["checkpoints"].get(cid), self.fs.entry(folder)
+        if listed is None or entry is None or entry.kind != "folder":  # a link is refused
             raise UserError(f"{self.key}: {folder} is not a checkpoint of an earlier dlio-mpi "
                             "run; remove it or choose another folder")
         files, tags = listed.get("files", {}), self.body.get("temporaries", [])
-        with os.scandir(folder) as entries:
-            strangers = [e.path for e in entries
-                         if not (is_temporary_of(e.name, tags) or _unchanged(e, files.get(e.name))
-                                 or _renamed_in(e, listed))]
+        strangers = [os.path.join(folder, e.name) for e in self.fs.list(folder)
+                     if not (is_temporary_of(e.name, tags) or _unchanged(e, files.get(e.name))
+                             or _renamed_in(e, listed))]
         if strangers:
             raise UserError(f"{self.key}: {strangers[0]} was not written by an earlier dlio-mpi "
                             "run, or changed since; dlio-mpi replaces only its own "
@@ -96,7 +90,7 @@ class CheckpointFolder:
         """Claim a new checkpoint folder (refused if it appeared meanwhile): listed as
         incomplete, with this run's tag, the names its files will have and when it began,
         before any rank writes into it."""
-        os.mkdir(os.path.join(self.root, checkpoint_id))
+        self.fs.make_folder(os.path.join(self.root, checkpoint_id))
         self.body["checkpoints"][checkpoint_id] = {"complete": False, "files": {},
                                                    "names": names, "began_ns": time.time_ns()}
         if self.tag not in self.body["temporaries"]:
@@ -108,8 +102,11 @@ class CheckpointFolder:
         folder = os.path.join(self.root, checkpoint_id)
         files = {}
         for name in names:
-            st = os.lstat(os.path.join(folder, name))
-            files[name] = [st.st_size, st.st_mtime_ns]
+            path = os.path.join(folder, name)
+            entry = self.fs.entry(path)
+            if entry is None:
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+            files[name] = [entry.size, entry.mtime_ns]
         self.body["checkpoints"][checkpoint_id] = {"complete": True, "files": files}
         self._write()
 
@@ -120,18 +117,13 @@ class CheckpointFolder:
         folder = os.path.join(self.root, checkpoint_id)
         listed = self.body["checkpoints"].get(checkpoint_id, {})
         try:
-            with os.scandir(folder) as entries:
-                ours = [e.path for e in entries if is_temporary_of(e.name, [self.tag])
-                        or _renamed_in(e, listed)
-                        or _unchanged(e, listed.get("files", {}).get(e.name))]
+            ours = [os.path.join(folder, e.name) for e in self.fs.list(folder)
+                    if is_temporary_of(e.name, [self.tag]) or _renamed_in(e, listed)
+                    or _unchanged(e, listed.get("files", {}).get(e.name))]
         except OSError:
             ours = []
-        remove_quietly(ours)
-        try:
-            os.rmdir(folder)
-        except FileNotFoundError:
-            pass
-        except OSError:
+        self.fs.remove_quietly(ours)
+        if not self.fs.remove_folder(folder) and self.fs.exists(folder):
             return  # something else is there: the listing (incomplete) stays
         del self.body["checkpoints"][checkpoint_id]
         try:
@@ -145,39 +137,39 @@ class CheckpointFolder:
         self.body |= {"version": __version__, "updated": time.strftime("%Y-%m-%dT%H:%M:%S")}
         path = os.path.join(self.root, MANIFEST)
         tmp = temporary_name(path, self.tag)
-        try:
-            with os.fdopen(create_exclusive(tmp), "w") as fp:
-                json.dump(self.body, fp, indent=1)
-        except BaseException:
-            remove_quietly([tmp])  # out of room part way: no half manifest left
-            raise
-        os.replace(tmp, path)  # over our own manifest (_read refused any other)
+        # put: out of room part way, no half manifest is left
+        self.fs.put(tmp, json.dumps(self.body, indent=1).encode())
+        self.fs.replace_own(tmp, path)  # over our own manifest (_read refused any other)
 
 
-def _renamed_in(entry: os.DirEntry, listed: dict) -> bool:
+def _remove_checkpoint(fs: Storage, folder: str) -> None:
+    """Remove a checkpoint folder of ours, which check_clear found holds only our files."""
+    fs.remove_quietly([os.path.join(folder, e.name) for e in fs.list(folder)])
+    if not fs.remove_folder(folder):
+        raise OSError(errno.ENOTEMPTY, f"{folder}: something appeared in it while dlio-mpi "
+                      "was removing it; it was left there", folder)
+
+
+def _renamed_in(entry: Entry, listed: dict) -> bool:
     """Whether `entry`, in a checkpoint listed incomplete, is one of its files renamed into
     place whole before the save failed or was killed: named as the checkpoint's files are,
     a regular file written since the checkpoint began (file times lag the clock by a tick)."""
     began = listed.get("began_ns")
     if listed.get("complete") or not isinstance(began, int) or \
-            entry.name not in listed.get("names", []) or entry.is_symlink() or \
-            not entry.is_file(follow_symlinks=False):
+            entry.name not in listed.get("names", []) or entry.kind != "file":
         return False
-    return entry.stat(follow_symlinks=False).st_mtime_ns >= began - 10**9
+    return entry.mtime_ns >= began - 10**9
 
 
-def _unchanged(entry: os.DirEntry, recorded: list[int] | None) -> bool:
-    if recorded is None or entry.is_symlink() or not entry.is_file(follow_symlinks=False):
-        return False
-    st = entry.stat(follow_symlinks=False)
-    return [st.st_size, st.st_mtime_ns] == recorded
+def _unchanged(entry: Entry, recorded: list[int] | None) -> bool:
+    return recorded is not None and entry.kind == "file" and \
+        [entry.size, entry.mtime_ns] == recorded
 
 
 def in_the_way_of(root: str, schedule: Schedule) -> list[str]:
     """The entries of the checkpoint folder named as a checkpoint the run saves."""
     try:
-        with os.scandir(root) as entries:
-            return sorted(e.name for e in entries if schedule.saved(e.name))
+        return sorted(e.name for e in storage_for(root).list(root) if schedule.saved(e.name))
     except FileNotFoundError:
         return []
 

@@ -23,12 +23,12 @@ import numpy as np
 from .. import _core
 from ..errors import check_all, on_root
 from ..mpi.write_rounds import mpiio_call, open_shared, read_rounds, write_rounds
-from ..ownership import remove_quietly, rename_noreplace, temporary_name
-from ..readers.base import drop_cached_pages
+from ..storage import Handle, storage_for
+from ..storage.ownership import temporary_name
 from .content import core_content
 from .file_per_rank import shard_seed
 from .sizing import EXTENSION, RankShard
-from .writer import WHOLE_EVERY, AsyncFile, CheckpointWriter, IoStats
+from .writer import WHOLE_EVERY, AsyncFile, CheckpointWriter, IoStats, close_async_files
 
 CHUNK = 64 << 20  # bytes per rank and round
 ALIGN = 1 << 20  # a rank's share starts at a multiple of this with O_DIRECT
@@ -47,7 +47,7 @@ class SharedFile(CheckpointWriter):
                  content=None) -> None:
         self.comm, self.folder, self.tag = comm, folder, tag
         self.fsync, self.hints, self.chunk, self.odirect = fsync, dict(hints), chunk, odirect
-        self.content = content
+        self.content, self.fs = content, storage_for(folder)
         align = ALIGN if odirect else 1
         spans = [-(-n // align) * align for n in sizes]
         self.starts = [0, *np.cumsum(spans, dtype=np.int64).tolist()][:len(sizes)]
@@ -94,11 +94,11 @@ class SharedFile(CheckpointWriter):
                                  MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL)
         try:
             if self.odirect:
-                stats.add(check_all(self.comm, lambda: self._posix(
-                    tmp, os.O_WRONLY, lambda fd: _core.write_shard(
+                stats.add(check_all(self.comm, lambda: self._own_handle(
+                    self.fs.open_write(tmp), lambda fd: self.fs.write_shard(
                         fd, self.starts[shard.rank], shard.nbytes,
-                        shard_seed(checkpoint, shard.rank, 0), self.chunk, True, self.fsync,
-                        tmp, content))))
+                        shard_seed(checkpoint, shard.rank, 0), chunk=self.chunk, odirect=True,
+                        fsync=self.fsync, path=tmp, content=content))))
             else:
                 began = _core.now_ns()
                 stats.bytes = write_rounds(self.comm, handle, blocks, tmp)
@@ -111,7 +111,7 @@ class SharedFile(CheckpointWriter):
         except BaseException:
             handle.Close()
             if self.comm.Get_rank() == 0:
-                remove_quietly([tmp])
+                self.fs.remove_quietly([tmp])
             raise
         with stats.storage_call():
             handle.Close()
@@ -119,9 +119,9 @@ class SharedFile(CheckpointWriter):
         def complete() -> None:
             try:
                 with stats.storage_call():
-                    rename_noreplace(tmp, final)  # refused if a file is there: not ours
+                    self.fs.rename_noreplace(tmp, final)  # refused if a file is there: not ours
             except BaseException:
-                remove_quietly([tmp])
+                self.fs.remove_quietly([tmp])
                 raise
 
         on_root(self.comm, complete)
@@ -139,7 +139,8 @@ class SharedFile(CheckpointWriter):
         content = core_content(self.content, shard.nbytes)
         if drop_cache:
             with stats.storage_call():
-                check_all(self.comm, lambda: drop_cached_pages([path]))
+                check_all(self.comm, lambda: self._own_handle(self.fs.open_read(path),
+                                                              self.fs.drop_cached))
 
         def check(view: np.ndarray, seed: int, block: int, at: int) -> None:
             bad, compared = _core.ckpt_check(view, seed, at, content, WHOLE_EVERY)
@@ -150,11 +151,11 @@ class SharedFile(CheckpointWriter):
                                  "share) do not hold the bytes written", path)
 
         if self.odirect:
-            stats.add(check_all(self.comm, lambda: self._posix(
-                path, os.O_RDONLY | os.O_DIRECT, lambda fd: _core.read_shard(
+            stats.add(check_all(self.comm, lambda: self._own_handle(
+                self.fs.open_read(path, direct=True), lambda fd: self.fs.read_shard(
                     fd, self.starts[shard.rank], shard.nbytes,
-                    shard_seed(checkpoint, shard.rank, 0), self.chunk, 1, path,
-                    content))))
+                    shard_seed(checkpoint, shard.rank, 0), chunk=self.chunk, verify=1,
+                    path=path, content=content))))
             return stats
         blocks = self._blocks(checkpoint, shard, check, stats)
         with stats.storage_call():
@@ -184,22 +185,19 @@ class SharedFile(CheckpointWriter):
         (f,) = files
         open_shared(self.comm, f.tmp, self.hints,
                     MPI.MODE_WRONLY | MPI.MODE_CREATE | MPI.MODE_EXCL).Close()
-        f.fd = os.open(f.tmp, os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        f.fd = self.fs.open_write(f.tmp)
 
     def close_async(self, files: list[AsyncFile]) -> None:
-        for f in files:
-            if f.fd >= 0:
-                os.close(f.fd)
-                f.fd = -1
+        close_async_files(files)
 
     def publish_async(self, files: list[AsyncFile]) -> None:
         (f,) = files
 
         def complete() -> None:
             try:
-                rename_noreplace(f.tmp, f.final)  # refused if a file is there: not ours
+                self.fs.rename_noreplace(f.tmp, f.final)  # refused if a file is there: not ours
             except BaseException:
-                remove_quietly([f.tmp])
+                self.fs.remove_quietly([f.tmp])
                 raise
 
         on_root(self.comm, complete)
@@ -208,14 +206,11 @@ class SharedFile(CheckpointWriter):
         self.close_async(files)
         self.comm.Barrier()
         if self.comm.Get_rank() == 0:
-            remove_quietly([f.tmp for f in files])
+            self.fs.remove_quietly([f.tmp for f in files])
 
-    @staticmethod
-    def _posix(path: str, flags: int, move) -> dict:
-        """move(fd) on this rank's own descriptor of the shared file (O_NONBLOCK: nothing in
-        its place can block the open)."""
-        fd = os.open(path, flags | os.O_CLOEXEC | os.O_NONBLOCK)
+    def _own_handle(self, handle: Handle, move):
+        """move(handle) on this rank's own handle of the shared file, closed after."""
         try:
-            return move(fd)
+            return move(handle)
         finally:
-            os.close(fd)
+            self.fs.close(handle)

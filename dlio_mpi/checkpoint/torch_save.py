@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 
 import torch
 
 from .. import _core
 from ..errors import raise_if_stopped
-from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+from ..storage import storage_for
+from ..storage.ownership import temporary_name
 from .content import core_content
 from .file_per_rank import shard_seed
 from .sizing import RankShard
@@ -63,6 +63,7 @@ class TorchSave(CheckpointWriter):
     def __init__(self, folder: str, tag: str, fsync: bool,
                  content=None) -> None:
         self.folder, self.tag, self.fsync, self.content = folder, tag, fsync, content
+        self.fs = storage_for(folder)
         # (rank, file index, bytes) -> that file's state dict, allocated once per run
         self._states: dict[tuple[int, int, int], dict[str, torch.Tensor]] = {}
         self._filled: dict[tuple[int, int, int], int] = {}  # the seed each was filled with
@@ -112,37 +113,37 @@ class TorchSave(CheckpointWriter):
             began = _core.now_ns()
             state = self.state(shard, index, checkpoint)
             stats.emulator_ns += _core.now_ns() - began
-            final = self.path(checkpoint_id, name)
-            tmp = temporary_name(final, self.tag)
-            with stats.storage_call():
-                fd = create_exclusive(tmp)
-            try:
-                try:
-                    fp = os.fdopen(fd, "wb")
-                except BaseException:
-                    os.close(fd)
-                    raise
-                with fp:
-                    try:  # the framework's call, timed as the storage's (its pickling too)
-                        with stats.storage_call():
-                            torch.save(state, fp)
-                            fp.flush()
-                    except RuntimeError as exc:  # torch's own failures: an I/O error here
-                        raise OSError(errno.EIO, f"torch.save {final}: {exc}", final) from exc
-                    if self.fsync:
-                        started = _core.now_ns()
-                        os.fsync(fp.fileno())
-                        stats.sync_ns += _core.now_ns() - started
-                        stats.syncs += 1
-                with stats.storage_call():
-                    rename_noreplace(tmp, final)  # refused if a file is there: not ours
-            except BaseException:
-                remove_quietly([tmp])
-                raise
+            self._save_file(state, self.path(checkpoint_id, name), stats)
             stats.bytes += nbytes
             stats.files += 1
             stats.calls += 1
         return stats
+
+    def _save_file(self, state: dict[str, torch.Tensor], final: str, stats: IoStats) -> None:
+        """torch.save of `state` into a file object on `final`'s temporary (created
+        exclusively), flushed, synced when fsync, renamed to `final` when whole, never over a
+        file; on any failure the temporary removed."""
+        fs, tmp = self.fs, temporary_name(final, self.tag)
+        with stats.storage_call():
+            fd = fs.create_exclusive(tmp)
+        try:
+            with fs.file_object(fd, "wb") as fp:
+                try:  # the framework's call, timed as the storage's (its pickling too)
+                    with stats.storage_call():
+                        torch.save(state, fp)
+                        fp.flush()
+                except RuntimeError as exc:  # torch's own failures: an I/O error here
+                    raise OSError(errno.EIO, f"torch.save {final}: {exc}", final) from exc
+                if self.fsync:
+                    started = _core.now_ns()
+                    fs.sync(fd)
+                    stats.sync_ns += _core.now_ns() - started
+                    stats.syncs += 1
+            with stats.storage_call():
+                fs.rename_noreplace(tmp, final)  # refused if a file is there: not ours
+        except BaseException:
+            fs.remove_quietly([tmp])
+            raise
 
     def load(self, checkpoint: int, checkpoint_id: str, shard: RankShard,
              drop_cache: bool = False) -> IoStats:
@@ -150,25 +151,16 @@ class TorchSave(CheckpointWriter):
         back with torch.load and check them (their bytes in total, the first 64 bytes of every
         4 KiB, every 64th 4 KiB whole); `drop_cache`: advise the page cache to drop each file
         first. OSError (EIO) naming the file when one does not hold what was written."""
-        stats = IoStats()
-        # O_NONBLOCK: a FIFO put in place of a file of ours cannot block the open
-        flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+        stats, fs = IoStats(), self.fs
         for index, (name, nbytes) in enumerate(shard.files):
             raise_if_stopped()
             path = self.path(checkpoint_id, name)
-            with stats.storage_call():
-                fd = os.open(path, flags)
-            try:
-                fp = os.fdopen(fd, "rb")
-            except BaseException:
-                os.close(fd)
-                raise
-            with fp:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    raise OSError(errno.EIO, f"checkpoint {path}: not a regular file", path)
+            with stats.storage_call():  # a FIFO put in place of a file of ours is refused
+                fd = fs.open_read(path)
+            with fs.file_object(fd, "rb") as fp:
                 if drop_cache:
                     with stats.storage_call():
-                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                        fs.drop_cached(fd)
                 try:  # the framework's call, timed as the storage's (its unpickling too)
                     with stats.storage_call():
                         state = torch.load(fp, map_location="cpu", weights_only=True)

@@ -8,14 +8,14 @@ names (close_async, then publish_async, collective) or to remove them (discard_a
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
 from .. import _core
-from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+from ..storage import storage_for
+from ..storage.ownership import temporary_name
 from .sizing import RankShard
 
 WHOLE_EVERY = 64  # a restore compares every so many 4 KiB granules whole (as the C core's)
@@ -51,7 +51,7 @@ class IoStats:
             self.meta_ns += _core.now_ns() - began
 
     def add(self, stats: dict) -> None:
-        """Count one file's C-core stats (_core.write_shard, read_shard, write_buffer)."""
+        """Count one file's C-core stats (the storage's write_shard, read_shard, write_buffer)."""
         self.bytes += stats["bytes"]
         self.calls += stats["calls"]
         self.syncs += stats["syncs"]
@@ -65,9 +65,9 @@ class IoStats:
 @dataclass
 class AsyncFile:
     """One file an asynchronous save writes from the snapshot: `nbytes` of the shard of `seed`
-    at `offset` of the file, written under `tmp` (descriptor `fd` once opened) and renamed to
-    `final` when whole. `overlay(view)`: what the writer lays over the shard's bytes in the
-    snapshot (dcp's framing around each payload), if anything."""
+    at `offset` of the file, written under `tmp` (its storage's handle `fd` once opened) and
+    renamed to `final` when whole. `overlay(view)`: what the writer lays over the shard's bytes
+    in the snapshot (dcp's framing around each payload), if anything."""
 
     seed: int
     nbytes: int
@@ -128,22 +128,23 @@ class CheckpointWriter:
 
 
 def write_whole(final: str, tag: str, stats: IoStats, write) -> None:
-    """Create `final`'s temporary of this job (O_EXCL), let write(fd) fill it, close it and
-    rename it to `final` only when whole, never over a file (one there is not ours); on any
-    failure remove the temporary. Open, close and rename timed as the storage's."""
-    tmp = temporary_name(final, tag)
+    """Create `final`'s temporary of this job (exclusively), let write(handle, tmp) fill it
+    (a handle of storage_for(final)), close it and rename it to `final` only when whole,
+    never over a file (one there is not ours); on any failure remove the temporary. Open,
+    close and rename timed as the storage's."""
+    fs, tmp = storage_for(final), temporary_name(final, tag)
     with stats.storage_call():
-        fd = create_exclusive(tmp)
+        fd = fs.create_exclusive(tmp)
     try:
         try:
             write(fd, tmp)
         finally:
             with stats.storage_call():
-                os.close(fd)
+                fs.close(fd)
         with stats.storage_call():
-            rename_noreplace(tmp, final)
+            fs.rename_noreplace(tmp, final)
     except BaseException:
-        remove_quietly([tmp])
+        fs.remove_quietly([tmp])
         raise
 
 
@@ -155,7 +156,7 @@ class OwnFilesAsync:
     def open_async(self, files: list[AsyncFile]) -> None:
         try:
             for f in files:
-                f.fd = create_exclusive(f.tmp)
+                f.fd = storage_for(f.tmp).create_exclusive(f.tmp)
         except BaseException:
             self.discard_async(files)
             raise
@@ -163,16 +164,28 @@ class OwnFilesAsync:
     def close_async(self, files: list[AsyncFile]) -> None:
         try:
             for f in files:
-                os.close(f.fd)
+                fs = storage_for(f.tmp)
+                fs.close(f.fd)
                 f.fd = -1
-                rename_noreplace(f.tmp, f.final)  # refused if a file is there: not ours
+                fs.rename_noreplace(f.tmp, f.final)  # refused if a file is there: not ours
         except BaseException:
             self.discard_async(files)
             raise
 
     def discard_async(self, files: list[AsyncFile]) -> None:
-        for f in files:
-            if f.fd >= 0:
-                os.close(f.fd)
-                f.fd = -1
-        remove_quietly([f.tmp for f in files])
+        close_async_files(files)
+        remove_async_files(files)
+
+
+def close_async_files(files: list[AsyncFile]) -> None:
+    """Close those of `files` still open (their handles given back to their storage)."""
+    for f in files:
+        if f.fd >= 0:
+            storage_for(f.tmp).close(f.fd)
+            f.fd = -1
+
+
+def remove_async_files(files: list[AsyncFile]) -> None:
+    """Remove the temporaries of `files` that exist."""
+    for f in files:
+        storage_for(f.tmp).remove_quietly([f.tmp])

@@ -250,6 +250,14 @@ class PosixStorage(Storage):
     def copier(self, buffer_bytes: int, align: int = 4096) -> _core.Copier:
         return _core.Copier(buffer_bytes, align)
 
+    # ---- added for checkpoint/
+    def file_object(self, handle: Handle, mode: str) -> BinaryIO:
+        try:
+            return os.fdopen(handle, mode)
+        except BaseException:
+            os.close(handle)
+            raise
+
 
 # ------------------------------------------------------------------------------ the lock
 

@@ -30,6 +30,9 @@ operation: POSIX / S3 (the full table: docs/architecture.md)
 - write_shard, read_shard, write_buffer, write_random, write_tfrecords, copier: the C core's
   loops on a descriptor / the same bytes made in our buffers, sent as parts, read by ranged
   GETs
+- file_object (added for checkpoint/): os.fdopen of the descriptor / a buffered writer
+  sending the parts of a multipart upload, completed at close; a seekable reader of ranged
+  GETs
 
 A handle is what open_read, create_exclusive and open_write return and only the same
 implementation takes back (a descriptor on POSIX). Failures raise OSError naming the path
@@ -216,4 +219,11 @@ class Storage:
     def copier(self, buffer_bytes: int, align: int = 4096):
         """A copier of byte ranges between two handles of this storage (copy(src, dst,
         offset, length, src_path, dst_path), read_ns, write_ns)."""
+        raise NotImplementedError
+
+    # ---- added for checkpoint/
+    def file_object(self, handle: Handle, mode: str) -> BinaryIO:
+        """A buffered binary file object on `handle` ("wb" or "rb") for a library that
+        writes or reads a file object (torch.save, torch.load); it takes the handle over:
+        closing it closes the handle (the handle is closed too when none can be made)."""
         raise NotImplementedError
