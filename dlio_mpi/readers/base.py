@@ -25,6 +25,7 @@ import numpy as np
 from .. import _core
 from ..metrics.epoch_trace import RequestTrace
 from ..sampling.requests import ReadPlan
+from ..storage import storage_for
 
 
 @dataclass(frozen=True)
@@ -171,13 +172,13 @@ def batch_paths(plan: ReadPlan, step: int, path_of) -> list[str]:
 
 
 def drop_cached_pages(paths: Iterable[str]) -> None:
-    """posix_fadvise(DONTNEED) each file, opened as the native engine opens data files (a
-    FIFO or folder in place is refused, never blocks), so that the page cache cannot serve
-    its next reads. Here, beside the protocol and away from any MPI import: the framework
-    loaders' worker processes import their backend's module."""
+    """The storage's drop_cached_file of each file (POSIX: posix_fadvise DONTNEED, opened as
+    the native engine opens data files: a FIFO or folder in place is refused, never blocks),
+    so that the page cache cannot serve its next reads. Here, beside the protocol and away
+    from any MPI import: the framework loaders' worker processes import their backend's
+    module."""
     for path in paths:
-        with _core.open_regular(path) as fp:
-            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        storage_for(path).drop_cached_file(path)
 
 
 class ReaderBackend:

@@ -10,6 +10,7 @@ from ..data.catalog import SplitFiles
 from ..metrics.epoch_trace import RequestTrace
 from ..mpi.pacing import StepSync
 from ..sampling.requests import ReadPlan
+from ..storage import storage_for
 from .base import BatchStats, ReaderBackend, ReaderOptions
 
 
@@ -30,8 +31,8 @@ class NativeReader(ReaderBackend):
         o = options
         if o.odirect and files.count:
             first = files.path(0)
-            _core.probe_odirect(first)  # a clear error before training if refused
-            align = max(_core.odirect_alignment(first))
+            # probed first: a clear error before training if refused
+            align = max(storage_for(first).direct_alignment(first))
         who = "" if o.watchdog.rank is None else f"rank {o.watchdog.rank}"
         ahead = o.prefetch_size if o.in_flight is None else o.in_flight
         self._engine = _core.Engine(o.read_threads, ahead, o.odirect, o.fd_cache_size, align,

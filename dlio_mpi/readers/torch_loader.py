@@ -205,6 +205,8 @@ class SampleDataset(Dataset):
         fp = self._kept.get(path) if self.memory else None
         if fp is None:
             self.opens += 1
+            # the emulated reader's own calls, as DLIO's makes them (builtin open: one fstat),
+            # not the storage's stream (a non-blocking open and a second fstat)
             fp = open(path, "rb")  # noqa: SIM115 - kept open with read_type memory
         try:
             fp.seek(int(offsets[within]))

@@ -21,7 +21,6 @@ How files are opened (reader.access):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +29,7 @@ from .. import _core
 from ..data.dataset import Layouts, LayoutTable
 from ..formats.base import UnitExtents
 from ..formats.loader import WholeFileReads
+from ..storage import storage_for
 
 READ_MODES = ("sample", "file", "file_once")
 
@@ -124,7 +124,7 @@ def loader_inputs(fmt, path: str) -> tuple[int, object]:
     """What the loader's read model needs from one data file at `path` of format `fmt`: its
     st_blksize (4096 where it cannot be read) and the format's loader facts."""
     try:
-        blksize = os.stat(path).st_blksize or 4096
+        blksize = storage_for(path).block_size(path) or 4096
     except OSError:
         blksize = 4096
     return blksize, fmt.loader_facts(path)

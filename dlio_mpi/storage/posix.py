@@ -73,7 +73,10 @@ class PosixStorage(Storage):
         out = []
         with os.scandir(folder) as entries:
             for e in entries:
-                st = e.stat(follow_symlinks=False)
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue  # removed while listed (another rank's temporary)
                 out.append(Entry(e.name, _kind(st.st_mode), st.st_size, st.st_mtime_ns))
         return out
 
@@ -257,6 +260,18 @@ class PosixStorage(Storage):
         except BaseException:
             os.close(handle)
             raise
+
+    # ---- added for tiers and readers (stage-in, native reader, drop_cached_pages, requests)
+    def direct_alignment(self, path: str) -> tuple[int, int]:
+        _core.probe_odirect(path)  # its refusal first, naming the path and why
+        return _core.odirect_alignment(path)
+
+    def block_size(self, path: str) -> int:
+        return os.stat(path).st_blksize
+
+    def drop_cached_file(self, path: str) -> None:
+        with _core.open_regular(path) as fp:
+            os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
 
 
 # ------------------------------------------------------------------------------ the lock

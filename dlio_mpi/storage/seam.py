@@ -33,6 +33,9 @@ operation: POSIX / S3 (the full table: docs/architecture.md)
 - file_object (added for checkpoint/): os.fdopen of the descriptor / a buffered writer
   sending the parts of a multipart upload, completed at close; a seekable reader of ranged
   GETs
+- direct_alignment: an O_DIRECT probe read, statx STATX_DIOALIGN / (1, 1): no client cache
+- block_size: stat's st_blksize / 0 (none said)
+- drop_cached_file: open, posix_fadvise DONTNEED, close / nothing
 
 A handle is what open_read, create_exclusive and open_write return and only the same
 implementation takes back (a descriptor on POSIX). Failures raise OSError naming the path
@@ -226,4 +229,22 @@ class Storage:
         """A buffered binary file object on `handle` ("wb" or "rb") for a library that
         writes or reads a file object (torch.save, torch.load); it takes the handle over:
         closing it closes the handle (the handle is closed too when none can be made)."""
+        raise NotImplementedError
+
+    # ---- added for tiers and readers (stage-in, native reader, drop_cached_pages, requests)
+    def direct_alignment(self, path: str) -> tuple[int, int]:
+        """(memory, offset) alignment direct reads of `path` need, after a probe read: OSError
+        naming it where the storage cannot bypass its cache (POSIX: an O_DIRECT pread, tmpfs
+        refused as it only emulates it; statx STATX_DIOALIGN / S3: no client cache, every
+        GET reaches the store: (1, 1))."""
+        raise NotImplementedError
+
+    def block_size(self, path: str) -> int:
+        """The preferred size of one read of `path`, 0 when it does not say (POSIX: stat's
+        st_blksize, following a link / S3: 0); OSError naming it when there is none."""
+        raise NotImplementedError
+
+    def drop_cached_file(self, path: str) -> None:
+        """drop_cached of the whole file `path`, opened as the C engine opens data files (its
+        refusals; POSIX: open, posix_fadvise DONTNEED, close / S3: nothing)."""
         raise NotImplementedError

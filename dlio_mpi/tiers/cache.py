@@ -20,7 +20,7 @@ BeeGFS OnDemand cache files on local SSD.
   warned of by rank 0).
 - The cache folder: `folder`, or `folder/node<k>` on emulated nodes (which share one host's
   storage); on real nodes a folder the nodes share is refused. One job at a time: the node
-  leader claims it (ownership.FolderLock) till the run ends, as another job's fills and
+  leader claims it (the storage's claim) till the run ends, as another job's fills and
   evictions would make this job's planned hits miss. Its copies are ours by
   `dlio_mpi_cache.json`; a run starts with the cache empty (removing our earlier copies,
   refusing anything else in the way) and removes its copies when it ends.
@@ -43,19 +43,11 @@ import numpy as np
 
 from .. import _core
 from ..errors import UserError, check_all, on_root
-from ..ownership import (
-    FolderLock,
-    create_exclusive,
-    is_temporary_of,
-    missing_folders,
-    read_own_json,
-    remove_empty_folders,
-    remove_quietly,
-    temporary_name,
-)
 from ..sampling.requests import ReadPlan
+from ..storage import missing_folders, read_own_json, remove_empty_folders, storage_for
 from ..storage.filesystems import nearest_existing
 from ..storage.node_local import check_node_local, node_root
+from ..storage.ownership import is_temporary_of, temporary_name
 
 CACHE_MANIFEST = "dlio_mpi_cache.json"
 KIND = "dlio-mpi cache tier"
@@ -95,8 +87,9 @@ class CacheTier:
         if not topo.emulated and topo.nodes > 1:
             check_node_local(comm, opts.folder, topo.node, self.leader, tag)
         self.root = node_root(opts.folder, "node", topo.node, topo.emulated)
+        self.fs = storage_for(self.root)
         self.created: list[str] = []  # the node leader's: the folders it made (_open)
-        self.lock = FolderLock(self.root, "cache tier")  # the node leader's, till close()
+        self.lock = self.fs.claim(self.root, "cache tier")  # the node leader's, till close()
         # agreed by every rank: a node refused (another job holds its folder) stops them all
         self.capacity = check_all(comm, lambda: on_root(self.node, self._open))
         self.used = 0
@@ -115,7 +108,7 @@ class CacheTier:
         """The node leader: claim the folder for this job (empty of ours), return the
         capacity. Another live job's folder is refused before anything in it is touched."""
         self.created = missing_folders(self.root)  # removed with the copies, when empty
-        os.makedirs(self.root, exist_ok=True)
+        self.fs.make_folders(self.root)
         try:
             self.lock.acquire()
             self._remove_earlier()
@@ -150,27 +143,27 @@ class CacheTier:
                             "dlio-mpi; remove it yourself or choose another folder")
         listed = [rel for rel in earlier.get("files", [])
                   if isinstance(rel, str) and not rel.startswith(("/", ".."))]
-        remove_quietly(os.path.join(self.root, rel) for rel in listed)
+        self.fs.remove_quietly(os.path.join(self.root, rel) for rel in listed)
         if isinstance(earlier.get("tag"), str):  # a crashed run's fills in progress
             self._remove_temporaries({os.path.dirname(rel) for rel in listed}, earlier["tag"])
 
     def _remove_temporaries(self, folders: set[str], tag: str) -> None:
         """Remove the fill temporaries of the run that carried `tag` (ours by that tag)."""
         for folder in folders:
+            path = os.path.join(self.root, folder)
             try:
-                with os.scandir(os.path.join(self.root, folder)) as entries:
-                    stale = [e.path for e in entries if is_temporary_of(e.name, (tag,))]
+                stale = [os.path.join(path, e.name) for e in self.fs.list(path)
+                         if is_temporary_of(e.name, (tag,))]
             except FileNotFoundError:
                 continue
-            remove_quietly(stale)
+            self.fs.remove_quietly(stale)
 
     def _write_manifest(self, files: list[str]) -> None:
         final = os.path.join(self.root, CACHE_MANIFEST)
         tmp = temporary_name(final, self.tag)
-        with os.fdopen(create_exclusive(tmp), "w") as fp:
-            json.dump({"tool": "dlio-mpi", "kind": KIND, "tag": self.tag,
-                       "source": self.source_root, "files": files}, fp)
-        os.replace(tmp, final)  # our own manifest (or none)
+        self.fs.put(tmp, json.dumps({"tool": "dlio-mpi", "kind": KIND, "tag": self.tag,
+                                     "source": self.source_root, "files": files}).encode())
+        self.fs.replace_own(tmp, final)  # our own manifest (or none)
 
     def attach(self, name: str, files, engine) -> None:
         """Collective on the node: give `engine` the cache's copies of split `name`'s files
@@ -196,7 +189,7 @@ class CacheTier:
                 os.path.relpath(files.path(i), files.split.root) for i in range(files.count)]
             self._refuse_in_the_way(folders, names)
             for f in folders:
-                os.makedirs(os.path.join(self.root, f), exist_ok=True)
+                self.fs.make_folders(os.path.join(self.root, f))
             self.made.update(folders)
             self._write_manifest(sorted(set(self._listed() + names)))
 
@@ -214,17 +207,17 @@ class CacheTier:
         earlier copies of ours were removed when the folder was claimed)."""
         wanted = set(names)
         for folder in folders:
+            path = os.path.join(self.root, folder)
             try:
-                with os.scandir(os.path.join(self.root, folder)) as entries:
-                    for entry in entries:
-                        rel = os.path.normpath(os.path.join(folder, entry.name))
-                        if rel in wanted:
-                            raise UserError(
-                                f"reader.cache.folder: {entry.path} exists and is not "
-                                "dlio-mpi's (no cache manifest of ours lists it): it was left "
-                                "as it is; remove it yourself or choose another folder")
+                entries = self.fs.list(path)
             except FileNotFoundError:
                 continue
+            for entry in entries:
+                if os.path.normpath(os.path.join(folder, entry.name)) in wanted:
+                    raise UserError(
+                        f"reader.cache.folder: {os.path.join(path, entry.name)} exists and "
+                        "is not dlio-mpi's (no cache manifest of ours lists it): it was left "
+                        "as it is; remove it yourself or choose another folder")
 
     def _listed(self) -> list[str]:
         body = read_own_json(os.path.join(self.root, CACHE_MANIFEST), "")
@@ -239,26 +232,21 @@ class CacheTier:
         """Collective: remove the copies (each node's leader), the manifests, the folders."""
         self.node.Barrier()
         if self.leader:
-            remove_quietly(os.path.join(self.root, rel) for rel in self._listed())
-            remove_quietly([os.path.join(self.root, CACHE_MANIFEST)])
+            self.fs.remove_quietly(os.path.join(self.root, rel) for rel in self._listed())
+            self.fs.remove_quietly([os.path.join(self.root, CACHE_MANIFEST)])
             self.lock.release()  # before the folders go: its file lives in the root
             for folder in sorted(self.made, key=len, reverse=True):
                 parts = folder.split(os.sep)
                 for k in range(len(parts), 0, -1):
-                    try:
-                        os.rmdir(os.path.join(self.root, *parts[:k]))
-                    except OSError:
+                    if not self.fs.remove_folder(os.path.join(self.root, *parts[:k])):
                         break
         # the folders the run made: each node's own first, then (after every node's) the
         # ones above them the nodes may share (emulated nodes' folder/node<k>)
         for folders in (self.created[:1], self.created[1:]):
             self.comm.Barrier()
             if self.leader:
-                for folder in folders:
-                    try:
-                        os.rmdir(folder)
-                    except OSError:
-                        pass  # something else lives there, or another leader took it
+                for folder in folders:  # not if something else lives there, or another
+                    self.fs.remove_folder(folder)  # leader took it
 
     # ---------------------------------------------------------------- an epoch's plan
     def plan_epoch(self, name: str, plan: ReadPlan, window: int) -> ReadPlan:
@@ -266,9 +254,9 @@ class CacheTier:
         split = self.splits[name]
         if self.leader and os.environ.get(VANISH_ENV):  # before the allgather: none reads yet
             files = self.files[name]
-            remove_quietly(os.path.join(self.root, os.path.relpath(files.path(f),
-                                                                   files.split.root))
-                           for f in sorted(split.resident)[:int(os.environ[VANISH_ENV])])
+            self.fs.remove_quietly(
+                os.path.join(self.root, os.path.relpath(files.path(f), files.split.root))
+                for f in sorted(split.resident)[:int(os.environ[VANISH_ENV])])
         step = np.searchsorted(plan.batch_start, np.arange(len(plan.file_idx)), side="right") - 1
         files, first = np.unique(plan.file_idx, return_index=True)
         last = np.zeros(len(files), dtype=np.int64)

@@ -8,10 +8,10 @@ parallel file system) to a faster tier, and the run reads the copy.
   checked before any copying (a probe file of each node seen by another means a shared folder).
 - The files' bytes are dealt out in pieces of at most `buffer_bytes` (a file of several
   pieces is copied by several ranks at once), round-robin over the copying ranks, and copied
-  by the C core (`_core.Copier`: pread/pwrite of `buffer_bytes`, O_DIRECT on both sides with
-  `odirect`). With `drop_page_cache` each piece of the source is dropped from the page cache
-  first (posix_fadvise DONTNEED), so the copy reads storage, not memory.
-- Claimed: the copy's folder is locked (ownership.FolderLock) by the copy's first rank before
+  by the C core (the storage's copier: pread/pwrite of `buffer_bytes`, O_DIRECT on both sides
+  with `odirect`). With `drop_page_cache` each piece of the source is dropped from the page
+  cache first (posix_fadvise DONTNEED), so the copy reads storage, not memory.
+- Claimed: the copy's folder is locked (the storage's claim) by the copy's first rank before
   anything in it is looked at, and held till the run ends: a second job staging into it is
   refused, naming this one, instead of replacing the copy this one trains on.
 - Ownership, by content: a copy is ours by the stage manifest (`dlio_mpi_stage.json`) in its
@@ -30,9 +30,9 @@ parallel file system) to a faster tier, and the run reads the copy.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
-import stat
 import time
 from dataclasses import dataclass
 
@@ -50,20 +50,10 @@ from ..errors import (
     on_root,
     stopped_everywhere,
 )
-from ..ownership import (
-    FolderLock,
-    create_exclusive,
-    is_temporary_of,
-    missing_folders,
-    read_own_json,
-    read_regular,
-    remove_empty_folders,
-    remove_quietly,
-    rename_noreplace,
-    temporary_name,
-)
+from ..storage import Storage, missing_folders, read_own_json, remove_empty_folders, storage_for
 from ..storage.filesystems import nearest_existing
 from ..storage.node_local import check_node_local, node_root
+from ..storage.ownership import is_temporary_of, temporary_name
 
 STAGE_MANIFEST = "dlio_mpi_stage.json"
 STAT_FILE = "dlio_mpi_stage_files.bin"  # per file, in the manifest's order: int64 size, mtime_ns
@@ -138,6 +128,7 @@ class EarlierCopy:
     that copy began."""
 
     def __init__(self, root: str, body: dict) -> None:
+        self.fs = storage_for(root)
         self.body = body
         tag = body.get("tag")
         self.tag = tag if isinstance(tag, str) else None
@@ -153,7 +144,7 @@ class EarlierCopy:
         if not isinstance(count, int) or self.body.get("stat_file") != STAT_FILE:
             return None
         try:
-            raw = read_regular(os.path.join(root, STAT_FILE), 16 * count + 16)
+            raw = self.fs.read_small(os.path.join(root, STAT_FILE), 16 * count + 16)
         except (OSError, ValueError):
             return None
         if raw is None or len(raw) != 16 * count:
@@ -188,18 +179,15 @@ class EarlierCopy:
         index = self.index(relpath)
         if index is None:
             return False
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return False
-        if not stat.S_ISREG(st.st_mode):
+        st = self.fs.entry(path)
+        if st is None or st.kind != "file":
             return False
         if self.stats is not None:
-            return [st.st_size, st.st_mtime_ns] == self.stats[index].tolist()
+            return [st.size, st.mtime_ns] == self.stats[index].tolist()
         # a copy that never completed: written since it began (file times come from a coarse
         # clock, a tick behind the one that stamped the manifest)
-        return (self.started_ns is not None and st.st_mtime_ns >= self.started_ns - 10**9
-                and (size is None or st.st_size == size))
+        return (self.started_ns is not None and st.mtime_ns >= self.started_ns - 10**9
+                and (size is None or st.size == size))
 
 
 def rerooted(split: DatasetSplit, root: str) -> DatasetSplit:
@@ -239,8 +227,12 @@ class _Stage:
         # of several pieces is created before the copy (and renamed after it) by its first
         # piece's copier
         self.shared = [f for f in self.creates if self.several(f)]
-        self.copier = _core.Copier(opts.buffer_bytes)
-        self.lock: FolderLock | None = None  # the copy's first rank's, held till the run ends
+        # the source's storage and the copy's (one copier moves the bytes between them: the
+        # same POSIX storage today)
+        self.source_fs: Storage = storage_for(source)
+        self.fs: Storage = storage_for(root)
+        self.copier = self.fs.copier(opts.buffer_bytes)
+        self.lock = None  # fs.claim's, the copy's first rank's: held till the run ends
         self.created: list[str] = []  # the folders its claim made (removed on a refusal)
         self.started_ns: int | None = None  # when the copy's manifest was first written
 
@@ -287,8 +279,8 @@ class _Stage:
         it is looked at: a second job staging into it is refused, naming this one (it would
         replace the copy this job trains on)."""
         self.created = missing_folders(self.root)
-        os.makedirs(self.root, exist_ok=True)
-        self.lock = FolderLock(self.root, "stage-in")
+        self.fs.make_folders(self.root)
+        self.lock = self.fs.claim(self.root, "stage-in")
         try:
             self.lock.acquire()
         except UserError as exc:
@@ -307,10 +299,11 @@ class _Stage:
         removed by its tag; our earlier copy's files removed where unchanged; anything else
         under their names refused, naming it."""
         if earlier is not None and earlier.tag is not None:
-            remove_quietly(temporary_name(self.dst(f), earlier.tag) for f in self.creates)
+            self.fs.remove_quietly(temporary_name(self.dst(f), earlier.tag)
+                                   for f in self.creates)
         for f in self.creates:
             path, rel = self.dst(f), self.files.relpath(f)
-            if not os.path.lexists(path):
+            if not self.fs.exists(path):
                 continue
             if earlier is None or earlier.index(rel) is None:
                 raise UserError(f"storage.stage_in.to: {path} exists and is not dlio-mpi's (no "
@@ -320,15 +313,15 @@ class _Stage:
                 raise UserError(f"storage.stage_in.to: {path} was changed since dlio-mpi staged "
                                 "it (it is not the file our stage manifest recorded): it was "
                                 "left as it is; remove it yourself or choose another folder")
-            os.unlink(path)
+            self.fs.remove(path)
 
     def _create_shared(self) -> None:
         for f in self.shared:
-            fd = create_exclusive(temporary_name(self.dst(f), self.tag))
+            handle = self.fs.create_exclusive(temporary_name(self.dst(f), self.tag))
             try:
-                os.ftruncate(fd, int(self.files.sizes[f]))
+                self.fs.truncate(handle, int(self.files.sizes[f]))
             finally:
-                os.close(fd)
+                self.fs.close(handle)
 
     def _earlier(self) -> dict | None:
         """Our earlier copy's manifest in this folder (None: no copy of ours)."""
@@ -348,28 +341,30 @@ class _Stage:
                          "storage.stage_in.to")
         self._remove_earlier_side_files(earlier)
         for side in [*self._side_files(), STAT_FILE]:  # what is there now is not ours
-            if os.path.lexists(os.path.join(self.root, side)):
+            if self.fs.exists(os.path.join(self.root, side)):
                 raise UserError(f"storage.stage_in.to: {os.path.join(self.root, side)} exists "
                                 "and is not dlio-mpi's (no stage manifest of ours lists it): "
                                 "it was left as it is; remove it yourself or choose another "
                                 "folder")
         if earlier is not None:  # our earlier copy's files this one does not replace
             now = set(self.files.describe().get("files", []))
-            remove_quietly(os.path.join(self.root, rel) for rel in earlier.names()
-                           if rel not in now and earlier.owns(os.path.join(self.root, rel), rel))
+            self.fs.remove_quietly(
+                os.path.join(self.root, rel) for rel in earlier.names()
+                if rel not in now and earlier.owns(os.path.join(self.root, rel), rel))
         self.started_ns = time.time_ns()
         self._write_manifest(complete=False)
         if self.opts.odirect and len(self.files):  # both tiers must do real direct I/O
-            for path in (self.src(0), os.path.join(self.root, STAGE_MANIFEST)):
+            for fs, path in ((self.source_fs, self.src(0)),
+                             (self.fs, os.path.join(self.root, STAGE_MANIFEST))):
                 try:
-                    _core.probe_odirect(path)
+                    fs.direct_alignment(path)
                 except OSError:
                     raise UserError(f"storage.stage_in.odirect: true, but {path} is on a file "
                                     "system without real direct I/O (tmpfs only emulates it "
                                     "through the page cache); set storage.stage_in.odirect: "
                                     "false or stage to another folder") from None
         for folder in self.folders():
-            os.makedirs(folder, exist_ok=True)
+            self.fs.make_folders(folder)
 
     def _remove_earlier_side_files(self, earlier: EarlierCopy | None) -> None:
         """Our earlier copy's side files, record and temporaries (its manifest lists them)."""
@@ -382,9 +377,10 @@ class _Stage:
             sides.append(STAT_FILE)
         for side in sides:
             path = os.path.join(self.root, side)
-            remove_quietly([path] + ([temporary_name(path, tag)] if tag else []))
+            self.fs.remove_quietly([path] + ([temporary_name(path, tag)] if tag else []))
         if tag is not None:
-            remove_quietly([temporary_name(os.path.join(self.root, STAGE_MANIFEST), tag)])
+            self.fs.remove_quietly([temporary_name(os.path.join(self.root, STAGE_MANIFEST),
+                                                   tag)])
 
     def _write_manifest(self, complete: bool) -> None:
         body = {"tool": "dlio-mpi", "kind": KIND, "tag": self.tag, "source": self.source,
@@ -393,11 +389,8 @@ class _Stage:
                 **({"stat_file": STAT_FILE} if complete else {}), **self.files.describe()}
         final = os.path.join(self.root, STAGE_MANIFEST)
         tmp = temporary_name(final, self.tag)
-        with os.fdopen(create_exclusive(tmp), "w") as fp:
-            json.dump(body, fp)
-            fp.flush()
-            os.fsync(fp.fileno())
-        os.replace(tmp, final)  # our own manifest (read above), or none
+        self.fs.put(tmp, json.dumps(body).encode(), sync=True)
+        self.fs.replace_own(tmp, final)  # our own manifest (read above), or none
 
     def _side_files(self) -> list[str]:
         """Our generation's manifest and recorded sizes beside the source's files."""
@@ -406,7 +399,7 @@ class _Stage:
             return []
         names = [os.path.basename(manifest_path(self.source))]
         names += [n for n in (manifest.get("sizes") or {}).values() if isinstance(n, str)]
-        return [n for n in names if os.path.isfile(os.path.join(self.source, n))]
+        return [n for n in names if _is_file(self.source_fs, os.path.join(self.source, n))]
 
     # ---------------------------------------------------------------- on the clock
     def copy(self, shown) -> None:
@@ -425,50 +418,46 @@ class _Stage:
         """Every temporary of this copy (this job's tag) in the copy's folders."""
         for folder in self.folders():
             try:
-                with os.scandir(folder) as entries:
-                    mine = [e.path for e in entries if is_temporary_of(e.name, (self.tag,))]
+                mine = [os.path.join(folder, e.name) for e in self.fs.list(folder)
+                        if is_temporary_of(e.name, (self.tag,))]
             except OSError:
                 continue
-            remove_quietly(mine)
+            self.fs.remove_quietly(mine)
 
     def _copy(self, shown) -> None:
-        o = self.opts
-        direct = os.O_DIRECT if o.odirect else 0
+        o, src_fs, fs = self.opts, self.source_fs, self.fs
+        direct = bool(o.odirect)
         done = 0
         alone = []
         for f, offset, length in self.pieces:
             src_path, dst_path = self.src(f), self.dst(f)
             tmp = temporary_name(dst_path, self.tag)
-            src = os.open(src_path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | direct)
+            src = src_fs.open_read(src_path, direct=direct)
             try:
                 if self.several(f):
-                    dst = os.open(tmp, os.O_WRONLY | os.O_CLOEXEC | direct)
+                    dst = fs.open_write(tmp, direct=direct)
                 else:
-                    dst = _create_direct(tmp) if direct else create_exclusive(tmp)
+                    dst = fs.create_exclusive(tmp, direct=direct)
                     alone.append(f)
                 try:
                     if o.drop_page_cache and length and not direct:
-                        os.posix_fadvise(src, offset, length, os.POSIX_FADV_DONTNEED)
+                        src_fs.drop_cached(src, offset, length)
                     self.copier.copy(src, dst, offset, length, src_path, tmp)
                 finally:
-                    os.close(dst)
+                    fs.close(dst)
             finally:
-                os.close(src)
+                src_fs.close(src)
             done += length
             shown.update_to(done)
-        fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            _core.syncfs(fd)
-        finally:
-            os.close(fd)
+        fs.sync_all(self.root)
         for f in alone:
-            rename_noreplace(temporary_name(self.dst(f), self.tag), self.dst(f))
+            fs.rename_noreplace(temporary_name(self.dst(f), self.tag), self.dst(f))
 
     def finish(self) -> None:
         """After every rank's copy: the shared files' renames."""
         self.comm.Barrier()  # every piece of the shared files is in (and synced)
-        check_all(self.comm, lambda: [rename_noreplace(temporary_name(self.dst(f), self.tag),
-                                                       self.dst(f)) for f in self.shared])
+        check_all(self.comm, lambda: [self.fs.rename_noreplace(
+            temporary_name(self.dst(f), self.tag), self.dst(f)) for f in self.shared])
 
     def record(self) -> None:
         """Collective, after the clock: each file's size and modification time as written
@@ -478,8 +467,10 @@ class _Stage:
         def written() -> np.ndarray:
             out = np.zeros((len(self.creates), 3), dtype=np.int64)
             for k, f in enumerate(self.creates):
-                st = os.lstat(self.dst(f))
-                out[k] = (f, st.st_size, st.st_mtime_ns)
+                st = self.fs.entry(self.dst(f))
+                if st is None:  # as lstat says it
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), self.dst(f))
+                out[k] = (f, st.size, st.mtime_ns)
             return out
 
         mine = check_all(self.comm, written)
@@ -490,9 +481,11 @@ class _Stage:
             for part in everyone:
                 table[part[:, 0]] = part[:, 1:]
             for side in self._side_files():
-                _copy_small(os.path.join(self.source, side), os.path.join(self.root, side),
-                            self.tag)
-            _write_small(table.tobytes(), os.path.join(self.root, STAT_FILE), self.tag)
+                with self.source_fs.stream(os.path.join(self.source, side)) as fp:
+                    data = fp.read()
+                _write_small(self.fs, data, os.path.join(self.root, side), self.tag)
+            _write_small(self.fs, table.tobytes(), os.path.join(self.root, STAT_FILE),
+                         self.tag)
             self._write_manifest(complete=True)
 
         check_all(self.comm, lambda: complete() if self.rank == 0 else None)
@@ -500,19 +493,16 @@ class _Stage:
     # ---------------------------------------------------------------- after the run
     def clean(self) -> None:
         """Collective: remove this copy (each rank the files it created, rank 0 the rest)."""
-        remove_quietly(self.dst(f) for f in self.creates)
+        self.fs.remove_quietly(self.dst(f) for f in self.creates)
         self.comm.Barrier()
         if self.rank == 0:
-            remove_quietly(os.path.join(self.root, n)
-                           for n in [*self._side_files(), STAT_FILE, STAGE_MANIFEST])
+            self.fs.remove_quietly(os.path.join(self.root, n)
+                                   for n in [*self._side_files(), STAT_FILE, STAGE_MANIFEST])
             self.release()  # the lock file, before its folder goes
             folders = self.folders()
             for folder in [*sorted(folders, key=len, reverse=True),
                            *_parents(folders, self.root), self.root]:
-                try:
-                    os.rmdir(folder)
-                except OSError:
-                    pass  # not empty: something else lives there
+                self.fs.remove_folder(folder)  # not if something else lives there
 
 
 def _parents(folders: list[str], root: str) -> list[str]:
@@ -525,27 +515,19 @@ def _parents(folders: list[str], root: str) -> list[str]:
     return sorted(out, key=len, reverse=True)
 
 
-def _create_direct(path: str) -> int:
-    """create_exclusive with O_DIRECT."""
+def _is_file(fs: Storage, path: str) -> bool:
+    """Whether `path` is a regular file, following a link (as os.path.isfile)."""
     try:
-        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_DIRECT,
-                       0o644)
-    except FileExistsError:
-        return create_exclusive(path)  # raises its refusal
+        fs.size(path)
+    except OSError:
+        return False
+    return True
 
 
-def _copy_small(src: str, dst: str, tag: str) -> None:
-    with open(src, "rb") as fp:
-        _write_small(fp.read(), dst, tag)
-
-
-def _write_small(data: bytes, dst: str, tag: str) -> None:
+def _write_small(fs: Storage, data: bytes, dst: str, tag: str) -> None:
     tmp = temporary_name(dst, tag)
-    with os.fdopen(create_exclusive(tmp), "wb") as fp:
-        fp.write(data)
-        fp.flush()
-        os.fsync(fp.fileno())
-    rename_noreplace(tmp, dst)  # nothing there: make_way cleared our earlier one
+    fs.put(tmp, data, sync=True)
+    fs.rename_noreplace(tmp, dst)  # nothing there: make_way cleared our earlier one
 
 
 def stage_in(comm, opts, files: StageSet, source: str, topo, tag: str
