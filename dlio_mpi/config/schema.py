@@ -738,9 +738,9 @@ class Reader:
     # ours: a node-local caching tier (tiers/cache.py); the native C engine's
     cache: ReaderCache | None = section(ReaderCache, optional=True)
     # ours: read_once: every file read once for the job into the ranks' memory, batches
-    # served from there through an MPI exchange per step (tiers/read_once.py); replicated:
+    # served from there through an MPI exchange per step (readers/read_once.py); replicated:
     # every rank reads every file into its own memory, batches served from its copy
-    # (tiers/replicated.py)
+    # (readers/replicated.py)
     staging: str = key("none", "str", choices=("none", "read_once", "replicated"))
     # ours: how training draws its samples: epoch (each sample once per epoch, DLIO's) or
     # replacement (each rank draws uniformly from all samples: sharding.rank_draws)

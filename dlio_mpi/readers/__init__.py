@@ -255,8 +255,8 @@ REGISTRY: dict[str, Backend] = {
     "shared": Backend("dlio_mpi.readers.mpiio", "SharedReader", _cache_refusal),
     "collective": Backend("dlio_mpi.readers.mpiio", "CollectiveReader", _cache_refusal),
     "h5py": Backend("dlio_mpi.readers.h5py_reader", "H5pyReader", _library_limits),
-    "read_once": Backend("dlio_mpi.tiers.read_once", "ReadOnceReader", _staging_limits),
-    "replicated": Backend("dlio_mpi.tiers.replicated", "ReplicatedReader", _staging_limits),
+    "read_once": Backend("dlio_mpi.readers.read_once", "ReadOnceReader", _staging_limits),
+    "replicated": Backend("dlio_mpi.readers.replicated", "ReplicatedReader", _staging_limits),
     **{name: Backend(*loader["backend"], _framework_limits)
        for name, loader in FRAMEWORK_LOADERS.items()},
 }
