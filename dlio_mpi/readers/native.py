@@ -10,7 +10,8 @@ from ..data.catalog import SplitFiles
 from ..metrics.epoch_trace import RequestTrace
 from ..mpi.pacing import StepSync
 from ..sampling.requests import ReadPlan
-from .base import BatchStats, ReaderBackend, ReaderOptions
+from .base import BatchStats, ReaderBackend
+from .registry import NativeOptions
 
 
 class NativeReader(ReaderBackend):
@@ -25,7 +26,7 @@ class NativeReader(ReaderBackend):
     with options.whole_batches (a DataLoader's workers), and in the first epoch no read before
     options.startup_ns (the loader starting)."""
 
-    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+    def __init__(self, files: SplitFiles, options: NativeOptions, comm=None) -> None:
         align = 0
         o = options
         if o.odirect and files.count:
