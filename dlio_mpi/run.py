@@ -33,7 +33,7 @@ from .checkpoint.results import CheckpointRecord
 from .checkpoint.schedule import Due, Schedule, after_epoch, steps_due
 from .config import TimeSpec
 from .data.catalog import SplitFiles, files_row_groups, locate_split
-from .data.dataset import DatasetSplit, decoded_item, dlio_record_length
+from .data.dataset import DatasetSplit, dlio_record_length
 from .data.generate import (
     GenerationResult,
     check_dataset_space,
@@ -71,9 +71,8 @@ from .mpi.pacing import (
 from .mpi.topology import HostInfo, Topology, discover, emulated_ranks_per_node
 from .plan.checks import check_direct_io
 from .plan.derive import RunPlan, derive_plan, derive_plan_everywhere
-from .plan.notes import resolve_read_mode
 from .plan.render import describe_plan
-from .readers import ReaderBackend, ReaderOptions, batches_in_flight, open_reader
+from .readers import ReaderBackend, ReaderSpec, files_spec, open_reader
 from .results import jsonfile
 from .results.environment import describe_environment
 from .results.folder import OutputFolder, access_log_name
@@ -218,6 +217,7 @@ class Phase:
     split: DatasetSplit
     files: SplitFiles
     reader: ReaderBackend
+    spec: ReaderSpec  # the reader backend's (readers.files_spec)
     shuffle: ShuffleSpec
     steps: int
     batch: int
@@ -238,37 +238,21 @@ def open_phase(comm, cfg, plan: RunPlan, name: str, pacing: Pacing,
     rd = cfg.reader
     policy = access_policy(rd, split, *on_root(comm, lambda: loader_inputs(split.format,
                                                                             files.path(0))))
-    options = ReaderOptions.from_config(rd, comm.Get_rank(), decoded_item(cfg), cfg.train.seed,
-                                        cfg.output.trace)
-    reader = check_all(comm, lambda: open_reader(options.file_access, files, options, comm))
+    spec = files_spec(cfg, files)
+    reader = check_all(comm, lambda: open_reader(cfg, files, comm, spec))
     if cache is not None:
         reader.attach_cache(cache, name, files)
-    staged = reader.staging
-    if staged is not None:  # reader.staging (read_once, replicated) read the files just now
-        say(comm, staging_line(name, rd.staging, staged))
+    opened = spec.opened_line(name, reader)
+    if opened:  # reader.staging (read_once, replicated) read the files just now
+        say(comm, opened)
     if train:
-        return Phase(name, split, files, reader,
+        return Phase(name, split, files, reader, spec,
                      ShuffleSpec(rd.file_shuffle, rd.sample_shuffle, cfg.train.seed,
                                  cfg.train.seed_change_epoch),
                      plan.steps_per_epoch, rd.batch_size, cfg.train.computation_time, True,
                      pacing, policy, cache)
-    return Phase(name, split, files, reader, ShuffleSpec(), plan.eval_steps_per_epoch,
+    return Phase(name, split, files, reader, spec, ShuffleSpec(), plan.eval_steps_per_epoch,
                  rd.batch_size_eval, cfg.evaluation.eval_time, False, pacing, policy, cache)
-
-
-def staging_line(name: str, how: str, staged: dict) -> str:
-    """The line saying what reader.staging `how` read for phase `name` (describe()'s
-    "staging")."""
-    read = f"{staged['bytes_read'] / 2**20:.1f} MiB read"
-    if how == "replicated":
-        read += (f" (every one of {staged['copies']} ranks reading all "
-                 f"{staged['dataset_bytes'] / 2**20:.1f} MiB"
-                 + ("" if staged["kept"] else ", keeping none") + ")")
-    else:
-        read += " once"
-    return (f"staging ({name}, {how}): {staged['files']} file(s), {read} in "
-            f"{staged['seconds']:.2f} s ({staged['GiB_per_second']:.2f} GiB/s), up to "
-            f"{max(staged['memory_bytes_per_node']) / 2**20:.1f} MiB of memory per node")
 
 
 def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generator,
@@ -296,9 +280,9 @@ def run_phase_epoch(comm, cfg, phase: Phase, epoch: int, rng: np.random.Generato
                    if spec.mean > 0 else None
                    for spec in (rd.preprocess_time, rd.preprocess_cpu_time))
     reads = plan_reads(shard, phase.steps, phase.batch, split.samples_per_file,
-                       phase.files.layouts, resolve_read_mode(cfg), phase.policy, delays, cpu)
+                       phase.files.layouts, phase.spec.read_mode(cfg), phase.policy, delays, cpu)
     if phase.cache is not None:  # its readers may run that many batches ahead
-        ahead = batches_in_flight(rd.data_loader, rd.prefetch_size, rd.read_threads)
+        ahead = phase.spec.batches_in_flight(rd)
         reads = phase.cache.plan_epoch(phase.name, reads, ahead + 2)
     host = {kind: spec.draw(rng, phase.steps)
             for kind, spec in (("cpu", rd.step_cpu_time), ("wait", rd.step_wait_time))

@@ -466,7 +466,7 @@ ACTING = {
     "output.progress_interval",
     # issue 10: interval statistics (metrics/intervals.py)
     "output.stats_interval",
-    # issue 11: the caching tier (tiers/cache.py), read-once staging (tiers/read_once.py),
+    # issue 11: the caching tier (tiers/cache.py), read-once staging (readers/read_once.py),
     # sampling with replacement (sharding.rank_draws)
     "reader.cache", "reader.staging", "reader.sampling",
     # issue 19: the loader's modelled costs (the native engine spends the first and last,

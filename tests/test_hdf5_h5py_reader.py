@@ -74,7 +74,7 @@ def _rows(files, sample_id: int) -> bytes:
 
 
 def _plan(cfg, files, ids: np.ndarray, batch: int, delays: np.ndarray | None = None):
-    from dlio_mpi.plan.notes import resolve_read_mode
+    from dlio_mpi.readers import resolve_read_mode
     from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     return plan_reads(ids, len(ids) // batch, batch, files.split.samples_per_file,
@@ -83,11 +83,9 @@ def _plan(cfg, files, ids: np.ndarray, batch: int, delays: np.ndarray | None = N
 
 
 def _reader(cfg, files):
-    from dlio_mpi.data.dataset import decoded_item
-    from dlio_mpi.readers import ReaderOptions, open_reader
+    from dlio_mpi.readers import open_reader
 
-    options = ReaderOptions.from_config(cfg.reader, 0, decoded_item(cfg), cfg.train.seed)
-    return open_reader(options.file_access, files, options)
+    return open_reader(cfg, files)
 
 
 def _epoch(reader, plan) -> tuple[list[np.ndarray], list[list[bytes]], list]:

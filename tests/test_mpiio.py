@@ -52,7 +52,7 @@ def _dataset(tmp, **values):
 def _read_plan(cfg, split, files, steps: int, batch: int, shard=None):
     from mpi4py import MPI
 
-    from dlio_mpi.plan.notes import resolve_read_mode
+    from dlio_mpi.readers import resolve_read_mode
     from dlio_mpi.sampling.requests import plan_reads
     from dlio_mpi.sampling.sharding import ShuffleSpec, epoch_shuffle, rank_shard
 
@@ -68,13 +68,13 @@ def _read_plan(cfg, split, files, steps: int, batch: int, shard=None):
 def _open(mode: str, files, **options):
     from mpi4py import MPI
 
-    from dlio_mpi.readers import IoWatchdog, ReaderOptions, open_reader
+    from dlio_mpi.readers import REGISTRY, IoWatchdog, MpiioOptions
 
     settings = dict(read_threads=1, prefetch_size=2, odirect=False, fd_cache_size=4,
                     close_at_epoch_end=False, drop_page_cache=False, keep_data=True,
-                    watchdog=IoWatchdog(), file_access=mode)
+                    watchdog=IoWatchdog())
     settings.update(options)
-    return open_reader(mode, files, ReaderOptions(**settings), MPI.COMM_WORLD)
+    return REGISTRY[mode].open(files, MpiioOptions(**settings), MPI.COMM_WORLD)
 
 
 def _checksums_read(reader, plan) -> list[int]:
@@ -261,6 +261,7 @@ def test_a_missing_file_is_an_oserror_naming_it(shared_tmp):
 FAILING_RUN = """
     import sys
     from mpi4py import MPI
+    from dataclasses import replace
     import dlio_mpi.readers
     from dlio_mpi.cli import main
     from dlio_mpi.readers.mpiio import CollectiveReader
@@ -271,7 +272,8 @@ FAILING_RUN = """
                 raise OSError(5, "injected read failure on rank 1")
             return super()._read_batch(plan, first, last, buffer)
 
-    dlio_mpi.readers.REGISTRY["multi"] = dlio_mpi.readers.Backend("__main__", "FailingOnRank1")
+    dlio_mpi.readers.REGISTRY["multi"] = replace(dlio_mpi.readers.REGISTRY["collective"],
+                                                 module="__main__", cls="FailingOnRank1")
     sys.exit(main(sys.argv[1:]))
 """
 

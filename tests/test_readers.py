@@ -89,7 +89,7 @@ def test_a_second_backend_runs_the_same_epochs_through_the_same_loop(shared_tmp,
     _, native = _run(shared_tmp, output__folder=shared_tmp / "native",
                      workflow__generate_data="true", **common)
     monkeypatch.setitem(dlio_mpi.readers.REGISTRY, "multi",
-                        dlio_mpi.readers.Backend("test_readers", "PreadReader"))
+                        dlio_mpi.readers.ReaderSpec("test_readers", "PreadReader"))
     _, ours = _run(shared_tmp, output__folder=shared_tmp / "pread",
                    workflow__generate_data="false", **common)
     for epoch in (1, 2):  # the same samples on every rank: sharding knows no backend

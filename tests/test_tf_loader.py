@@ -62,7 +62,7 @@ def _files(cfg):
 
 
 def _plan(cfg, files, ids: np.ndarray, batch: int):
-    from dlio_mpi.plan.notes import resolve_read_mode
+    from dlio_mpi.readers import resolve_read_mode
     from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     fmt = files.split.format
@@ -75,11 +75,9 @@ def _plan(cfg, files, ids: np.ndarray, batch: int):
 
 
 def _reader(cfg, files):
-    from dlio_mpi.data.dataset import decoded_item
-    from dlio_mpi.readers import ReaderOptions, open_reader
+    from dlio_mpi.readers import open_reader
 
-    options = ReaderOptions.from_config(cfg.reader, 0, decoded_item(cfg), cfg.train.seed)
-    return open_reader(options.file_access, files, options)
+    return open_reader(cfg, files)
 
 
 def _sample_bytes(files, sample_id: int) -> bytes:
@@ -242,7 +240,7 @@ def test_npy_npz_batches_hold_the_planned_samples_in_the_plans_order(tmp_path, f
                               reader__read_type="memory" if memory else "on_demand")
     total = files.split.num_samples
     ids = np.random.default_rng(per_file).permutation(total)[: total // 2 // 2 * 2]
-    from dlio_mpi.plan.notes import resolve_read_mode
+    from dlio_mpi.readers import resolve_read_mode
     from dlio_mpi.sampling.requests import AccessPolicy, plan_reads
 
     fmt_obj = files.split.format

@@ -19,7 +19,7 @@ TIB = 2**40  # a sample of 1 TiB: a few files outgrow any test machine's disk
 
 
 def _size(n: float) -> str:
-    from dlio_mpi.plan.units import size_text
+    from dlio_mpi.units import size_text
 
     return size_text(n)
 

@@ -242,8 +242,7 @@ def emulator_read_cost(cfg, files, count: int):
     workload's loader reads them (warm, one reader thread): CPU time and reads per sample."""
     from dataclasses import replace
 
-    from ..plan.notes import resolve_read_mode
-    from ..readers.base import ReaderOptions
+    from ..readers import REGISTRY, resolve_read_mode
     from ..readers.native import NativeReader
     from ..sampling.requests import access_policy, loader_inputs, plan_reads
     from .measure import self_cpu_s
@@ -254,9 +253,9 @@ def emulator_read_cost(cfg, files, count: int):
     ids = np.arange(count, dtype=np.int64) * split.samples_per_file
     plan = plan_reads(ids, count, 1, split.samples_per_file, files.layouts,
                       resolve_read_mode(cfg), policy)
-    options = ReaderOptions.from_config(cfg.reader, 0)
+    options = REGISTRY["multi"].options(cfg, 0)  # the native C engine's
     reader = NativeReader(files, replace(options, read_threads=1, in_flight=2,
-                                         drop_page_cache=False, startup_ns=0))
+                                         drop_page_cache=False, startup_ns=0, trace=False))
     try:
         for _ in range(2):  # the first warms the page cache for these files
             before, cpu = reader.counters(), self_cpu_s()

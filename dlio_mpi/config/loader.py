@@ -538,12 +538,8 @@ def check_consistency(cfg: Config) -> None:
                           "parquet only)")
     if fmt is not None:
         fmt.check_dataset(ds)
-    reads_data = cfg.workflow.train or cfg.workflow.evaluation
-    if reads_data and rd.data_loader in ("tensorflow", "pytorch") \
-            and rd.data_loader != cfg.framework:
-        raise ConfigError(f"reader.data_loader: '{rd.data_loader}' does not fit framework "
-                          f"'{cfg.framework}'; expected '{cfg.framework}' (or framework: "
-                          f"{rd.data_loader})")
+    if cfg.workflow.train or cfg.workflow.evaluation:  # what reads names its framework
+        _check_agreements(cfg, rd, "reader")
     if 0 < model.num_layers < par.pipeline:
         raise ConfigError(f"model.num_layers: expected at least model.parallelism.pipeline "
                           f"({par.pipeline}) layers, got {model.num_layers}")
@@ -577,6 +573,21 @@ def check_consistency(cfg: Config) -> None:
                           f"{ck.snapshot_bytes_per_second:.12g} paces the snapshot of "
                           "checkpoint.async_write: true, which is false; expected 0, or "
                           "async_write: true")
+
+
+def _check_agreements(cfg: Config, section: Any, path: str) -> None:
+    """The keys of `section` (at `path`) whose value names a value of a top-level key
+    (Rule.agrees_with) the configuration does not hold there: DLIO's reader.data_loader and
+    framework."""
+    for f in fields(section):
+        other = f.metadata["rule"].agrees_with
+        if not other:
+            continue
+        value, wanted = getattr(section, f.name), getattr(cfg, other)
+        named = next(g for g in fields(Config) if g.name == other).metadata["rule"].choices
+        if value in named and value != wanted:
+            raise ConfigError(f"{path}.{f.name}: '{value}' does not fit {other} '{wanted}'; "
+                              f"expected '{wanted}' (or {other}: {value})")
 
 
 def _check_drain(ck) -> None:

@@ -91,7 +91,10 @@ class Rule:
     effect in dlio-mpi (completes "because ..."; a reason starting "as in " completes "no
     effect, ...": the key has none in the reference either; a section's reason covers its
     keys); `acts_if`: (dotted key, values) pairs that all hold where the key acts, `inert`
-    being the reason it does not elsewhere (a key of one dataset.format)."""
+    being the reason it does not elsewhere (a key of one dataset.format); `agrees_with`: a
+    top-level key whose value this key's must be wherever this key's value is one of that
+    key's choices and the workflow reads data (DLIO's reader.data_loader and framework;
+    loader.check_consistency)."""
 
     kind: str
     choices: tuple = ()
@@ -104,6 +107,7 @@ class Rule:
     unimplemented: tuple | str = ()
     inert: str = ""
     acts_if: tuple = ()
+    agrees_with: str = ""
 
     def convert(self, value: Any, path: str, stdev: Any = None, stdev_path: str = "") -> Any:
         """The typed value of `value` at `path`, or ConfigError. `stdev` is the value of a
@@ -616,9 +620,10 @@ class Reader:
     # pytorch and tensorflow: with reader.engine native, the native engine reads with that
     # DLIO reader's access pattern (plan.loader_note); with engine framework the real loader
     # runs (pytorch: readers/torch_loader.py). The others run Python or DALI code dlio-mpi
-    # does not have
+    # does not have. One naming a framework is the workload's framework
     data_loader: str = key("tensorflow", "str", choices=DATA_LOADERS,
-                           unimplemented=("dali", "native_dali", "custom", "synthetic"))
+                           unimplemented=("dali", "native_dali", "custom", "synthetic"),
+                           agrees_with="framework")
     # ours: what reads. native: the C engine or MPI-IO (reader.file_access) with the access
     # pattern of DLIO's reader; framework: the real loader reader.data_loader names, in this
     # process and its workers (the combinations readers.FRAMEWORK_LOADERS lists; the others
@@ -738,9 +743,9 @@ class Reader:
     # ours: a node-local caching tier (tiers/cache.py); the native C engine's
     cache: ReaderCache | None = section(ReaderCache, optional=True)
     # ours: read_once: every file read once for the job into the ranks' memory, batches
-    # served from there through an MPI exchange per step (tiers/read_once.py); replicated:
+    # served from there through an MPI exchange per step (readers/read_once.py); replicated:
     # every rank reads every file into its own memory, batches served from its copy
-    # (tiers/replicated.py)
+    # (readers/replicated.py)
     staging: str = key("none", "str", choices=("none", "read_once", "replicated"))
     # ours: how training draws its samples: epoch (each sample once per epoch, DLIO's) or
     # replacement (each rank draws uniformly from all samples: sharding.rank_draws)

@@ -1,6 +1,6 @@
 """The checks that need the derived plan (steps, bytes, memory per node): each refuses with one
 message naming the keys, the values and what would be accepted. Per-key rules live in the
-schema, a backend's limits on the backend."""
+schema, a backend's limits on its spec (readers/registry.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,9 @@ import numpy as np
 from ..config.schema import MAX_STEP_SECONDS, keys_set
 from ..data.dataset import DatasetSplit
 from ..errors import UserError, install_hint
-from ..readers import (
-    batches_in_flight,
-)
+from ..readers import ReaderSpec, access_spec, reader_spec
 from ..storage.filesystems import check_direct_io_folder
+from ..units import number_text, size_text
 from .limits import (
     CACHE_FILL_BUFFER,
     CHECKPOINT_BLOCK,
@@ -26,25 +25,6 @@ from .limits import (
     SHAPE_BYTES_PER_FILE,
 )
 from .memory import Held
-from .units import number_text, size_text
-
-
-def access_order_refusal(cfg) -> str | None:
-    """reader.access_order sorted reorders the plan's reads per batch: refused where no
-    planned read per batch goes to storage in the plan's order (the framework loaders read as
-    their own samplers and workers decide; reader.staging reads every file before the epochs)."""
-    if cfg.reader.access_order != "sorted":
-        return None
-    if cfg.reader.engine == "framework":
-        return ("reader.access_order: sorted with reader.engine framework is not implemented "
-                "yet (the real loader orders its own reads); accepted: reader.access_order "
-                "shuffled, or reader.engine native")
-    if cfg.reader.staging != "none":
-        return (f"reader.access_order: sorted with reader.staging {cfg.reader.staging} is not "
-                "implemented yet (the files are read whole before the first epoch: there are "
-                "no reads per batch to order); accepted: reader.access_order shuffled, or "
-                "reader.staging none")
-    return None
 
 
 def check_measurable(steps: int, cfg, phase: str) -> None:
@@ -60,25 +40,20 @@ def check_measurable(steps: int, cfg, phase: str) -> None:
 
 def check_reader_fits(cfg) -> None:
     """What only some readers do: a format read by mmap (mmap_indexed_binary: through the
-    page cache, with its mapped reads), synthetic data (read by nothing)."""
+    page cache, with its mapped reads), synthetic data (read by nothing); what the file
+    access cannot read, reader.file_access's backend says (readers.access_spec)."""
     from ..formats import get_format
 
     fmt = get_format(cfg.dataset.format)
-    if fmt.reads_nothing:
-        if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
-            raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, "
-                            "but dataset.format synthetic reads nothing; expected multi")
+    if not (fmt.reads_nothing or fmt.reads_by_mmap):
         return
-    if not fmt.reads_by_mmap:
-        return
-    if cfg.reader.odirect:
+    if fmt.reads_by_mmap and cfg.reader.odirect:
         raise UserError(f"reader.odirect: true does not combine with dataset.format "
                         f"{cfg.dataset.format}, which is read through a memory mapping (the "
                         "page cache); expected false, or dataset.format indexed_binary")
-    if cfg.workflow.train and cfg.reader.file_access not in ("multi", "posix"):
-        raise UserError(f"reader.file_access: {cfg.reader.file_access} reads with MPI-IO, but "
-                        f"dataset.format {cfg.dataset.format} is read through a memory "
-                        "mapping; expected multi (or dataset.format indexed_binary)")
+    refused = access_spec(cfg).format_refusal(cfg, fmt) if cfg.workflow.train else None
+    if refused:
+        raise UserError(refused)
 
 
 def check_whole_file_reads(cfg, mode: str) -> None:
@@ -124,39 +99,16 @@ def _largest_sample(split: DatasetSplit) -> int:
     return int(np.prod(split.dims.astype(np.int64), axis=1).max())  # two int32 dims each
 
 
-def staging_memory(cfg, ranks_per_node: int, nodes: int) -> tuple[int, str, str]:
-    """What reader.staging holds of the dataset (as generated) in a node's memory: read_once
-    a node's share of it, replicated a copy on every rank (ranks per node x the dataset, none
-    with reader.keep_data false, which reads into one buffer). (bytes per node, what is held,
-    what would hold less); (0, "", "") when it holds nothing."""
-    rd, ds = cfg.reader, cfg.dataset
-    if not cfg.workflow.train or rd.staging == "none" \
-            or (rd.staging == "replicated" and not rd.keep_data):
-        return 0, "", ""
-    per_file = ds.num_samples_per_file * ds.record_length_bytes
-    files = ds.num_files_train + (ds.num_files_eval if cfg.workflow.evaluation else 0)
-    if rd.staging == "replicated":
-        per_node = ranks_per_node * files * per_file
-        return (per_node,
-                f"a copy of the dataset in every rank's memory, about {size_text(per_node)} "
-                f"per node ({ranks_per_node} rank(s) of a node each holding {files} files of "
-                f"about {size_text(per_file)})",
-                "fewer ranks per node, reader.keep_data: false (every file read, none kept), "
-                "or reader.staging: none")
-    per_node = -(-files // nodes) * per_file
-    return (per_node,
-            f"the dataset in the nodes' memory, about {size_text(per_node)} per node "
-            f"({files} files of about {size_text(per_file)} over {nodes} node(s))",
-            "more nodes, or reader.staging: none")
-
-
 def staging_held(cfg, ranks_per_node: int, nodes: int) -> Held | None:
-    """reader.staging's copies of the dataset (staging_memory), per node."""
-    per_node, held, other = staging_memory(cfg, ranks_per_node, nodes)
-    if not per_node:
+    """What the reader backend keeps in a node's memory for the whole run beyond its batches
+    (reader.staging's copies of the dataset: its spec's memory_held), per node."""
+    if not cfg.workflow.train:
         return None
-    return Held("reader.staging", f"reader.staging: {cfg.reader.staging} keeps {held}",
-                per_node=per_node, lower=other)
+    held = reader_spec(cfg).memory_held(cfg, ranks_per_node, nodes)
+    if held is None:
+        return None
+    key, per_node, what, lower = held
+    return Held(key, what, per_node=per_node, lower=lower)
 
 
 def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
@@ -187,10 +139,13 @@ def check_sizes(cfg, splits: Mapping[str, DatasetSplit]) -> None:
                 f"{MAX_PATH_BYTES}")
 
 
-def batch_held(cfg, plan_bytes: int, steps: int, ranks: int) -> Held | None:
+def batch_held(cfg, plan_bytes: int, steps: int, ranks: int,
+               library_read: str = "") -> Held | None:
     """The engine keeps one batch per rank in memory more than it reads ahead
-    (reader.keep_data; a torch DataLoader's batches in flight, readers.batches_in_flight)."""
-    slots, batch = _batch_buffers(cfg, plan_bytes, steps, ranks)
+    (reader.keep_data; a torch DataLoader's batches in flight: the backend's spec says,
+    readers.reader_spec, `library_read` RunPlan.library_read)."""
+    slots, batch = _batch_buffers(cfg, plan_bytes, steps, ranks,
+                                  reader_spec(cfg, library_read))
     if not slots:
         return None
     return Held("reader.prefetch_size",
@@ -201,12 +156,13 @@ def batch_held(cfg, plan_bytes: int, steps: int, ranks: int) -> Held | None:
                       "data (reader.keep_data: false)")
 
 
-def _batch_buffers(cfg, plan_bytes: int, steps: int, ranks: int) -> tuple[int, int]:
+def _batch_buffers(cfg, plan_bytes: int, steps: int, ranks: int,
+                   spec: ReaderSpec) -> tuple[int, int]:
     """(batch buffers a rank holds, their mean bytes); (0, 0) when it keeps no data."""
     rd = cfg.reader
     if not rd.keep_data or steps == 0:
         return 0, 0
-    slots = batches_in_flight(rd.data_loader, rd.prefetch_size, rd.read_threads) + 1
+    slots = spec.batches_in_flight(rd) + 1
     return slots, plan_bytes // (steps * ranks)
 
 
@@ -306,11 +262,8 @@ def direct_io_uses(cfg, data_folder: str) -> list[tuple[str, str, str]]:
         uses += [(ck.drain.to, "checkpoint.drain.to", "checkpoint.drain.odirect"),
                  (ck.checkpoint_folder, "checkpoint.checkpoint_folder",
                   "checkpoint.drain.odirect")]
-    rd = cfg.reader
-    if cfg.workflow.train and rd.odirect and rd.staging != "none":
-        stage = cfg.storage.stage_in
-        uses.append((stage.to, "storage.stage_in.to", "reader.odirect") if stage is not None
-                    else (data_folder, "dataset.data_folder", "reader.odirect"))
+    if cfg.workflow.train:  # the reader backend's own (reader.staging's whole-file reads)
+        uses += reader_spec(cfg).direct_io_uses(cfg, data_folder)
     return uses
 
 

@@ -12,11 +12,10 @@ from ..errors import UserError, check_all, on_root
 from ..formats import adopt_layouts, implemented_formats, learned_layouts
 from ..mpi.host_memory import Budget, node_budget
 from ..mpi.topology import emulated_ranks_per_node, host_info, plan_topology
-from ..readers import engine_refusal
+from ..readers import engine_refusal, reader_spec
 from ..sampling.requests import READ_MODES
 from ..sampling.sharding import steps_per_epoch
 from .checks import (
-    access_order_refusal,
     batch_held,
     check_measurable,
     check_pt_save_importable,
@@ -32,7 +31,7 @@ from .checks import (
 from .folders import check_folders_apart
 from .limits import MAX_FILE_BYTES
 from .memory import check_memory
-from .notes import plan_notes, resolve_read_mode, unused_hints_note
+from .notes import plan_notes, unused_hints_note
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,7 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
     check_folders_apart(cfg)
     held = [h for h in (shapes_held(cfg), staging_held(cfg, ranks_per_node, nodes)) if h]
     check_memory(held, counted, budget)  # before the shapes are drawn
-    mode = resolve_read_mode(cfg)
+    mode = reader_spec(cfg).read_mode(cfg)
     if mode not in READ_MODES:
         raise UserError(f"reader.read_mode: '{mode}' unknown; expected one of {READ_MODES}")
     uses_data = cfg.workflow.train or cfg.workflow.generate_data or generating
@@ -185,15 +184,15 @@ def derive_plan(cfg, ranks: int, ranks_per_node: int | None = None, nodes: int |
         files, samples = train.num_files, train.num_samples
         dataset_bytes = sum(table.total("size") for table in layouts.values())
         if cfg.workflow.train:
-            # reader.engine with what it cannot read
-            refused = engine_refusal(cfg, library_read) or access_order_refusal(cfg)
+            # the reader backend with what it cannot read
+            refused = engine_refusal(cfg, library_read)
             if refused:
                 raise UserError(refused)
             steps = _train_steps(cfg, train, ranks)
             check_measurable(steps, cfg, "training")
             epoch_bytes = _epoch_bytes(train, layouts["train"], mode,
                                        steps * cfg.reader.batch_size * ranks)
-            held.append(batch_held(cfg, epoch_bytes, steps, ranks))
+            held.append(batch_held(cfg, epoch_bytes, steps, ranks, library_read))
             if cfg.workflow.evaluation:
                 eval_steps = _steps(splits["valid"], ranks, cfg.reader.batch_size_eval,
                                     "reader.batch_size_eval", "dataset.num_files_eval")

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import UserError
 from ..mpi.host_memory import Budget
-from .units import size_text
+from ..units import size_text
 
 MEMORY_SHARE = 0.8  # of the budget: the rest for what is not counted (tables, MPI, cache)
 

@@ -6,13 +6,10 @@ from __future__ import annotations
 import shlex
 from collections.abc import Mapping
 
-from ..readers import (
-    ALIASES,
-    FRAMEWORK_LOADERS,
-)
+from ..readers import reader_spec
 from ..storage.filesystems import setstripe_args
+from ..units import duration_text, size_text
 from .derive import RunPlan
-from .units import duration_text, size_text
 
 
 def _filesystem_text(name: str, info: Mapping) -> str:
@@ -136,49 +133,9 @@ def plan_record(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = 
 
 
 def reader_text(cfg, library_read: str = "", plan: RunPlan | None = None) -> str:
-    """What reads the training data: the engine, the backend and the access (`library_read`:
-    RunPlan.library_read; `plan` the bytes reader.staging replicated reads)."""
-    rd = cfg.reader
-    access = ALIASES.get(rd.file_access, rd.file_access)
-    if rd.staging == "read_once":
-        return ("reader.staging read_once: every file read once into the ranks' memory before "
-                "the first epoch (file f on rank f mod ranks), each step's samples delivered "
-                "from there by one MPI_Alltoallv")
-    if rd.staging == "replicated":
-        return _replicated_text(rd, plan)
-    if rd.cache is not None:
-        return (f"engine native: the native C engine (threads, prefetch ring, pread) with the "
-                f"access pattern of DLIO's {rd.data_loader} reader, through a node-local cache "
-                f"in {rd.cache.folder} (policy {rd.cache.policy})")
-    if rd.engine == "native" and library_read:
-        return (f"engine native: h5py in {max(rd.read_threads, 1)} reader thread(s), not the "
-                f"C engine, because {library_read}; reader.file_access {rd.file_access}, "
-                f"reader.read_type {rd.read_type}")
-    if rd.engine == "framework":
-        loader = FRAMEWORK_LOADERS.get(rd.data_loader, {}).get("loader", rd.data_loader)
-        return (f"engine framework: a real {loader} per rank (reader.data_loader "
-                f"{rd.data_loader}), reader.file_access {rd.file_access}")
-    backend = {"multi": "the native C engine (threads, prefetch ring, pread)",
-               "shared": "MPI-IO independent reads", "collective": "MPI-IO collective reads"}
-    return (f"engine native: {backend[access]}, reader.file_access {rd.file_access}, with the "
-            f"access pattern of DLIO's {rd.data_loader} reader")
-
-
-def _replicated_text(rd, plan: RunPlan | None) -> str:
-    """reader.staging replicated: what every rank reads at start-up and keeps."""
-    storm = ""
-    if plan is not None:
-        storm = (f" ({plan.ranks} x {size_text(plan.dataset_bytes)} = "
-                 f"{size_text(plan.ranks * plan.dataset_bytes)})")
-    shared = ("; without reader.odirect the node's ranks after the first may find the files in "
-              "the page cache" if not rd.odirect and plan is not None
-              and plan.ranks_per_node > 1 else "")
-    return ("reader.staging replicated: every rank reads every file once into its own memory "
-            "before the first epoch: ranks x the dataset's bytes from the file system at "
-            f"start-up{storm}, none after; " + (
-                "each step's samples copied from the rank's copy" if rd.keep_data else
-                "keeping none (reader.keep_data false: one reused buffer), so the steps run "
-                "with batches of no bytes") + shared)
+    """What reads the training data: the engine, the backend and the access, as the run's
+    backend's spec says it (`library_read`: RunPlan.library_read; `plan` the plan's sizes)."""
+    return reader_spec(cfg, library_read).reader_text(cfg, library_read, plan)
 
 
 def describe_plan(plan: RunPlan, cfg, filesystems: Mapping[str, Mapping] | None = None,

@@ -39,65 +39,19 @@ class IoWatchdog:
     rank: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ReaderOptions:
-    """The run's reading settings, as every backend receives them."""
+    """The options every backend takes, from the reader section, built keyword by keyword by
+    the backend's spec (spec.py); a backend with options of its own takes a subclass
+    declared beside its spec (registry.py: NativeOptions, MpiioOptions, ...)."""
 
-    read_threads: int
-    prefetch_size: int
-    odirect: bool
-    fd_cache_size: int
-    close_at_epoch_end: bool  # reader.access: loader (else lean: descriptors cached)
-    drop_page_cache: bool
-    keep_data: bool
-    watchdog: IoWatchdog
-    file_access: str = "multi"  # the backend (readers.REGISTRY)
-    mpiio_hints: tuple[tuple[str, str], ...] = ()  # MPI-IO info hints, given at every open
-    engine: str = "native"  # reader.engine: native backends, or the real loader (framework)
-    data_loader: str = "pytorch"  # the framework loader (readers.FRAMEWORK_LOADERS)
-    # the framework loader's own settings
-    pin_memory: bool = True
-    multiprocessing_context: str = "fork"
-    read_type: str = "on_demand"  # DLIO's: a file loaded per sample, or once (memory)
-    # the framework loaders' items: the shape and dtype of the decoded sample DLIO's readers
-    # hand over (dataset.decoded_item; () : the sample's bytes as they are)
-    item_shape: tuple[int, ...] = ()
-    # the tf.data loader's: TFRecordDataset's buffer_size (None: TensorFlow's default) and
-    # the threads of its batch map (DLIO's reader.transfer_size, reader.computation_threads)
-    transfer_size: int | None = None
-    computation_threads: int = 1
-    item_dtype: str = "|u1"
-    # the tf.data TFRecord pipeline's shuffle buffer (reader.shuffle_size; 0: no shuffle, as
-    # with reader.sample_shuffle off) and its seed (None: reader.sample_shuffle random)
-    shuffle_size: int = 0
-    shuffle_seed: int | None = None
+    read_threads: int = 1
+    prefetch_size: int = 2
+    odirect: bool = False
+    drop_page_cache: bool = False
+    keep_data: bool = True
+    watchdog: IoWatchdog = IoWatchdog()
     trace: bool = False  # output.trace: record each request's start and reader thread
-    staging: str = "none"  # reader.staging (read_once: tiers/read_once.py)
-    # the native C engine standing for the loader reader.data_loader names: a torch
-    # DataLoader's worker processes each make whole batches, workers x prefetch_factor in
-    # flight (batches_in_flight); tf.data's threads share each batch, prefetch_size in flight
-    whole_batches: bool = False
-    in_flight: int | None = None  # batches read ahead of the step's; None: prefetch_size
-    startup_ns: int = 0  # reader.startup_time: the first epoch's reads begin this late
-
-    @staticmethod
-    def from_config(reader_cfg, rank: int, item: tuple[tuple[int, ...], str] = ((), "|u1"),
-                    seed: int = 0, trace: bool = False) -> ReaderOptions:
-        """The reader section's options for `rank`; `item` the decoded item's (shape, dtype)
-        (dataset.decoded_item), `seed` train.seed, `trace` output.trace."""
-        rd = reader_cfg
-        shuffle = rd.shuffle_size if rd.sample_shuffle != "off" else 0
-        return ReaderOptions(rd.read_threads, rd.prefetch_size, rd.odirect, rd.fd_cache_size,
-                             rd.access == "loader", rd.drop_page_cache, rd.keep_data,
-                             IoWatchdog(rd.io_watchdog_seconds, rd.io_watchdog_abort, rank),
-                             rd.file_access, rd.mpiio_hints, rd.engine, rd.data_loader,
-                             rd.pin_memory, rd.multiprocessing_context, rd.read_type,
-                             item[0], rd.transfer_size, rd.computation_threads, item[1],
-                             shuffle, seed if rd.sample_shuffle == "seed" else None, trace,
-                             rd.staging, rd.data_loader == "pytorch",
-                             batches_in_flight(rd.data_loader, rd.prefetch_size,
-                                               rd.read_threads),
-                             round(rd.startup_time * 1e9))
 
 
 def batches_in_flight(data_loader: str, prefetch_size: int, workers: int) -> int:

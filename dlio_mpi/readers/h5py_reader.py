@@ -51,10 +51,10 @@ from ..storage.counters import IoChain, forget_thread_io
 from .base import (
     BatchStats,
     ReaderBackend,
-    ReaderOptions,
     RequestTrace,
     drop_cached_pages,
 )
+from .registry import H5pyOptions
 
 if TYPE_CHECKING:
     pass
@@ -118,7 +118,7 @@ class _Batch:
 class H5pyReader(ReaderBackend):
     """A ReaderBackend reading one split's planned batches through h5py (see the module)."""
 
-    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+    def __init__(self, files: SplitFiles, options: H5pyOptions, comm=None) -> None:
         fmt = files.split.format
         self.files, self.options = files, options
         self.reason = fmt.library_read_reason(files.split.spec(0))

@@ -66,10 +66,10 @@ from .base import (
     BatchStats,
     IoWatchdog,
     ReaderBackend,
-    ReaderOptions,
     RequestTrace,
     drop_cached_pages,
 )
+from .registry import MpiioOptions
 
 COLLECTIVE_FILE_LIMIT = 1024  # files opened on the communicator by `collective`
 NO_WATCHDOG = IoWatchdog(0)
@@ -257,7 +257,7 @@ class _MpiioReader(ReaderBackend):
 
     file_access = ""
 
-    def __init__(self, files: SplitFiles, options: ReaderOptions, comm) -> None:
+    def __init__(self, files: SplitFiles, options: MpiioOptions, comm) -> None:
         self.files, self.options = files, options
         self.comm = comm if comm is not None else MPI.COMM_WORLD
         self.hints = dict(options.mpiio_hints)
@@ -411,7 +411,7 @@ class SharedReader(_MpiioReader):
 
     file_access = "shared"
 
-    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+    def __init__(self, files: SplitFiles, options: MpiioOptions, comm=None) -> None:
         super().__init__(files, options, comm)
         self._handles: OrderedDict[int, MPI.File] = OrderedDict()
 
@@ -481,7 +481,7 @@ class CollectiveReader(_MpiioReader):
 
     file_access = "collective"
 
-    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+    def __init__(self, files: SplitFiles, options: MpiioOptions, comm=None) -> None:
         super().__init__(files, options, comm)
         if files.count > COLLECTIVE_FILE_LIMIT:
             raise UserError(

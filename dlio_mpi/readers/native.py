@@ -11,7 +11,8 @@ from ..metrics.epoch_trace import RequestTrace
 from ..mpi.pacing import StepSync
 from ..sampling.requests import ReadPlan
 from ..storage import storage_for
-from .base import BatchStats, ReaderBackend, ReaderOptions
+from .base import BatchStats, ReaderBackend
+from .registry import NativeOptions
 
 
 class NativeReader(ReaderBackend):
@@ -26,7 +27,7 @@ class NativeReader(ReaderBackend):
     with options.whole_batches (a DataLoader's workers), and in the first epoch no read before
     options.startup_ns (the loader starting)."""
 
-    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+    def __init__(self, files: SplitFiles, options: NativeOptions, comm=None) -> None:
         align = 0
         o = options
         if o.odirect and files.count:

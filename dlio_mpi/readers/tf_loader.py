@@ -76,11 +76,11 @@ from .base import (  # noqa: E402
     BatchStats,
     BatchWaitWatch,
     ReaderBackend,
-    ReaderOptions,
     as_item,
     batch_paths,
     drop_cached_pages,
 )
+from .registry import TfOptions  # noqa: E402
 
 if TYPE_CHECKING:
     pass
@@ -117,7 +117,7 @@ class TfDataReader(ReaderBackend):
     """A ReaderBackend reading one split's planned batches through a tf.data pipeline (see
     the module)."""
 
-    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+    def __init__(self, files: SplitFiles, options: TfOptions, comm=None) -> None:
         self.files, self.options = files, options
         self.fmt = files.split.format.name
         if self.fmt not in READS:
@@ -380,7 +380,7 @@ class TfGeneratorReader(TfDataReader):
     than one sample per file, or reader.read_type memory) and shared by the threads, as the
     native engine's plan loads it once."""
 
-    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+    def __init__(self, files: SplitFiles, options: TfOptions, comm=None) -> None:
         super().__init__(files, options, comm)
         self.threads = max(options.read_threads, 1)  # DLIO: 0 becomes 1
         keep = options.read_type == "memory" or self.samples_per_file > 1
@@ -442,7 +442,7 @@ class TfGeneratorReader(TfDataReader):
                 "tensorflow": tf.__version__}
 
 
-def open_tf_data(files: SplitFiles, options: ReaderOptions, comm=None) -> TfDataReader:
+def open_tf_data(files: SplitFiles, options: TfOptions, comm=None) -> TfDataReader:
     """The tf.data backend for the split's format: TFRecordDataset for tfrecord, DLIO's
     generators for npy and npz."""
     if files.split.format.streams_files:  # tfrecord

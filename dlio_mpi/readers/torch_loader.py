@@ -75,12 +75,12 @@ from .base import (
     BatchStats,
     BatchWaitWatch,
     ReaderBackend,
-    ReaderOptions,
     RequestTrace,
     as_item,
     batch_paths,
     drop_cached_pages,
 )
+from .registry import TorchOptions
 
 if TYPE_CHECKING:
     pass
@@ -132,7 +132,7 @@ class SampleDataset(Dataset):
         self._index: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # indexed_binary
 
     @staticmethod
-    def of(files: SplitFiles, options: ReaderOptions) -> SampleDataset:
+    def of(files: SplitFiles, options: TorchOptions) -> SampleDataset:
         fmt = files.split.format
         return SampleDataset(files.split.naming, files.listed, fmt,
                              files.split.samples_per_file, files.sample_layout,
@@ -257,7 +257,7 @@ class TorchLoaderReader(ReaderBackend):
     """A ReaderBackend reading one split's planned batches through a torch DataLoader (see
     the module)."""
 
-    def __init__(self, files: SplitFiles, options: ReaderOptions, comm=None) -> None:
+    def __init__(self, files: SplitFiles, options: TorchOptions, comm=None) -> None:
         self.files, self.options = files, options
         self.workers = options.read_threads
         self.prefetch_factor = torch_prefetch_factor(options.prefetch_size, self.workers)

@@ -5,8 +5,8 @@ opened while training. What ML-on-HPC I/O studies saw PyTorch jobs do (Horovod M
 system sees ranks x dataset bytes at start-up and nothing after.
 
 - Staging: when the backend opens (before the first epoch), timed from a barrier to a barrier
-  (tiers/staging.py, as read_once's): each rank opens every file once and reads it whole
-  (pread of 64 MiB, O_DIRECT with reader.odirect). describe()["staging"]: files, opens and
+  (readers/staging.py, as read_once's): each rank opens every file once and reads it whole
+  (reads of 64 MiB, O_DIRECT with reader.odirect). describe()["staging"]: files, opens and
   bytes read from the file system (all ranks: ranks x dataset bytes), seconds, GiB/s, memory
   per rank and per node.
 - reader.keep_data: false reads every file the same way into one reused buffer (the start-up
@@ -23,8 +23,8 @@ import numpy as np
 
 from .. import _core
 from ..data.catalog import SplitFiles
-from ..readers.base import BatchStats, ReaderBackend, ReaderOptions
 from ..sampling.requests import ReadPlan
+from .base import BatchStats, ReaderBackend, ReaderOptions
 from .read_once import VERIFY_ENV
 from .staging import (
     CHUNK,

@@ -1,14 +1,11 @@
 """What the reader.staging backends share (read_once.py, replicated.py): reading files whole
-into memory before the first epoch (pread of 64 MiB, one open each, O_DIRECT with
-reader.odirect), timed from a barrier to a barrier, a rank's failure aborting the job; the
-node of every rank; and the staging's record in describe()["staging"]."""
+into memory before the first epoch (reads of 64 MiB through the storage seam, one open each,
+O_DIRECT with reader.odirect), timed from a barrier to a barrier, a rank's failure aborting
+the job; the node of every rank; and the staging's record in describe()["staging"]."""
 
 from __future__ import annotations
 
-import errno
 import mmap
-import os
-import stat
 from collections.abc import Callable
 
 import numpy as np
@@ -16,6 +13,7 @@ import numpy as np
 from .. import _core
 from ..errors import StopRequested, describe, raise_if_stopped
 from ..mpi.topology import emulated_ranks_per_node
+from ..storage import storage_for
 
 CHUNK = 64 << 20  # bytes per read call while staging
 ALIGN = 4096      # of each file's place in memory (O_DIRECT reads land there)
@@ -41,13 +39,12 @@ def anonymous_memory(size: int) -> tuple[mmap.mmap, np.ndarray]:
 
 def read_whole(path: str, size: int, memory: mmap.mmap, at: int | None,
                odirect: bool) -> int:
-    """Read file `path` of `size` bytes whole, one open, pread of CHUNK, into `memory` from
+    """Read file `path` of `size` bytes whole, one open, reads of CHUNK, into `memory` from
     offset `at` on (None: every chunk into the start of `memory`, a reused buffer of at
     least CHUNK bytes, or the file's padded size); the bytes read (at most `size`)."""
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_DIRECT if odirect else 0)
-    fd = os.open(path, flags)  # O_NONBLOCK: a FIFO in its place cannot block
+    fs = storage_for(path)
+    handle = fs.open_read(path, direct=odirect)  # a FIFO in its place neither blocks nor passes
     try:
-        _refuse_irregular(fd, path)
         done = 0
         while done < size:
             raise_if_stopped()  # a stop signal ends the staging between two calls
@@ -55,13 +52,13 @@ def read_whole(path: str, size: int, memory: mmap.mmap, at: int | None,
             if odirect:
                 want = (want + ALIGN - 1) // ALIGN * ALIGN
             into = 0 if at is None else at + done
-            got = os.preadv(fd, [memoryview(memory)[into:into + want]], done)
+            got = fs.read_into(handle, memoryview(memory)[into:into + want], done)
             if got <= 0:
                 raise OSError(5, f"{path} ends at {done} bytes, before its {size} bytes: it "
                                  "changed since its size was taken", path)
             done += got
     finally:
-        os.close(fd)
+        fs.close(handle)
     return min(done, size)
 
 
@@ -135,20 +132,14 @@ def verify_samples(files, layout, samples: np.ndarray, into: np.ndarray, backend
         f, k = divmod(sid, spf)
         n = int(layout.sample_bytes[f])
         at = int(layout.data_offset[f] + k * layout.sample_step[f])
-        with open(files.path(f), "rb") as fp:
-            fp.seek(at)
-            want = fp.read(n)
+        path = files.path(f)
+        fs = storage_for(path)
+        handle = fs.open_read(path)
+        try:
+            want = fs.read_at(handle, n, at)
+        finally:
+            fs.close(handle)
         if into[put:put + n].tobytes() != want:
             raise RuntimeError(f"{backend}: sample {sid} arrived with other bytes than "
-                               f"{files.path(f)} holds at offset {at}")
+                               f"{path} holds at offset {at}")
         put += n
-
-
-def _refuse_irregular(fd: int, path: str) -> None:
-    """A FIFO, device or folder in place of a data file, named (pread would say "Illegal
-    seek", naming nothing)."""
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        what = ("a FIFO" if stat.S_ISFIFO(mode) else "a folder" if stat.S_ISDIR(mode)
-                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket")
-        raise OSError(errno.EINVAL, f"{path} is {what}, not a regular file", path)

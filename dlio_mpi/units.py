@@ -1,4 +1,4 @@
-"""Sizes, durations and counts as the plan prints them."""
+"""Sizes, durations and counts as the plan and the reader backends' notes print them."""
 
 from __future__ import annotations
 

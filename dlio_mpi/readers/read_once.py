@@ -6,7 +6,7 @@ holds itself included, which MPI copies locally). The file system sees one pass;
 interconnect carries the shuffle (as the large climate training runs at NERSC did).
 
 - Staging: when the backend opens (before the first epoch), timed from a barrier to a barrier:
-  each rank reads its files whole (pread of 64 MiB, O_DIRECT with reader.odirect), one open
+  each rank reads its files whole (reads of 64 MiB, O_DIRECT with reader.odirect), one open
   each. Reported in describe()["staging"]: files, bytes read from the file system, seconds,
   GiB/s, memory per rank and per node.
 - A step's batch: the epoch's sample lists of every rank are gathered before the epoch's clock
@@ -29,8 +29,8 @@ import numpy as np
 
 from .. import _core
 from ..data.catalog import SplitFiles
-from ..readers.base import BatchStats, ReaderBackend, ReaderOptions
 from ..sampling.requests import ReadPlan
+from .base import BatchStats, ReaderBackend, ReaderOptions
 from .staging import (
     StagingFailed,
     anonymous_memory,
@@ -43,7 +43,7 @@ from .staging import (
     verify_samples,
 )
 
-# test hook: each delivered sample checked against a pread of its file (slow; tests only)
+# test hook: each delivered sample checked against a read of its file (slow; tests only)
 VERIFY_ENV = "DLIO_MPI_TEST_VERIFY_EXCHANGE"
 __all__ = ["ReadOnceReader", "StagingFailed"]
 
