@@ -217,3 +217,25 @@ class Storage:
         """A copier of byte ranges between two handles of this storage (copy(src, dst,
         offset, length, src_path, dst_path), read_ns, write_ns)."""
         raise NotImplementedError
+
+    # ---- added for data (formats' probes and writes, generation, pack, results)
+    def open_as_engine(self, path: str) -> Handle:
+        """open_read, a file that is missing or not regular refused in the C engine's words
+        for the same fault (POSIX: dio_open_regular's "open P: No such file or directory",
+        "P is a directory, not a regular file"), so that a start-up probe and the engine name
+        it alike / S3: as open_read."""
+        raise NotImplementedError
+
+    def file_object(self, handle: Handle, mode: str = "rb"):
+        """A Python file object on `handle` (what a library given a file object reads or
+        writes: pyarrow's writer, json.dump), of its own: closing it flushes it and leaves the
+        handle open, which close(handle) closes after it / POSIX: os.fdopen of a dup of the
+        descriptor; S3: a buffered reader of ranged GETs, or a writer sending the upload's
+        parts."""
+        raise NotImplementedError
+
+    def same_file(self, handle: Handle, path: str) -> bool:
+        """Whether `path` still names the file `handle` was opened on (nothing put another
+        file under its name since), before a library is given the path / POSIX: fstat and
+        stat agree (samestat); S3: true (a key is no object until its upload completes)."""
+        raise NotImplementedError
