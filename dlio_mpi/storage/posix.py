@@ -260,6 +260,13 @@ class PosixStorage(Storage):
     def same_file(self, handle: Handle, path: str) -> bool:
         return os.path.samestat(os.fstat(handle), os.stat(path))
 
+    def list_kinds(self, folder: str) -> list[Entry]:
+        with os.scandir(folder) as entries:
+            return [Entry(e.name, "link" if e.is_symlink()
+                          else "folder" if e.is_dir(follow_symlinks=False)
+                          else "file" if e.is_file(follow_symlinks=False) else "other")
+                    for e in entries]
+
 
 # ------------------------------------------------------------------------------ the lock
 

@@ -239,3 +239,9 @@ class Storage:
         file under its name since), before a library is given the path / POSIX: fstat and
         stat agree (samestat); S3: true (a key is no object until its upload completes)."""
         raise NotImplementedError
+
+    def list_kinds(self, folder: str) -> list[Entry]:
+        """The names in `folder` with their kinds only (size and mtime 0), in no order, no
+        look-up per name (a listing of 10^7 files) / POSIX: scandir's entry types (an lstat
+        only where the file system gives none); S3: ListObjectsV2 with delimiter "/"."""
+        raise NotImplementedError
