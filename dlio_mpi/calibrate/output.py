@@ -15,7 +15,8 @@ import time
 import yaml
 
 from ..errors import UserError
-from ..ownership import create_exclusive, new_tag, read_regular, rename_noreplace, temporary_name
+from ..storage import storage_for
+from ..storage.ownership import new_tag, temporary_name
 from .model import LoaderModel, model_keys
 
 MARK = "# dlio-mpi calibrate:"
@@ -24,7 +25,7 @@ MARK = "# dlio-mpi calibrate:"
 def _ours(path: str) -> bool | None:
     """None: nothing there; True: an earlier calibration's file; False: anything else."""
     try:
-        head = read_regular(path, len(MARK))
+        head = storage_for(path).read_small(path, len(MARK))
     except (OSError, ValueError):
         return False
     return None if head is None else head == MARK.encode()
@@ -36,7 +37,7 @@ def check_out_path(path: str) -> None:
     if not path.endswith((".yaml", ".yml")):
         raise UserError(f"--out {path}: expected a .yaml file to write")
     folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
+    if not storage_for(folder).is_folder(folder):
         raise UserError(f"--out {path}: the folder {folder} does not exist")
     if _ours(path) is False:
         raise UserError(f"--out {path}: a file dlio-mpi calibrate did not write is there; it "
@@ -94,22 +95,20 @@ def write_calibrated(path: str, source: str, overrides: list[str], workers: int,
             ""]
     text = "\n".join(head) + yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
     tmp = temporary_name(path, new_tag())
-    fd = create_exclusive(tmp)
+    fs = storage_for(path)
+    fs.put(tmp, text.encode())
     try:
-        with os.fdopen(fd, "w") as fp:
-            fp.write(text)
         try:
             load_config(tmp)
         except ConfigError as exc:
             raise UserError(f"the calibrated workload does not load ({exc}); it was not "
                             f"written") from None
         if _ours(path):
-            os.replace(tmp, path)  # an earlier calibration's file (checked just now)
+            fs.replace_own(tmp, path)  # an earlier calibration's file (checked just now)
         else:
-            rename_noreplace(tmp, path)
+            fs.rename_noreplace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        fs.remove_quietly([tmp])
     model = ", ".join(f"{k}={v}" for k, v in changed.items() if k.startswith(
         ("reader.preprocess_cpu", "reader.step", "reader.startup", "train.")))
     return {"keys": changed, "model": model}

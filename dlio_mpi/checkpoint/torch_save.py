@@ -127,18 +127,22 @@ class TorchSave(CheckpointWriter):
         with stats.storage_call():
             fd = fs.create_exclusive(tmp)
         try:
-            with fs.file_object(fd, "wb") as fp:
-                try:  # the framework's call, timed as the storage's (its pickling too)
-                    with stats.storage_call():
-                        torch.save(state, fp)
-                        fp.flush()
-                except RuntimeError as exc:  # torch's own failures: an I/O error here
-                    raise OSError(errno.EIO, f"torch.save {final}: {exc}", final) from exc
-                if self.fsync:
-                    started = _core.now_ns()
-                    fs.sync(fd)
-                    stats.sync_ns += _core.now_ns() - started
-                    stats.syncs += 1
+            try:
+                with fs.file_object(fd, "wb") as fp:
+                    try:  # the framework's call, timed as the storage's (its pickling too)
+                        with stats.storage_call():
+                            torch.save(state, fp)
+                            fp.flush()
+                    except RuntimeError as exc:  # torch's own failures: an I/O error here
+                        raise OSError(errno.EIO, f"torch.save {final}: {exc}", final) \
+                            from exc
+                    if self.fsync:
+                        started = _core.now_ns()
+                        fs.sync(fd)
+                        stats.sync_ns += _core.now_ns() - started
+                        stats.syncs += 1
+            finally:
+                fs.close(fd)  # the file object had a descriptor of its own
             with stats.storage_call():
                 fs.rename_noreplace(tmp, final)  # refused if a file is there: not ours
         except BaseException:
@@ -157,18 +161,10 @@ class TorchSave(CheckpointWriter):
             path = self.path(checkpoint_id, name)
             with stats.storage_call():  # a FIFO put in place of a file of ours is refused
                 fd = fs.open_read(path)
-            with fs.file_object(fd, "rb") as fp:
-                if drop_cache:
-                    with stats.storage_call():
-                        fs.drop_cached(fd)
-                try:  # the framework's call, timed as the storage's (its unpickling too)
-                    with stats.storage_call():
-                        state = torch.load(fp, map_location="cpu", weights_only=True)
-                except OSError:
-                    raise
-                except Exception as exc:  # not a torch.save file, or a damaged one
-                    raise OSError(errno.EIO, f"checkpoint {path}: torch.load cannot read it "
-                                  f"({type(exc).__name__}: {exc})", path) from exc
+            try:
+                state = self._load_file(fs, fd, path, drop_cache, stats)
+            finally:
+                fs.close(fd)  # the file object had a descriptor of its own
             began = _core.now_ns()
             stats.verified += _check(state, path, nbytes, shard.rank,
                                      shard_seed(checkpoint, shard.rank, index),
@@ -179,6 +175,23 @@ class TorchSave(CheckpointWriter):
             stats.files += 1
             stats.calls += 1
         return stats
+
+    @staticmethod
+    def _load_file(fs, fd, path: str, drop_cache: bool, stats: IoStats) -> dict:
+        """torch.load of the file open on `fd`, through a file object of its own; a file that
+        is not a torch.save file, or a damaged one, is an OSError (EIO) naming it."""
+        with fs.file_object(fd, "rb") as fp:
+            if drop_cache:
+                with stats.storage_call():
+                    fs.drop_cached(fd)
+            try:  # the framework's call, timed as the storage's (its unpickling too)
+                with stats.storage_call():
+                    return torch.load(fp, map_location="cpu", weights_only=True)
+            except OSError:
+                raise
+            except Exception as exc:  # not a torch.save file, or a damaged one
+                raise OSError(errno.EIO, f"checkpoint {path}: torch.load cannot read it "
+                              f"({type(exc).__name__}: {exc})", path) from exc
 
 
 def _check(state, path: str, nbytes: int, rank: int, seed: int,

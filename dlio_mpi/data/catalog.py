@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _core
 from ..errors import UserError, on_root
 from ..formats import FileLayout
+from ..storage import storage_for
 from .dataset import (
     COLUMNS,
     DatasetSplit,
@@ -97,10 +97,11 @@ def _missing_message(split: DatasetSplit, found: int, example: str | None) -> st
 def spot_check_sizes(split: DatasetSplit, expected: LayoutTable) -> None:
     """The manifest vouches for the files: check a few are there, regular files of their
     expected size."""
+    fs = storage_for(split.root)
     for index in spot_indices(split.num_files):
         path = split.path(index)
         try:
-            size = _core.regular_size(path)
+            size = fs.size(path)
         except FileNotFoundError:
             raise UserError(f"{path} is missing: {CHANGED}") from None
         except OSError as exc:  # not a regular file, not readable: the message names it
@@ -123,15 +124,15 @@ def _list_split(split: DatasetSplit) -> list[str]:
     by file name (its names are zero-padded, so this is index order)."""
     top = os.path.join(split.root, split.name)
     suffix = "." + split.format.extension
-    found = []
-    with os.scandir(top) as entries:
-        for entry in entries:
-            if entry.name.endswith(suffix):  # whatever it is: probing says if it is no file
-                found.append(os.path.join(split.name, entry.name))
-            elif entry.is_dir():
-                with os.scandir(entry.path) as inner:
-                    found.extend(os.path.join(split.name, entry.name, e.name) for e in inner
-                                 if e.name.endswith(suffix))
+    fs, found = storage_for(top), []
+    for entry in fs.list_kinds(top):
+        if entry.name.endswith(suffix):  # whatever it is: probing says if it is no file
+            found.append(os.path.join(split.name, entry.name))
+        elif entry.kind == "folder" or (entry.kind == "link"
+                                        and fs.is_folder(os.path.join(top, entry.name))):
+            found.extend(os.path.join(split.name, entry.name, e.name)
+                         for e in fs.list_kinds(os.path.join(top, entry.name))
+                         if e.name.endswith(suffix))
     return sorted(found, key=os.path.basename)
 
 
@@ -177,7 +178,8 @@ def check_names(split: DatasetSplit, interval: int) -> None:
     if interval <= 0 or count == 0:
         return
     indices = sorted({0, count - 1, *range(0, count, interval)})
-    missing = [split.path(i) for i in indices if not os.path.lexists(split.path(i))]
+    fs = storage_for(split.root)
+    missing = [split.path(i) for i in indices if not fs.exists(split.path(i))]
     if missing:
         raise UserError(f"dataset.skip_listing: {len(missing):,} of {len(indices):,} {split.name} "
                         f"files checked (the first, the last, every "
@@ -205,7 +207,8 @@ class _Named:
 def _locate_on_root(cfg, split: DatasetSplit):
     if cfg.dataset.skip_listing:
         check_names(split, cfg.dataset.listing_validation_interval)
-    manifest = read_manifest(split.root) if os.path.isdir(split.root) else None
+    manifest = read_manifest(split.root) if storage_for(split.root).is_folder(split.root) \
+        else None
     sized = split.format.sizes_recorded
     if manifest and manifest.get("complete") and not differing_params(
             manifest, generation_params(cfg)):
@@ -304,7 +307,7 @@ def files_row_groups(cfg) -> tuple[dict, str] | None:
     root = os.path.join(cfg.storage.storage_root, ds.data_folder)
     mine = {"row_group_size": ds.parquet.row_group_size,
             "generation_batch_size": ds.parquet.generation_batch_size}
-    manifest = read_manifest(root) if os.path.isdir(root) else None
+    manifest = read_manifest(root) if storage_for(root).is_folder(root) else None
     if manifest is not None:
         theirs = (manifest.get("params") or {}).get("parquet") or {}
         learned = {k: theirs.get(k, v) for k, v in mine.items()}

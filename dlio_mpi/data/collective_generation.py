@@ -17,7 +17,7 @@ from .. import _core
 from ..errors import check_all, on_root
 from ..formats.base import StagedWrites
 from ..mpi.write_rounds import mpiio_call, open_shared, write_rounds
-from ..ownership import temporary_name
+from ..storage.ownership import temporary_name
 from .dataset import DatasetSplit
 
 

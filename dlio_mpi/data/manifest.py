@@ -11,7 +11,8 @@ import os
 import time
 
 from ..formats import get_format, implemented_formats
-from ..ownership import create_exclusive, read_regular, temporary_name
+from ..storage import storage_for
+from ..storage.ownership import temporary_name
 
 MANIFEST_NAME = "dlio_mpi_manifest.json"
 
@@ -47,7 +48,7 @@ def read_manifest(root: str) -> dict | None:
     """The manifest under `root`, or None if there is none."""
     path = manifest_path(root)
     try:
-        raw = read_regular(path)
+        raw = storage_for(path).read_small(path)
         if raw is None:
             return None
         body = json.loads(raw)
@@ -68,9 +69,9 @@ def write_manifest(root: str, params: dict, complete: bool, tag: str, **extra) -
             "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "params": params, **extra}
     path = manifest_path(root)
     tmp = temporary_name(path, tag)
-    with os.fdopen(create_exclusive(tmp), "w") as fp:
-        json.dump(body, fp, indent=1)
-    os.replace(tmp, path)
+    fs = storage_for(path)
+    fs.put(tmp, json.dumps(body, indent=1).encode())
+    fs.replace_own(tmp, path)
 
 
 def differing_params(manifest: dict, params: dict) -> list[str]:

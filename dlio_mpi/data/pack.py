@@ -31,15 +31,8 @@ from ..config.loader import parse_override
 from ..errors import JobError, Stopped, UserError, agreed_stop, check_all, on_root
 from ..formats.base import SampleSpec, StagedWrites
 from ..formats.indexed_binary import IndexedBinaryFormat
-from ..ownership import (
-    LOCK_NAME,
-    FolderLock,
-    missing_folders,
-    new_tag,
-    read_regular,
-    remove_empty_folders,
-    remove_quietly,
-)
+from ..storage import Handle, Storage, missing_folders, remove_empty_folders, storage_for
+from ..storage.ownership import LOCK_NAME, new_tag
 from .catalog import locate_split
 from .dataset import SHAPE_CHUNK, SPLITS, FileNaming, describe_dataset
 from .generate import _remove_temporaries, check_free_space
@@ -191,7 +184,7 @@ def pack(comm, cfg, source: str, overrides: list[str], folder: str,
     plan, located = plan_pack(comm, cfg, source, overrides, folder, samples_per_shard)
     prefix = cfg.dataset.file_prefix
     shards = [(name, i) for name in SPLITS for i in range(plan.files[name])]
-    lock = FolderLock(plan.folder, "pack")
+    lock = storage_for(plan.folder).claim(plan.folder, "pack")
     try:
         made = missing_folders(plan.folder)  # a pack refused for room leaves none of them
         tag, complete, fresh = on_root(comm, lambda: _claim(plan, lock))
@@ -220,26 +213,26 @@ def pack(comm, cfg, source: str, overrides: list[str], folder: str,
             "run_overrides": combined(overrides, plan.overrides)}
 
 
-def _check_room(plan: PackPlan, need: int, fresh: bool, lock: FolderLock,
-                made: list[str]) -> None:
+def _check_room(plan: PackPlan, need: int, fresh: bool, lock, made: list[str]) -> None:
     """Rank 0: refuse a pack the folder has no room for; a folder it began just now is left
     as it was (its manifest, split folders and the folders made for it removed)."""
     try:
         check_free_space(plan.folder, need, "--to")
     except UserError:
         if fresh:
-            remove_quietly([manifest_path(plan.folder)])
+            storage_for(plan.folder).remove_quietly([manifest_path(plan.folder)])
             lock.release()
             remove_empty_folders([*(os.path.join(plan.folder, s) for s in SPLITS), *made])
         raise
 
 
-def _claim(plan: PackPlan, lock: FolderLock) -> tuple[str, bool, bool]:
+def _claim(plan: PackPlan, lock) -> tuple[str, bool, bool]:
     """Rank 0: lock the folder and decide whether it is ours. It must be new, empty or a pack
     of ours with these parameters (complete: nothing to do; else its temporaries removed).
     The tag, whether it is complete, whether it was begun now (no manifest before)."""
+    fs = storage_for(plan.folder)
     try:
-        os.makedirs(plan.folder, exist_ok=True)
+        fs.make_folders(plan.folder)
     except OSError as exc:
         raise UserError(f"--to: cannot create {plan.folder}: {exc.strerror or exc}") from None
     lock.acquire()
@@ -248,7 +241,7 @@ def _claim(plan: PackPlan, lock: FolderLock) -> tuple[str, bool, bool]:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     if manifest is None:
-        foreign = sorted(e for e in os.listdir(plan.folder) if e != LOCK_NAME)
+        foreign = sorted(e.name for e in fs.list_kinds(plan.folder) if e.name != LOCK_NAME)
         if foreign:
             raise UserError(f"--to {plan.folder} holds files that are not dlio-mpi's "
                             f"({foreign[0]}, ...): it was left as it is; choose a new or "
@@ -261,7 +254,7 @@ def _claim(plan: PackPlan, lock: FolderLock) -> tuple[str, bool, bool]:
         return "", True, False
     split_folders = [os.path.join(plan.folder, s) for s in SPLITS]
     for path in split_folders:
-        os.makedirs(path, exist_ok=True)
+        fs.make_folders(path)
     if manifest is not None:
         _remove_temporaries([plan.folder, *split_folders], manifest.get("temporaries", []))
     tag = new_tag()
@@ -275,15 +268,15 @@ def _todo(plan: PackPlan, mine: list[tuple[str, int]], prefix: str, spec: Sample
     """My shards still to write, with their sizes. A shard present is ours (the manifest
     names the folder's files), complete (renamed whole), and kept if of its size."""
     size = spec.samples * spec.sample_bytes
-    todo = []
+    fs, todo = storage_for(plan.folder), []
     for name, index in mine:
         path = _naming(plan, name, prefix).path(index)
         try:
-            found = _core.regular_size(path)
+            found = fs.size(path)
         except FileNotFoundError:
             for side in FORMAT.side_files(path):  # renamed before an interrupted data file
-                if os.path.lexists(side):
-                    os.unlink(side)
+                if fs.exists(side):
+                    fs.remove(side)
             todo.append((name, index, size))
             continue
         if found != size:
@@ -295,7 +288,7 @@ def _todo(plan: PackPlan, mine: list[tuple[str, int]], prefix: str, spec: Sample
 def _write_shards(plan: PackPlan, todo, located, prefix: str, spec: SampleSpec,
                   tag: str) -> int:
     """Write my shards: index files, then the samples' bytes, each one original file."""
-    staged = StagedWrites(tag)
+    staged = StagedWrites(tag, storage_for(plan.folder))
     written = 0
     try:
         for name, index, _ in todo:
@@ -306,24 +299,23 @@ def _write_shards(plan: PackPlan, todo, located, prefix: str, spec: SampleSpec,
             sources = [located[name].path(i) for i in range(index * plan.per_shard,
                                                             (index + 1) * plan.per_shard)]
             FORMAT.write_side_files(path, spec, staged)
-            written += staged.write(path, lambda fd, src=sources: _concatenate(
-                fd, src, plan.sample_bytes))
+            written += staged.write(path, lambda handle, src=sources: _concatenate(
+                staged.storage, handle, src, plan.sample_bytes))
             staged.commit()  # one syncfs per shard (shards are large)
     finally:
         staged.discard()
     return written
 
 
-def _concatenate(fd: int, sources: list[str], sample_bytes: int) -> None:
+def _concatenate(fs: Storage, handle: Handle, sources: list[str], sample_bytes: int) -> None:
+    """The `sources`' bytes one after the other onto `handle` (of `fs`), each read whole."""
     for src in sources:
-        with _core.open_regular(src) as fp:
+        with storage_for(src).stream(src) as fp:
             data = fp.read()
         if len(data) != sample_bytes:
             raise UserError(f"{src} has {len(data)} bytes where the dataset's files have "
                             f"{sample_bytes}: it changed while being packed")
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
+        fs.append(handle, data)
 
 
 def _complete(plan: PackPlan, tag: str) -> None:
@@ -332,13 +324,14 @@ def _complete(plan: PackPlan, tag: str) -> None:
     marked complete."""
     path = os.path.join(plan.folder, OVERRIDES_NAME)
     text = "\n".join(plan.overrides) + "\n"
-    present = read_regular(path)
+    fs = storage_for(path)
+    present = fs.read_small(path)
     if present is not None and present.decode(errors="replace") != text:
         raise UserError(f"{path} exists and says something else than this pack: it was left "
                         "as it is; delete it yourself to have it written")
     if present is None:
-        staged = StagedWrites(tag)
-        staged.write(path, lambda fd: os.write(fd, text.encode()))
+        staged = StagedWrites(tag, fs)
+        staged.write(path, lambda handle: fs.append(handle, text.encode()))
         staged.commit()
     write_manifest(plan.folder, plan.params, complete=True, tag=tag, packed=True,
                    files=plan.files, overrides=list(plan.overrides))

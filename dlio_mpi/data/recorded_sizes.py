@@ -14,12 +14,8 @@ import os
 
 import numpy as np
 
-from ..ownership import (
-    create_exclusive,
-    remove_quietly,
-    rename_noreplace,
-    temporary_name,
-)
+from ..storage import storage_for
+from ..storage.ownership import temporary_name
 
 UNKNOWN = -1
 
@@ -38,20 +34,21 @@ def write_sizes(root: str, split: str, sizes: np.ndarray, tag: str, replace: boo
     the file's name."""
     path = sizes_path(root, split)
     tmp = temporary_name(path, tag)
-    fd = create_exclusive(tmp)
+    fs = storage_for(path)
+    handle = fs.create_exclusive(tmp)
     try:
-        with os.fdopen(fd, "wb", closefd=False) as fp:
+        with fs.file_object(handle, "wb") as fp:  # np.save streams the array: no copy
             np.save(fp, np.ascontiguousarray(sizes, dtype="<i8"))
-        os.fsync(fd)
+        fs.sync(handle)
     finally:
-        os.close(fd)
+        fs.close(handle)
     try:
         if replace:
-            os.replace(tmp, path)
+            fs.replace_own(tmp, path)
         else:
-            rename_noreplace(tmp, path)
+            fs.rename_noreplace(tmp, path)
     except BaseException:
-        remove_quietly([tmp])
+        fs.remove_quietly([tmp])
         raise
     return sizes_name(split)
 
@@ -74,7 +71,8 @@ def read_sizes(root: str, split: str, count: int, manifest: dict | None,
         return None
     path = sizes_path(root, split)
     try:
-        sizes = np.load(path, allow_pickle=False)
+        with storage_for(path).stream(path) as fp:
+            sizes = np.load(fp, allow_pickle=False)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:

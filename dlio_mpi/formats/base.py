@@ -4,12 +4,14 @@ small protocol a format implements."""
 from __future__ import annotations
 
 import math
-import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from ..ownership import create_exclusive, remove_quietly, rename_noreplace, temporary_name
+from ..storage import Handle, Storage, storage_for
+from ..storage.ownership import temporary_name
 
 
 @dataclass(frozen=True)
@@ -334,18 +336,26 @@ class Format:
 
 class StagedWrites:
     """Files written under temporary names and completed together: commit() flushes them to
-    storage with one syncfs (one journal commit for many small files, where an fsync each
-    costs one per file) and only then renames each to its final name, in the order written
-    (a data file's side files before it). Temporaries are created with O_EXCL under the job's
-    tag (ownership.temporary_name) and renames never replace a file: a crash leaves only
-    tagged temporaries, which the next generation removes, and a final name never exposes
-    data that is not on disk."""
+    storage with one sync_all (syncfs: one journal commit for many small files, where an
+    fsync each costs one per file) and only then renames each to its final name, in the
+    order written (a data file's side files before it). Temporaries are created exclusively
+    under the job's tag (storage.ownership.temporary_name) and renames never replace a file:
+    a crash leaves only tagged temporaries, which the next generation removes, and a final
+    name never exposes data that is not on disk. `storage`: the storage of the folder
+    written (None: that of the first path written)."""
 
-    def __init__(self, tag: str) -> None:
+    def __init__(self, tag: str, storage: Storage | None = None) -> None:
         self.tag = tag
+        self.storage = storage
         self.pending: list[tuple[str, str]] = []
         self.bytes = 0
         self.storage_ns = 0  # in the storage's calls made here: open, close, syncfs, rename
+
+    def storage_of(self, path: str) -> Storage:
+        """The storage the files are written to (taken from `path` when none was given)."""
+        if self.storage is None:
+            self.storage = storage_for(path)
+        return self.storage
 
     def timed(self, call, *args):
         """call(*args), its time the storage's (a call to the file system)."""
@@ -358,19 +368,21 @@ class StagedWrites:
             self.storage_ns += _core.now_ns() - began
 
     def write(self, path: str, fill) -> int:
-        """Create `path`'s temporary, let `fill(fd)` write it; return its size."""
+        """Create `path`'s temporary, let `fill(handle)` write it (a handle of storage_of(path),
+        passed back to its operations); return its size."""
+        fs = self.storage_of(path)
         tmp = temporary_name(path, self.tag)
-        fd = self.timed(create_exclusive, tmp)
+        handle = self.timed(fs.create_exclusive, tmp)
         try:
-            fill(fd)
-            size = os.fstat(fd).st_size
+            fill(handle)
+            size = fs.handle_size(handle)
         except BaseException as exc:
             if isinstance(exc, OSError) and exc.filename is None:
                 exc.filename = tmp  # os.write's errors (ENOSPC) name no file: the message will
-            os.close(fd)
-            remove_quietly([tmp])
+            fs.close(handle)
+            fs.remove_quietly([tmp])
             raise
-        self.timed(os.close, fd)
+        self.timed(fs.close, handle)
         self.pending.append((tmp, path))
         self.bytes += size
         return size
@@ -384,22 +396,29 @@ class StagedWrites:
     def commit(self) -> None:
         if not self.pending:
             return
-        from .. import _core
-
-        fd = self.timed(os.open, self.pending[0][0], os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            self.timed(_core.syncfs, fd)
-        finally:
-            os.close(fd)
+        fs = self.storage_of(self.pending[0][0])
+        self.timed(fs.sync_all, self.pending[0][0])
         while self.pending:
             tmp, path = self.pending[0]
-            self.timed(rename_noreplace, tmp, path)
+            self.timed(fs.rename_noreplace, tmp, path)
             self.pending.pop(0)
         self.bytes = 0
 
     def discard(self) -> None:
         """Remove the temporaries not committed yet (after a failure)."""
-        remove_quietly(tmp for tmp, _ in self.pending)
+        if self.pending:
+            self.storage_of(self.pending[0][0]).remove_quietly(tmp for tmp, _ in self.pending)
         self.pending.clear()
         self.bytes = 0
 
+
+@contextmanager
+def opened(path: str) -> Iterator[tuple[Storage, Handle]]:
+    """The file at `path` opened for a probe of ours, as the engine opens it (a FIFO or folder
+    in its place refused in the engine's words): its storage and handle, closed after."""
+    fs = storage_for(path)
+    handle = fs.open_as_engine(path)
+    try:
+        yield fs, handle
+    finally:
+        fs.close(handle)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..storage import storage_for
 from .base import SampleSpec, StagedWrites
 from .libload import LibraryLoads, csv_reads
 from .sized import SizedFormat, StoredWhole, payload_values
@@ -90,7 +91,7 @@ class CsvFormat(SizedFormat):
         only: the spot checks of foreign data)."""
         size = self.probe_size(path)
         rows, first, tail, first_done = 0, b"", b"", False
-        with open(path, "rb") as fp:
+        with storage_for(path).stream(path) as fp:
             while chunk := fp.read(1 << 22):
                 if not first_done:
                     head, newline, _ = chunk.partition(b"\n")

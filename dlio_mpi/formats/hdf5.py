@@ -50,8 +50,9 @@ import numpy as np
 
 from .. import _core
 from ..errors import ConfigError
-from ..ownership import temporary_name
-from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
+from ..storage import Handle
+from ..storage.ownership import temporary_name
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray, opened
 
 LABEL_BYTES = 8             # DLIO's labels: [0] * samples, which h5py stores as int64
 META_BLOCK = 2048           # HDF5's default meta_block_size
@@ -344,16 +345,17 @@ class Hdf5Format(Format):
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         geo = geometry(spec, self.options)
         tmp = temporary_name(path, staged.tag)
+        fs = staged.storage_of(path)
 
-        def fill(fd: int) -> None:
-            if not os.path.samestat(os.fstat(fd), os.stat(tmp)):
+        def fill(handle: Handle) -> None:
+            if not fs.same_file(handle, tmp):  # h5py is given the path: still ours?
                 raise RuntimeError(f"{tmp} is not the temporary dlio-mpi created")
             found = self._write_hdf5(tmp, geo, seed)
             if geo.chunks is None:
                 for j in range(geo.datasets):  # DLIO writes the same records to each
-                    _core.write_random(fd, geo.dataset_offset(j), geo.dataset_bytes, seed, 0,
-                                       path)
-            found["size"] = os.fstat(fd).st_size
+                    fs.write_random(handle, geo.dataset_offset(j), geo.dataset_bytes, seed,
+                                    chunk=0, path=path)
+            found["size"] = fs.handle_size(handle)
             _check_placement(path, geo, found)
 
         return staged.write(path, fill)
@@ -402,8 +404,8 @@ class Hdf5Format(Format):
         num_dset_per_record datasets (the stored array: (samples, k, *row) of them all)."""
         import h5py
 
-        with _core.open_regular(path) as fp:
-            size = os.fstat(fp.fileno()).st_size
+        with opened(path) as (fs, handle):
+            size = fs.handle_size(handle)
         try:
             f = h5py.File(path, "r", locking=False)
         except OSError as exc:

@@ -3,16 +3,14 @@ and `<file>.sz.idx` holding each sample's offset and size as uint64 arrays."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from .. import _core
-from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
+from ..storage import storage_for
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray, opened
 
 
 def _read_index(path: str) -> np.ndarray:
-    with _core.open_regular(path) as fp:
+    with storage_for(path).stream(path) as fp:
         return np.fromfile(fp, dtype=np.uint64)
 
 
@@ -32,8 +30,9 @@ class IndexedBinaryFormat(Format):
         # Index files first: the data file's rename is what marks the set complete.
         self.write_side_files(path, spec, staged)
         payload = spec.samples * spec.sample_bytes
+        fs = staged.storage_of(path)
         return staged.write(
-            path, lambda fd: _core.write_random(fd, 0, payload, seed, 0, path))
+            path, lambda handle: fs.write_random(handle, 0, payload, seed, chunk=0, path=path))
 
     def payload_extent(self, spec: SampleSpec) -> tuple[bytes, int]:
         return b"", spec.samples * spec.sample_bytes
@@ -42,8 +41,9 @@ class IndexedBinaryFormat(Format):
         offsets = np.arange(spec.samples, dtype=np.uint64) * np.uint64(spec.sample_bytes)
         sizes = np.full(spec.samples, spec.sample_bytes, dtype=np.uint64)
         off_path, sz_path = self.side_files(path)
-        staged.write(off_path, lambda fd: os.write(fd, offsets.tobytes()))
-        staged.write(sz_path, lambda fd: os.write(fd, sizes.tobytes()))
+        fs = staged.storage_of(path)
+        staged.write(off_path, lambda handle: fs.append(handle, offsets.tobytes()))
+        staged.write(sz_path, lambda handle: fs.append(handle, sizes.tobytes()))
 
     def probe(self, path: str) -> StoredArray:
         off_path, sz_path = self.side_files(path)
@@ -56,8 +56,8 @@ class IndexedBinaryFormat(Format):
         if not (np.all(sizes == sizes[0]) and np.array_equal(offsets, expected)):
             raise ValueError("has samples of unequal size or not back to back, which is not "
                              "supported yet")
-        with _core.open_regular(path) as fp:
-            size = os.fstat(fp.fileno()).st_size
+        with opened(path) as (fs, handle):
+            size = fs.handle_size(handle)
         return StoredArray(size, int(offsets[0]), (len(offsets), step), "|u1")
 
     def side_files(self, path: str) -> list[str]:

@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from .. import _core
+from ..storage import storage_for
 from . import npload
 
 _LOCAL = 30  # zip local file header
@@ -42,7 +42,7 @@ def open_zip(fp, path: str) -> zipfile.ZipFile:
 
 
 def zip_facts(path: str) -> ZipFacts:
-    with _core.open_regular(path) as fp:
+    with storage_for(path).stream(path) as fp:
         with open_zip(fp, path) as archive:
             info = archive.getinfo("x.npy")
             cd_start = archive.start_dir

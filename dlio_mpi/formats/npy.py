@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from .. import _core
+from ..storage import Handle, storage_for
 from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 from .loader import NpyLoads
 
@@ -58,9 +58,12 @@ class NpyFormat(Format):
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
         header = npy_header(spec)
 
-        def fill(fd: int) -> None:
-            os.write(fd, header)
-            _core.write_random(fd, len(header), spec.samples * spec.sample_bytes, seed, 0, path)
+        fs = staged.storage_of(path)
+
+        def fill(handle: Handle) -> None:
+            fs.append(handle, header)
+            fs.write_random(handle, len(header), spec.samples * spec.sample_bytes, seed,
+                            chunk=0, path=path)
 
         return staged.write(path, fill)
 
@@ -68,8 +71,10 @@ class NpyFormat(Format):
         return npy_header(spec), spec.samples * spec.sample_bytes
 
     def probe(self, path: str) -> StoredArray:
-        with _core.open_regular(path) as fp:
-            return stored_array(fp, os.fstat(fp.fileno()).st_size, 0)
+        with storage_for(path).stream(path) as fp:
+            size = fp.seek(0, os.SEEK_END)
+            fp.seek(0)
+            return stored_array(fp, size, 0)
 
     def loader_model(self, facts, itemsize: int, samples: int) -> NpyLoads:
         return NpyLoads()

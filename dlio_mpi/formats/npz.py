@@ -14,6 +14,7 @@ import zipfile
 import numpy as np
 
 from .. import _core
+from ..storage import Handle, storage_for
 from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
 from .loader import NpzLoads, ZipFacts, open_zip, zip_facts
 from .npy import npy_header, stored_array
@@ -87,12 +88,14 @@ class NpzFormat(Format):
         x_size = len(x_header) + payload
         y = _labels(spec)
 
-        def fill(fd: int) -> None:
+        fs = staged.storage_of(path)
+
+        def fill(handle: Handle) -> None:
             local = _local_header(b"x.npy", x_size, 0)
-            os.pwrite(fd, local + x_header, 0)
-            crc = _core.write_random(fd, len(local) + len(x_header), payload, seed, 0, path,
-                                     crc=_core.crc32(x_header))
-            os.pwrite(fd, struct.pack("<I", crc), 14)  # CRC field of the local header
+            fs.write_at(handle, local + x_header, 0)
+            crc = fs.write_random(handle, len(local) + len(x_header), payload, seed, chunk=0,
+                                  path=path, crc=_core.crc32(x_header))
+            fs.write_at(handle, struct.pack("<I", crc), 14)  # CRC field of the local header
             y_offset = len(local) + x_size
             y_crc = _core.crc32(y)
             central = (_central_header(b"x.npy", x_size, crc, 0)
@@ -100,12 +103,12 @@ class NpzFormat(Format):
             y_local = _local_header(b"y.npy", len(y), y_crc)
             cd_offset = y_offset + len(y_local) + len(y)
             tail = y_local + y + central + _end_records(2, cd_offset, len(central))
-            os.pwrite(fd, tail, y_offset)
+            fs.write_at(handle, tail, y_offset)
 
         return staged.write(path, fill)
 
     def probe(self, path: str) -> StoredArray:
-        with _core.open_regular(path) as fp:
+        with storage_for(path).stream(path) as fp:
             with open_zip(fp, path) as archive:
                 info = archive.getinfo("x.npy")
             if info.compress_type != zipfile.ZIP_STORED:
@@ -115,8 +118,9 @@ class NpzFormat(Format):
             local = fp.read(_LOCAL.size)
             name_len, extra_len = struct.unpack("<HH", local[26:30])
             member = info.header_offset + _LOCAL.size + name_len + extra_len
+            size = fp.seek(0, os.SEEK_END)
             fp.seek(member)
-            return stored_array(fp, os.fstat(fp.fileno()).st_size, member)
+            return stored_array(fp, size, member)
 
     def loader_facts(self, path: str) -> ZipFacts:
         return zip_facts(path)

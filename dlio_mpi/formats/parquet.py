@@ -46,7 +46,6 @@ probe_record() reads the same row from a file another tool wrote."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -54,7 +53,16 @@ import numpy as np
 
 from .. import _core
 from ..errors import ConfigError
-from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredRows, UnitExtents
+from ..storage import Handle, Storage
+from .base import (
+    FileLayout,
+    Format,
+    SampleSpec,
+    StagedWrites,
+    StoredRows,
+    UnitExtents,
+    opened,
+)
 from .loader import WholeFileReads
 
 MAGIC = b"PAR1"
@@ -398,10 +406,11 @@ class ParquetFormat(Format):
         if self.options.recorded:
             return int(self.write_recorded(path, spec, seed, staged)[0])
         geo = self._geometry(spec)
+        fs = staged.storage_of(path)
 
-        def fill(fd: int) -> None:
-            found = _write_groups(fd, spec, seed, geo.group_rows, cols=self.options.cols)
-            found["size"] = os.fstat(fd).st_size
+        def fill(handle: Handle) -> None:
+            found = _write_groups(fs, handle, spec, seed, geo.group_rows, cols=self.options.cols)
+            found["size"] = fs.handle_size(handle)
             _check_placement(path, geo, found)
 
         return staged.write(path, fill)
@@ -411,11 +420,12 @@ class ParquetFormat(Format):
         """Write the file (recorded files) and return its row of the record (the module)."""
         check_geometry(spec.sample_bytes, spec.samples, self.options.row_group_size)
         row = []
+        fs = staged.storage_of(path)
 
-        def fill(fd: int) -> None:
-            found = _write_groups(fd, spec, seed, self.options.row_group_size,
+        def fill(handle: Handle) -> None:
+            found = _write_groups(fs, handle, spec, seed, self.options.row_group_size,
                                   self.options.compression, self.options.cols)
-            size = os.fstat(fd).st_size
+            size = fs.handle_size(handle)
             try:
                 row.extend(self._column_row(found["metadata"], size, found["tail"],
                                             spec.sample_bytes) if self.options.cols else
@@ -619,17 +629,17 @@ class ParquetFormat(Format):
                           self.options.read)
 
 
-def _write_groups(fd: int, spec: SampleSpec, seed: int, group_rows: int,
+def _write_groups(fs: Storage, handle: Handle, spec: SampleSpec, seed: int, group_rows: int,
                   compression: str = "none", cols: Columns = ()) -> dict:
-    """Write the file through pyarrow onto `fd`, one row group at a time; return where its
-    column chunks went."""
+    """Write the file through pyarrow onto `handle` (a file object of its own on it), one row
+    group at a time; return where its column chunks went."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     n, rows = spec.sample_bytes, spec.samples
     group_rows = min(group_rows, rows)
     buffer = np.empty(group_rows * n, dtype=np.uint8)
-    with os.fdopen(os.dup(fd), "wb") as raw:
+    with fs.file_object(handle, "wb") as raw:
         sink = _CountingSink(raw)
         writer = pq.ParquetWriter(pa.PythonFile(sink, mode="w"), _schema(n, cols),
                                   **_writer_options(n, compression, cols))
@@ -773,11 +783,12 @@ def _read_footer(path: str):
     engine opens (never blocking on a FIFO); ValueError when pyarrow cannot read it."""
     import pyarrow.parquet as pq
 
-    with _core.open_regular(path) as fp:
-        size = os.fstat(fp.fileno()).st_size
+    with opened(path) as (fs, handle):
+        size = fs.handle_size(handle)
         try:
-            meta = pq.ParquetFile(fp).metadata
+            with fs.file_object(handle, "rb") as fp:
+                meta = pq.ParquetFile(fp).metadata
         except Exception as exc:  # pyarrow's ArrowInvalid and friends
             raise ValueError(f"is not a parquet file pyarrow can open ({exc})") from None
-        tail = os.pread(fp.fileno(), 8, max(size - 8, 0))
+        tail = fs.read_at(handle, 8, max(size - 8, 0))
     return size, meta, tail

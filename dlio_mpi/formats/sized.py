@@ -11,14 +11,13 @@ is refused for them."""
 from __future__ import annotations
 
 import io
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
-from .. import _core
 from ..errors import ConfigError
-from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray
+from ..storage import Handle, Storage
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredArray, opened
 
 HEAD_BYTES = 64  # first bytes read to tell a file's kind
 
@@ -106,9 +105,9 @@ class SizedFormat(Format):
     def probe_size(self, path: str) -> int:
         """The size of the file at `path`, after checking its first bytes are this format's
         (ValueError naming it otherwise): what every file of foreign data costs."""
-        with _core.open_regular(path) as fp:
-            size = os.fstat(fp.fileno()).st_size
-            why = self.check_head(os.pread(fp.fileno(), HEAD_BYTES, 0))
+        with opened(path) as (fs, handle):
+            size = fs.handle_size(handle)
+            why = self.check_head(fs.read_at(handle, HEAD_BYTES, 0))
         if why:
             raise ValueError(f"{path} is not a {self.name} file: {why}")
         return size
@@ -116,25 +115,27 @@ class SizedFormat(Format):
     def write_bytes(self, path: str, staged: StagedWrites, render) -> int:
         """Write `render(file object)`'s output as the file at `path` through `staged` (its
         write calls timed as the storage's, the rendering not)."""
-        def fill(fd: int) -> None:
-            with _TimedWrites(fd, staged) as raw, io.BufferedWriter(raw, 1 << 20) as fp:
+        fs = staged.storage_of(path)
+
+        def fill(handle: Handle) -> None:
+            with _TimedWrites(fs, handle, staged) as raw, io.BufferedWriter(raw, 1 << 20) as fp:
                 render(fp)
 
         return staged.write(path, fill)
 
 
 class _TimedWrites(io.RawIOBase):
-    """A descriptor's writes (not closed here), each timed into staged.storage_ns."""
+    """A handle's writes (not closed here), each timed into staged.storage_ns."""
 
-    def __init__(self, fd: int, staged: StagedWrites) -> None:
+    def __init__(self, fs: Storage, handle: Handle, staged: StagedWrites) -> None:
         super().__init__()
-        self.fd, self.staged = fd, staged
+        self.fs, self.handle, self.staged = fs, handle, staged
 
     def writable(self) -> bool:
         return True
 
     def write(self, data) -> int:
-        return self.staged.timed(os.write, self.fd, data)
+        return self.staged.timed(self.fs.append, self.handle, data)
 
 
 def payload_values(seed: int, count: int) -> np.ndarray:

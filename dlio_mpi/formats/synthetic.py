@@ -22,7 +22,7 @@ class SyntheticFormat(Format):
         return FileLayout(0, 0, 0, 0, spec.sample_bytes)
 
     def write(self, path: str, spec: SampleSpec, seed: int, staged: StagedWrites) -> int:
-        return staged.write(path, lambda fd: None)
+        return staged.write(path, lambda handle: None)
 
     def probe(self, path: str) -> StoredArray:
         raise ValueError("is a synthetic data file: nothing is read from it, so any file of "

@@ -52,7 +52,8 @@ import struct
 import numpy as np
 
 from .. import _core
-from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredRows
+from ..storage import Handle, Storage, storage_for
+from .base import FileLayout, Format, SampleSpec, StagedWrites, StoredRows, opened
 from .loader import TF_BUFFER, TFRecordStreams
 
 HEADER = 12  # uint64 length + uint32 masked CRC of it
@@ -225,7 +226,7 @@ def index_text(records: int, record_bytes: int) -> bytes:
 def _read_index(path: str) -> np.ndarray | None:
     """The (offset, bytes) rows of an index file, None when there is none."""
     try:
-        with _core.open_regular(path) as fp:
+        with storage_for(path).stream(path) as fp:
             text = fp.read()
     except FileNotFoundError:
         return None
@@ -238,11 +239,11 @@ def _read_index(path: str) -> np.ndarray | None:
     return values.reshape(-1, 2)
 
 
-def _scan_framing(fp, size: int) -> np.ndarray:
+def _scan_framing(fs: Storage, handle: Handle, size: int) -> np.ndarray:
     """(offset, bytes) of every record, from the length fields."""
     rows, at = [], 0
     while at < size:
-        head = os.pread(fp.fileno(), 8, at)
+        head = fs.read_at(handle, 8, at)
         if len(head) < 8:
             raise ValueError(f"ends inside a record's length field at byte {at}")
         framed = HEADER + struct.unpack("<Q", head)[0] + FOOTER
@@ -251,12 +252,6 @@ def _scan_framing(fp, size: int) -> np.ndarray:
     if at != size:
         raise ValueError(f"has a last record that runs past its end ({at} > {size} bytes)")
     return np.array(rows, dtype=np.int64).reshape(-1, 2)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 # ------------------------------------------------------------------ the format
@@ -297,24 +292,26 @@ class TFRecordFormat(Format):
         # The index first: the data file's rename is what marks the set complete.
         self.write_side_files(path, spec, staged)
         head, tail = record_parts(spec.sample_bytes)
-        return staged.write(path, lambda fd: _core.write_tfrecords(
-            fd, 0, head, tail, spec.sample_bytes, spec.samples, seed, 0, path=path))
+        fs = staged.storage_of(path)
+        return staged.write(path, lambda handle: fs.write_tfrecords(
+            handle, 0, head, tail, spec.sample_bytes, spec.samples, seed, start=0, path=path))
 
     def write_side_files(self, path: str, spec: SampleSpec, staged: StagedWrites) -> None:
         idx = index_path(path)
         text = index_text(spec.samples, self.layout(spec).sample_step)
+        fs = staged.storage_of(idx)
         try:
-            staged.write(idx, lambda fd: _write_all(fd, text))
+            staged.write(idx, lambda handle: fs.append(handle, text))
         except FileNotFoundError:  # the first index of the split: make its folder
-            os.makedirs(os.path.dirname(idx), exist_ok=True)
-            staged.write(idx, lambda fd: _write_all(fd, text))
+            fs.make_folders(os.path.dirname(idx))
+            staged.write(idx, lambda handle: fs.append(handle, text))
 
     def probe(self, path: str) -> StoredRows:
-        with _core.open_regular(path) as fp:
-            size = os.fstat(fp.fileno()).st_size
+        with opened(path) as (fs, handle):
+            size = fs.handle_size(handle)
             rows = _read_index(index_path(path))
             if rows is None:
-                rows = _scan_framing(fp, size)
+                rows = _scan_framing(fs, handle, size)
             if len(rows) == 0:
                 raise ValueError("holds no records")
             record = int(rows[0, 1])
@@ -325,7 +322,8 @@ class TFRecordFormat(Format):
             if len(rows) * record != size:
                 raise ValueError(f"has {size} bytes where its index lists {len(rows)} records "
                                  f"of {record} bytes")
-            extents = {self._image_extent(fp, int(at), record) for at in (0, rows[-1, 0])}
+            extents = {self._image_extent(fs, handle, int(at), record)
+                       for at in (0, rows[-1, 0])}
         if len(extents) != 1:
             raise ValueError("holds records whose image bytes sit at different places (ragged "
                              "records are not supported yet)")
@@ -333,9 +331,9 @@ class TFRecordFormat(Format):
         return StoredRows(size, offset, (len(rows), length), "|u1", record, "records")
 
     @staticmethod
-    def _image_extent(fp, at: int, record: int) -> tuple[int, int]:
+    def _image_extent(fs: Storage, handle: Handle, at: int, record: int) -> tuple[int, int]:
         """(offset in its record, bytes) of the image of the record at `at`."""
-        data = os.pread(fp.fileno(), record, at)
+        data = fs.read_at(handle, record, at)
         if len(data) != record or HEADER + struct.unpack("<Q", data[:8])[0] + FOOTER != record:
             raise ValueError(f"has a record at byte {at} whose length field disagrees with its "
                              "index")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from ..errors import UserError, describe
 from ..results.names import CONFIG, INTERVAL_STATS, PER_EPOCH_STATS, SUMMARY
+from ..storage import storage_for
 
 REQUIRED = (SUMMARY, PER_EPOCH_STATS)
 
@@ -99,9 +100,10 @@ class RunResults:
 def read_results(folder: str) -> RunResults:
     """The results in `folder`; UserError naming it when it is not a results folder, or naming
     the file when one of its files is not a regular file (a FIFO there would block a read)."""
-    if not os.path.isdir(folder):
+    fs = storage_for(folder)
+    if not fs.is_folder(folder):
         raise UserError(f"report: {folder} is not a folder")
-    missing = [n for n in REQUIRED if not os.path.lexists(os.path.join(folder, n))]
+    missing = [n for n in REQUIRED if not fs.exists(os.path.join(folder, n))]
     if missing:
         raise UserError(f"report: {folder} is not a dlio-mpi results folder (no "
                         f"{' or '.join(missing)}): give the output.folder of a finished run")
@@ -138,7 +140,7 @@ def _epoch(number: int, entry: dict) -> Epoch:
 def _intervals(folder: str) -> list[dict]:
     """interval_stats.json's rows that hold a time and a rate (none without the file)."""
     path = os.path.join(folder, INTERVAL_STATS)
-    if not os.path.lexists(path):
+    if not storage_for(path).exists(path):
         return []
     rows = _load(path, json.load)
     return [r for r in rows if isinstance(r, dict) and _number(r.get("start_s")) is not None
@@ -148,14 +150,12 @@ def _intervals(folder: str) -> list[dict]:
 
 def _load(path: str, parse):
     """`parse` of the file at `path`, opened so that a FIFO or device in its place is refused
-    rather than blocking (_core.open_regular); UserError naming the file when it cannot be."""
-    from .. import _core
-
+    rather than blocking (Storage.stream); UserError naming the file when it cannot be."""
     try:
-        with _core.open_regular(path) as fp:
+        with storage_for(path).stream(path) as fp:
             return parse(fp)
     except OSError as exc:
-        what = describe(exc)  # _core's names the file, and what it is when not a regular one
+        what = describe(exc)  # stream's names the file, and what it is when not a regular one
         if path not in what:
             what = f"cannot read {path}: {what}"
         raise UserError(f"report: {what}; the report reads only the regular files a run "
@@ -177,7 +177,7 @@ def _workload_name(folder: str) -> str:
     import yaml
 
     path = os.path.join(folder, CONFIG)
-    if os.path.lexists(path):
+    if storage_for(path).exists(path):
         try:  # a FIFO or folder there is refused by name (_load); a YAML without it, skipped
             name = _load(path, yaml.safe_load)["workload"]["model"]["name"]
             if isinstance(name, str) and name:

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import describe
 from ..results.names import TRACE_NAME
+from ..storage import storage_for, walk
 
 # latency arguments with their unit, read when an event has no usable dur
 LATENCY_ARGS = (("latency_us", 1.0), ("latency_ms", 1e3), ("latency_ns", 1e-3),
@@ -41,7 +42,7 @@ class Requests:
 def trace_files(folder: str) -> list[tuple[int, str]]:
     """(rank, path) of the trace files under `folder`, by rank."""
     found = []
-    for dirpath, _, names in os.walk(folder):
+    for dirpath, _, names, _ in walk(folder):
         for name in names:
             match = TRACE_NAME.fullmatch(name)
             if match:
@@ -59,7 +60,7 @@ def read_requests(folder: str) -> Requests | None:
     for rank, path in files:
         try:
             events = _events(path)
-        except OSError as exc:  # _core's message names the file and what it is
+        except OSError as exc:  # stream's message names the file and what it is
             problems.append(f"{os.path.relpath(path, folder)}: {describe(exc)}")
             continue
         except (ValueError, EOFError) as exc:
@@ -77,10 +78,8 @@ def read_requests(folder: str) -> Requests | None:
 
 def _events(path: str) -> list:
     """The events of a trace file; OSError when it is not a regular file (a FIFO or device
-    in its place is refused by _core.open_regular, never waited on) or cannot be read."""
-    from .. import _core
-
-    with _core.open_regular(path) as raw:
+    in its place is refused by Storage.stream, never waited on) or cannot be read."""
+    with storage_for(path).stream(path) as raw:
         if path.endswith(".gz"):
             with gzip.GzipFile(fileobj=raw, mode="rb") as fp:
                 body = json.load(fp)

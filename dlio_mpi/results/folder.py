@@ -16,20 +16,11 @@ import threading
 import time
 
 from ..errors import UserError
-from ..ownership import (
-    LOCK_NAME,
-    FolderLock,
-    create_exclusive,
-    is_temporary_of,
-    new_tag,
-    read_own_json,
-    remove_quietly,
-    rename_noreplace,
-    temporary_name,
-)
+from ..storage import Storage, read_own_json, storage_for, walk
+from ..storage.ownership import LOCK_NAME, is_temporary_of, new_tag, temporary_name
 from . import jsonfile
 from .names import ACCESS_LOG, REPORT, RESULTS_MANIFEST, WRITTEN_TEXT, is_written_name
-from .report_folder import own_report_files
+from .report_folder import own_report_files, size_and_mtime
 
 
 class OutputFolder:
@@ -38,6 +29,7 @@ class OutputFolder:
     def __init__(self, folder: str, log_file: str, workload: str | None = None,
                  shared: bool = False, record: tuple[str, ...] = ()) -> None:
         self.folder = folder
+        self.fs = storage_for(folder)
         # shared: a run folder another tool writes into too (Hydra's, given by
         # ++hydra.run.dir: mlpstorage's collector-staging/, its metadata), whose entries
         # not ours are left in place, but for names this run writes (`record`: Hydra's record)
@@ -46,9 +38,10 @@ class OutputFolder:
         self.workload = os.path.realpath(workload) if workload else None
         self.files: dict[str, list[int]] = {}
         self.tag = new_tag()
-        self._log = None
-        self._lock: FolderLock | None = None
-        self._held: list[FolderLock] = []  # other folders' locks this run holds till it ends
+        self._log = None  # the log, a file object of its own on _log_handle
+        self._log_handle = None
+        self._lock = None  # the folder's claim (Storage.claim)
+        self._held: list = []  # other folders' claims this run holds till it ends
         self._log_lock = threading.Lock()  # interval lines come from a thread
         self._own_dirs: set[str] = set()  # subfolders of an earlier run's listed files
 
@@ -64,17 +57,18 @@ class OutputFolder:
             raise UserError(f"output.log_file: {self.log_name!r} must be a file name inside "
                             f"output.folder (no '/'), other than {WRITTEN_TEXT}")
         try:
-            os.makedirs(self.folder, exist_ok=True)
+            self.fs.make_folders(self.folder)
             # one run at a time: a live run's files are not an earlier run's results
-            self._lock = FolderLock(self.folder, "run")
+            self._lock = self.fs.claim(self.folder, "run")
             self._lock.acquire()
             previous = self._previous_results()
             self._remove(previous)
             if access_log:
-                os.makedirs(self.path(ACCESS_LOG), exist_ok=True)
+                self.fs.make_folders(self.path(ACCESS_LOG))
             self.files = {}
             self._write_manifest("running")
-            self._log = os.fdopen(create_exclusive(self.path(self.log_name)), "w")
+            self._log_handle = self.fs.create_exclusive(self.path(self.log_name))
+            self._log = self.fs.file_object(self._log_handle, "w")
         except OSError as exc:
             self.release()
             raise UserError(f"output.folder: cannot write results to {self.folder}: "
@@ -88,13 +82,14 @@ class OutputFolder:
         created) and list them in the manifest at once, so that a run that dies still leaves
         them recognisably ours (Hydra's record of the job: config/hydra.py)."""
         for name, text in texts.items():
-            os.makedirs(os.path.dirname(self.path(name)) or self.folder, exist_ok=True)
+            self.fs.make_folders(os.path.dirname(self.path(name)) or self.folder)
             self.write(name, lambda fp, text=text: fp.write(text))
             self.record(name)
         self._write_manifest("running")
 
-    def hold(self, lock: FolderLock) -> None:
-        """Keep another folder's lock (the checkpoint folder's) until the run ends."""
+    def hold(self, lock) -> None:
+        """Keep another folder's lock (the checkpoint folder's: Storage.claim's) until the
+        run ends."""
         self._held.append(lock)
 
     def release(self) -> None:
@@ -116,7 +111,7 @@ class OutputFolder:
         unfinished = manifest.get("state") == "running"
         growing = set(manifest.get("growing", [])) if unfinished else set()
         entries = []
-        for dirpath, dirnames, filenames in os.walk(self.folder):
+        for dirpath, dirnames, filenames, linked in walk(self.folder):
             rel_dir = os.path.relpath(dirpath, self.folder)
             if rel_dir == "." and REPORT in dirnames:
                 # `dlio-mpi report`'s plots of the results replaced: removed with them
@@ -124,8 +119,7 @@ class OutputFolder:
                 if drawn is not None:
                     dirnames.remove(REPORT)
                     entries += [os.path.join(REPORT, name) for name in drawn]
-            for name in sorted(filenames) + [d for d in dirnames if os.path.islink(
-                    os.path.join(dirpath, d))]:
+            for name in sorted(filenames) + [d for d in dirnames if d in linked]:
                 rel = os.path.normpath(os.path.join(rel_dir, name))
                 if rel in (RESULTS_MANIFEST, LOCK_NAME):
                     continue
@@ -136,7 +130,7 @@ class OutputFolder:
                         "which dlio-mpi never replaces: choose another output.folder")
                 ours = (rel in growing or is_temporary_of(name, tags)
                         or (unfinished and is_access_log(rel))
-                        or _unchanged(full, listed.get(rel)))
+                        or _unchanged(self.fs, full, listed.get(rel)))
                 if not ours and self._theirs(rel):
                     continue  # another tool's, in a shared run folder: left as it is
                 if not ours:
@@ -167,7 +161,7 @@ class OutputFolder:
         """Why a folder inside output.folder keeps the run from taking it."""
         if rel == REPORT:
             what = "with files not of an unchanged dlio-mpi report"
-        elif os.path.lexists(os.path.join(self.path(rel), RESULTS_MANIFEST)):
+        elif self.fs.exists(os.path.join(self.path(rel), RESULTS_MANIFEST)):
             # e.g. output/demo, the demo's results, under the default output.folder `output`
             what = ("the results of another dlio-mpi run, which a run never removes (it "
                     "replaces only its own folder's results)")
@@ -182,13 +176,11 @@ class OutputFolder:
                              "choose a new or empty output.folder")
 
     def _remove(self, entries: list[str]) -> None:
-        remove_quietly(self.path(rel) for rel in entries)
+        self.fs.remove_quietly(self.path(rel) for rel in entries)
         for folder in (ACCESS_LOG, REPORT, *sorted(self._own_dirs, reverse=True)):
-            try:
-                os.rmdir(self.path(folder))
-            except OSError:
-                pass  # absent, or not empty (access_log is then recreated below or reported
-                # next time)
+            # left when absent, or not empty (access_log is then recreated below or reported
+            # next time)
+            self.fs.remove_folder(self.path(folder))
 
     # --------------------------------------------------------------------------- writing
     def write(self, name: str, fill, binary: bool = False) -> None:
@@ -197,16 +189,19 @@ class OutputFolder:
         final = self.path(name)
         tmp = temporary_name(final, self.tag)
         try:
-            with os.fdopen(create_exclusive(tmp), "wb" if binary else "w") as fp:
-                fill(fp)
-            rename_noreplace(tmp, final)
+            handle = self.fs.create_exclusive(tmp)
+            try:
+                with self.fs.file_object(handle, "wb" if binary else "w") as fp:
+                    fill(fp)
+            finally:
+                self.fs.close(handle)
+            self.fs.rename_noreplace(tmp, final)
         finally:
-            remove_quietly([tmp])
+            self.fs.remove_quietly([tmp])
 
     def record(self, name: str) -> None:
         """List a file of ours under the folder (written by any rank)."""
-        st = os.lstat(self.path(name))
-        self.files[name] = [st.st_size, st.st_mtime_ns]
+        self.files[name] = size_and_mtime(self.fs, self.path(name))
 
     def log(self, text: str) -> None:
         with self._log_lock:
@@ -219,7 +214,10 @@ class OutputFolder:
         'incomplete')."""
         try:
             if self._log is not None:
-                self._log.close()
+                try:
+                    self._log.close()
+                finally:
+                    self.fs.close(self._log_handle)
                 self._log = None
                 self.record(self.log_name)
             self._write_manifest(state)
@@ -233,9 +231,9 @@ class OutputFolder:
                 "updated": time.strftime("%Y-%m-%dT%H:%M:%S"), "files": self.files,
                 "temporaries": [self.tag], "growing": [self.log_name]}
         tmp = temporary_name(self.path(RESULTS_MANIFEST), self.tag)
-        with os.fdopen(create_exclusive(tmp), "w") as fp:
-            jsonfile.dump(body, fp, depth=2)  # a file a line: access logs are one an epoch
-        os.replace(tmp, self.path(RESULTS_MANIFEST))
+        # a file a line: access logs are one an epoch
+        self.fs.put(tmp, (jsonfile.dumps(body, depth=2) + "\n").encode())
+        self.fs.replace_own(tmp, self.path(RESULTS_MANIFEST))
 
 
 def access_log_name(phase: str, epoch: int, rank: int) -> str:
@@ -251,9 +249,9 @@ def is_access_log(rel: str) -> bool:
     return folder == ACCESS_LOG and _ACCESS_LOG_NAME.fullmatch(name) is not None
 
 
-def _unchanged(full: str, recorded: list[int] | None) -> bool:
+def _unchanged(fs: Storage, full: str, recorded: list[int] | None) -> bool:
     """Whether a file is as the manifest recorded it (size, modification time)."""
     if recorded is None:
         return False
-    st = os.lstat(full)
-    return [st.st_size, st.st_mtime_ns] == recorded
+    return size_and_mtime(fs, full) == recorded
+

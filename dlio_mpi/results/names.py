@@ -6,7 +6,7 @@ import math
 import re
 import time
 
-from ..ownership import LOCK_NAME, TMP_MARK
+from ..storage.ownership import LOCK_NAME, TMP_MARK
 
 SUMMARY = "summary.json"
 PER_EPOCH_STATS = "per_epoch_stats.json"

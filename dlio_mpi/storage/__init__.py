@@ -71,3 +71,28 @@ def remove_empty_folders(folders) -> None:
     """Remove each of `folders` in order, leaving any that holds something."""
     for folder in folders:
         storage_for(folder).remove_folder(folder)
+
+
+# ---- added for data (the results folder's and the report's walks)
+def walk(top: str):
+    """os.walk(top) on its storage, top down: (folder, its subfolders' names (prune them in
+    place to walk fewer), its other names, the subfolders that are links (listed, not
+    walked)); a folder that cannot be listed yields nothing."""
+    fs = storage_for(top)
+    try:
+        entries = fs.list_kinds(top)
+    except OSError:
+        return
+    folders, others, linked = [], [], set()
+    for entry in entries:
+        if entry.kind == "folder" or (entry.kind == "link"
+                                      and fs.is_folder(os.path.join(top, entry.name))):
+            folders.append(entry.name)
+            if entry.kind == "link":
+                linked.add(entry.name)
+        else:
+            others.append(entry.name)
+    yield top, folders, others, linked
+    for name in folders:
+        if name not in linked:
+            yield from walk(os.path.join(top, name))

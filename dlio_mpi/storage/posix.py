@@ -10,7 +10,7 @@ import os
 import socket
 import stat
 import time
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from .. import _core
 from ..errors import UserError
@@ -253,14 +253,6 @@ class PosixStorage(Storage):
     def copier(self, buffer_bytes: int, align: int = 4096) -> _core.Copier:
         return _core.Copier(buffer_bytes, align)
 
-    # ---- added for checkpoint/
-    def file_object(self, handle: Handle, mode: str) -> BinaryIO:
-        try:
-            return os.fdopen(handle, mode)
-        except BaseException:
-            os.close(handle)
-            raise
-
     # ---- added for tiers and readers (stage-in, native reader, drop_cached_pages, requests)
     def direct_alignment(self, path: str) -> tuple[int, int]:
         _core.probe_odirect(path)  # its refusal first, naming the path and why
@@ -272,6 +264,23 @@ class PosixStorage(Storage):
     def drop_cached_file(self, path: str) -> None:
         with _core.open_regular(path) as fp:
             os.posix_fadvise(fp.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    # ---- added for data (formats' probes and writes, generation, pack, results)
+    def open_as_engine(self, path: str) -> Handle:
+        with _core.open_regular(path) as fp:  # the engine's open, refused in its words
+            return os.dup(fp.fileno())
+
+    def file_object(self, handle: Handle, mode: str = "rb") -> IO:
+        return os.fdopen(os.dup(handle), mode)
+
+    def same_file(self, handle: Handle, path: str) -> bool:
+        return os.path.samestat(os.fstat(handle), os.stat(path))
+
+    def list_kinds(self, folder: str) -> list[Entry]:
+        with os.scandir(folder) as entries:
+            return [Entry(e.name, "link" if e.is_symlink()
+                          else "folder" if e.is_dir(follow_symlinks=False)
+                          else "file" if e.is_file(follow_symlinks=False) else "other")
+                    for e in entries]
 
 
 # ------------------------------------------------------------------------------ the lock

@@ -30,9 +30,6 @@ operation: POSIX / S3 (the full table: docs/architecture.md)
 - write_shard, read_shard, write_buffer, write_random, write_tfrecords, copier: the C core's
   loops on a descriptor / the same bytes made in our buffers, sent as parts, read by ranged
   GETs
-- file_object (added for checkpoint/): os.fdopen of the descriptor / a buffered writer
-  sending the parts of a multipart upload, completed at close; a seekable reader of ranged
-  GETs
 - direct_alignment: an O_DIRECT probe read, statx STATX_DIOALIGN / (1, 1): no client cache
 - block_size: stat's st_blksize / 0 (none said)
 - drop_cached_file: open, posix_fadvise DONTNEED, close / nothing
@@ -224,13 +221,6 @@ class Storage:
         offset, length, src_path, dst_path), read_ns, write_ns)."""
         raise NotImplementedError
 
-    # ---- added for checkpoint/
-    def file_object(self, handle: Handle, mode: str) -> BinaryIO:
-        """A buffered binary file object on `handle` ("wb" or "rb") for a library that
-        writes or reads a file object (torch.save, torch.load); it takes the handle over:
-        closing it closes the handle (the handle is closed too when none can be made)."""
-        raise NotImplementedError
-
     # ---- added for tiers and readers (stage-in, native reader, drop_cached_pages, requests)
     def direct_alignment(self, path: str) -> tuple[int, int]:
         """(memory, offset) alignment direct reads of `path` need, after a probe read: OSError
@@ -247,4 +237,30 @@ class Storage:
     def drop_cached_file(self, path: str) -> None:
         """drop_cached of the whole file `path`, opened as the C engine opens data files (its
         refusals; POSIX: open, posix_fadvise DONTNEED, close / S3: nothing)."""
+    # ---- added for data (formats' probes and writes, generation, pack, results)
+    def open_as_engine(self, path: str) -> Handle:
+        """open_read, a file that is missing or not regular refused in the C engine's words
+        for the same fault (POSIX: dio_open_regular's "open P: No such file or directory",
+        "P is a directory, not a regular file"), so that a start-up probe and the engine name
+        it alike / S3: as open_read."""
+        raise NotImplementedError
+
+    def file_object(self, handle: Handle, mode: str = "rb"):
+        """A Python file object on `handle` (what a library given a file object reads or
+        writes: pyarrow's writer, json.dump), of its own: closing it flushes it and leaves the
+        handle open, which close(handle) closes after it / POSIX: os.fdopen of a dup of the
+        descriptor; S3: a buffered reader of ranged GETs, or a writer sending the upload's
+        parts."""
+        raise NotImplementedError
+
+    def same_file(self, handle: Handle, path: str) -> bool:
+        """Whether `path` still names the file `handle` was opened on (nothing put another
+        file under its name since), before a library is given the path / POSIX: fstat and
+        stat agree (samestat); S3: true (a key is no object until its upload completes)."""
+        raise NotImplementedError
+
+    def list_kinds(self, folder: str) -> list[Entry]:
+        """The names in `folder` with their kinds only (size and mtime 0), in no order, no
+        look-up per name (a listing of 10^7 files) / POSIX: scandir's entry types (an lstat
+        only where the file system gives none); S3: ListObjectsV2 with delimiter "/"."""
         raise NotImplementedError
