@@ -147,7 +147,7 @@ def test_a_cache_folder_a_live_job_holds_is_refused_until_it_ends(tmp_path):
     nothing of the first job's is touched. Once the first job ends, the folder is free."""
     import socket
 
-    from dlio_mpi.ownership import FolderLock
+    from dlio_mpi.storage import storage_for
 
     cache = tmp_path / "cache"
     (cache / "train").mkdir(parents=True)
@@ -156,7 +156,7 @@ def test_a_cache_folder_a_live_job_holds_is_refused_until_it_ends(tmp_path):
     manifest = cache / "dlio_mpi_cache.json"
     manifest.write_text(json.dumps({"tool": "dlio-mpi", "kind": "dlio-mpi cache tier",
                                     "tag": "abc123", "files": ["train/img_05_of_24.npz"]}))
-    lock = FolderLock(str(cache), "cache tier")
+    lock = storage_for(str(cache)).claim(str(cache), "cache tier")
     lock.acquire()
     try:
         res = run_cli(["run", "demo", *_args(tmp_path)], ranks=2)
@@ -316,11 +316,11 @@ def test_validate_warns_of_a_capacity_above_the_free_space(tmp_path):
 def test_one_node_refused_its_cache_folder_stops_every_rank(tmp_path):
     """Emulated nodes: another job holds node 1's folder only; the ranks of both nodes agree
     and exit 2 with the one message, instead of node 0 going on alone."""
-    from dlio_mpi.ownership import FolderLock
+    from dlio_mpi.storage import storage_for
 
     theirs = tmp_path / "cache" / "node1"
     theirs.mkdir(parents=True)
-    lock = FolderLock(str(theirs), "cache tier")
+    lock = storage_for(str(theirs)).claim(str(theirs), "cache tier")
     lock.acquire()
     try:
         res = run_cli(["run", "demo", *_args(tmp_path)], ranks=2, timeout=60,

@@ -391,7 +391,8 @@ def test_a_lock_held_by_an_exited_unreaped_process_is_taken_over(tmp_path):
     job's, so an immediate rerun is not refused "in use"."""
     import socket
 
-    from dlio_mpi.ownership import LOCK_NAME, FolderLock
+    from dlio_mpi.storage import storage_for
+    from dlio_mpi.storage.ownership import LOCK_NAME
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     stat = Path(f"/proc/{child.pid}/stat")
@@ -403,7 +404,7 @@ def test_a_lock_held_by_an_exited_unreaped_process_is_taken_over(tmp_path):
     (tmp_path / LOCK_NAME).write_text(json.dumps({
         "tool": "dlio-mpi", "what": "run", "host": socket.gethostname(), "pid": child.pid,
         "start": start, "since": "2026-11-26T12:00:00"}))
-    lock = FolderLock(str(tmp_path), "run")
+    lock = storage_for(str(tmp_path)).claim(str(tmp_path), "run")
     lock.acquire()
     assert json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
     lock.release()
@@ -417,4 +418,4 @@ def test_a_lock_held_by_an_exited_unreaped_process_is_taken_over(tmp_path):
             "start": Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19],
             "since": "2026-11-26T12:00:00"}))
         with pytest.raises(Exception, match=said):
-            FolderLock(str(tmp_path), "checkpoint").acquire()
+            storage_for(str(tmp_path)).claim(str(tmp_path), "checkpoint").acquire()

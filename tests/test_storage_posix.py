@@ -197,3 +197,42 @@ def test_bulk_moves_are_the_c_cores(fs, tmp_path):
     expect = bytearray(1000)
     _core.fill_random(expect, 5)
     assert _bytes(data) == bytes(expect) * 2
+
+
+def test_the_operations_added_for_their_callers(fs, tmp_path):
+    path = str(tmp_path / "f")
+    fs.put(path, b"0123456789")
+    with pytest.raises(FileNotFoundError, match=r"open .*none: No such file"):
+        fs.open_as_engine(str(tmp_path / "none"))  # the engine's words, as a probe reports it
+    h = fs.open_as_engine(path)
+    assert fs.same_file(h, path)
+    with fs.file_object(h, "rb") as fp:  # a descriptor of its own: the handle stays open
+        assert fp.read(4) == b"0123"
+    assert fs.read_at(h, 2, 8) == b"89"
+    fs.close(h)
+    os.replace(path, path + ".old")
+    fs.put(path, b"other")
+    h = fs.open_read(path + ".old")
+    assert not fs.same_file(h, path)  # another file under the name since
+    fs.close(h)
+    with fs.open_buffered(path) as fp:
+        assert fp.read() == b"other"
+    (tmp_path / "sub").mkdir()
+    kinds = {e.name: e.kind for e in fs.list_kinds(str(tmp_path))}
+    assert kinds == {"f": "file", "f.old": "file", "sub": "folder"}
+    assert fs.block_size(path) > 0
+    fs.drop_cached_file(path)
+    with pytest.raises(IsADirectoryError, match="is a directory, not a regular file"):
+        fs.drop_cached_file(str(tmp_path / "sub"))
+
+
+def test_walk_is_os_walk_top_down_with_links_listed_not_walked(tmp_path):
+    from dlio_mpi.storage import walk
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "x").write_bytes(b"")
+    os.symlink(tmp_path / "a", tmp_path / "link")
+    seen = [(os.path.relpath(top, tmp_path), sorted(folders), sorted(others), linked)
+            for top, folders, others, linked in walk(str(tmp_path))]
+    assert seen == [(".", ["a", "link"], [], {"link"}), ("a", ["b"], ["x"], set()),
+                    ("a/b", [], [], set())]

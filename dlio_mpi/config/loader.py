@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ..formats import get_format, implemented_formats
-from ..ownership import read_regular
+from ..storage import storage_for
 from .schema import (
     OBJECT_STORAGE,
     PARQUET_CODECS,
@@ -263,10 +263,11 @@ def _read_text(path: Path, name: str) -> str:
         if size > MAX_YAML_BYTES:
             raise ConfigError(f"{name}: is {size} bytes, not a workload YAML file (at most "
                               f"{MAX_YAML_BYTES >> 20} MiB)")
-        data = read_regular(str(path), MAX_YAML_BYTES)  # cannot block, even if swapped since
+        # cannot block, even if swapped since
+        data = storage_for(str(path)).read_small(str(path), MAX_YAML_BYTES)
     except ConfigError:
         raise
-    except ValueError:  # read_regular: not a regular file after all
+    except ValueError:  # read_small: not a regular file after all
         raise ConfigError(f"{name}: is not a regular file; expected a workload YAML file") \
             from None
     except OSError as exc:

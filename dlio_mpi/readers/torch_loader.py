@@ -69,6 +69,7 @@ from ..data.catalog import SplitFiles
 from ..data.dataset import FileNaming
 from ..formats.base import Format
 from ..sampling.requests import ReadPlan
+from ..storage import storage_for
 from ..storage.counters import IoChain
 from . import FRAMEWORK_LOADERS, torch_prefetch_factor
 from .base import (
@@ -205,9 +206,9 @@ class SampleDataset(Dataset):
         fp = self._kept.get(path) if self.memory else None
         if fp is None:
             self.opens += 1
-            # the emulated reader's own calls, as DLIO's makes them (builtin open: one fstat),
-            # not the storage's stream (a non-blocking open and a second fstat)
-            fp = open(path, "rb")  # noqa: SIM115 - kept open with read_type memory
+            # the emulated reader's own calls, as DLIO's makes them (Python's open: one
+            # fstat), not the storage's stream (a non-blocking open and a second fstat)
+            fp = storage_for(path).open_buffered(path)
         try:
             fp.seek(int(offsets[within]))
             fp.readinto(sample)
@@ -220,7 +221,7 @@ class SampleDataset(Dataset):
 
     def _read_index(self, path: str) -> np.ndarray:
         self.opens += 1
-        with open(path, "rb") as fp:
+        with storage_for(path).open_buffered(path) as fp:
             values = np.empty(self.samples_per_file, dtype=np.int64)
             fp.readinto(values)
         return values

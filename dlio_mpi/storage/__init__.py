@@ -7,13 +7,14 @@ locks; filesystems.py and node_local.py hold the file-system facts."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 from ..errors import UserError
 from .posix import PosixStorage
 from .seam import Entry, Handle, Storage
 
 __all__ = ["Entry", "Handle", "Storage", "implementations", "missing_folders",
-           "read_own_json", "remove_empty_folders", "storage_for"]
+           "read_own_json", "remove_empty_folders", "storage_for", "walk"]
 
 _POSIX = PosixStorage()
 _BY_SCHEME: dict[str, Storage] = {"": _POSIX}  # an object store adds its "<scheme>" here
@@ -74,7 +75,7 @@ def remove_empty_folders(folders) -> None:
 
 
 # ---- added for data (the results folder's and the report's walks)
-def walk(top: str):
+def walk(top: str) -> Iterator[tuple[str, list[str], list[str], set[str]]]:
     """os.walk(top) on its storage, top down: (folder, its subfolders' names (prune them in
     place to walk fewer), its other names, the subfolders that are links (listed, not
     walked)); a folder that cannot be listed yields nothing."""

@@ -275,6 +275,9 @@ class PosixStorage(Storage):
     def same_file(self, handle: Handle, path: str) -> bool:
         return os.path.samestat(os.fstat(handle), os.stat(path))
 
+    def open_buffered(self, path: str) -> BinaryIO:
+        return open(path, "rb")  # noqa: SIM115 - the caller's to close
+
     def list_kinds(self, folder: str) -> list[Entry]:
         with os.scandir(folder) as entries:
             return [Entry(e.name, "link" if e.is_symlink()

@@ -33,6 +33,12 @@ operation: POSIX / S3 (the full table: docs/architecture.md)
 - direct_alignment: an O_DIRECT probe read, statx STATX_DIOALIGN / (1, 1): no client cache
 - block_size: stat's st_blksize / 0 (none said)
 - drop_cached_file: open, posix_fadvise DONTNEED, close / nothing
+- open_as_engine: the C core's open of a data file (its words for a fault) / as open_read
+- open_buffered: Python's open(path, "rb") / GetObject's body
+- file_object: os.fdopen of a dup of the descriptor / a buffered reader of ranged GETs, or a
+  writer sending the upload's parts
+- same_file: fstat and stat agree / true (no object until its upload completes)
+- list_kinds: scandir's entry types, no lookup per name / ListObjectsV2 with delimiter "/"
 
 A handle is what open_read, create_exclusive and open_write return and only the same
 implementation takes back (a descriptor on POSIX). Failures raise OSError naming the path
@@ -257,6 +263,13 @@ class Storage:
         """Whether `path` still names the file `handle` was opened on (nothing put another
         file under its name since), before a library is given the path / POSIX: fstat and
         stat agree (samestat); S3: true (a key is no object until its upload completes)."""
+        raise NotImplementedError
+
+    def open_buffered(self, path: str) -> BinaryIO:
+        """A buffered binary reader of `path` as a Python reader's own open(path, "rb") makes
+        it, for the loaders that stand for DLIO's Python readers: their calls as theirs
+        (POSIX: builtin open, one openat and one fstat; a FIFO there would block, so only
+        files the catalog found regular are given) / S3: GetObject's body."""
         raise NotImplementedError
 
     def list_kinds(self, folder: str) -> list[Entry]:
