@@ -221,6 +221,9 @@ def test_the_operations_added_for_their_callers(fs, tmp_path):
     kinds = {e.name: e.kind for e in fs.list_kinds(str(tmp_path))}
     assert kinds == {"f": "file", "f.old": "file", "sub": "folder"}
     assert fs.block_size(path) > 0
+    st = os.statvfs(tmp_path)
+    assert fs.allocation_unit(str(tmp_path)) == (st.f_frsize or 4096)
+    assert 0 < fs.free_bytes(str(tmp_path)) <= st.f_blocks * st.f_frsize
     fs.drop_cached_file(path)
     with pytest.raises(IsADirectoryError, match="is a directory, not a regular file"):
         fs.drop_cached_file(str(tmp_path / "sub"))

@@ -184,11 +184,10 @@ def check_checkpoint_space(folder: CheckpointFolder, saves: int, replaced: list[
 
     where = nearest_existing(folder.root)
     try:
-        st = os.statvfs(where)
+        free = folder.fs.free_bytes(where)
     except OSError:
         return  # making the folder says why
-    free = st.f_bavail * st.f_frsize
-    if need > free:
+    if free is not None and need > free:
         raise UserError(f"{folder.key}: the run's {saves:,} "
                         f"checkpoint(s) take {need / 2**30:,.2f} GiB ({need:,} bytes), but the "
                         f"file system of {folder.root} has {free / 2**30:,.2f} GiB free (at "

@@ -192,7 +192,7 @@ class _Generation:
         """Which of my files still need writing, and their bytes; refuse when a file in the
         way is not ours, or is ours but changed since (it cannot be told from a foreign one)."""
         todo, todo_bytes = [], 0
-        block = os.statvfs(self.root).f_frsize or 4096  # files take whole blocks
+        block = self.fs.allocation_unit(self.root)  # files take whole blocks
         for k, ((name, index), want) in enumerate(zip(self.mine, self.expected_size)):
             if k % STAGE_FILES == 0 and _core.stop_signal():  # 10^6 files take seconds
                 raise UserError(f"generation stopped by {_signal_name()} before writing; a "
@@ -470,9 +470,8 @@ def _remove_temporaries(folders: list[str], tags: list[str]) -> None:
 
 def check_free_space(folder: str, need: int, key: str) -> None:
     """Refuse up front when `folder`'s file system has less room than `need` bytes."""
-    st = os.statvfs(folder)
-    free = st.f_bavail * st.f_frsize
-    if need > free:
+    free = storage_for(folder).free_bytes(folder)
+    if free is not None and need > free:
         raise UserError(f"{key}: {folder} has {_gib(free)} free, but this run would write "
                         f"{_gib(need)} there; free space or choose another folder")
 
@@ -487,11 +486,10 @@ def check_dataset_space(root: str, dataset_bytes: int) -> None:
         return
     where = nearest_existing(root)
     try:
-        st = os.statvfs(where)
+        free = fs.free_bytes(where)
     except OSError:
         return  # generation says why it cannot create the folder
-    free = st.f_bavail * st.f_frsize
-    if dataset_bytes > free:
+    if free is not None and dataset_bytes > free:
         raise UserError(f"dataset.data_folder: the dataset takes {_gib(dataset_bytes)}, but "
                         f"the file system of {root} has {_gib(free)} free (at {where}); "
                         "free space, choose another folder or make the dataset smaller")

@@ -278,6 +278,13 @@ class PosixStorage(Storage):
     def open_buffered(self, path: str) -> BinaryIO:
         return open(path, "rb")  # noqa: SIM115 - the caller's to close
 
+    def free_bytes(self, path: str) -> int | None:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+
+    def allocation_unit(self, path: str) -> int:
+        return os.statvfs(path).f_frsize or 4096
+
     def list_kinds(self, folder: str) -> list[Entry]:
         with os.scandir(folder) as entries:
             return [Entry(e.name, "link" if e.is_symlink()

@@ -38,6 +38,7 @@ operation: POSIX / S3 (the full table: docs/architecture.md)
 - file_object: os.fdopen of a dup of the descriptor / a buffered reader of ranged GETs, or a
   writer sending the upload's parts
 - same_file: fstat and stat agree / true (no object until its upload completes)
+- free_bytes, allocation_unit: statvfs / None (no bound said), 1
 - list_kinds: scandir's entry types, no lookup per name / ListObjectsV2 with delimiter "/"
 
 A handle is what open_read, create_exclusive and open_write return and only the same
@@ -270,6 +271,17 @@ class Storage:
         it, for the loaders that stand for DLIO's Python readers: their calls as theirs
         (POSIX: builtin open, one openat and one fstat; a FIFO there would block, so only
         files the catalog found regular are given) / S3: GetObject's body."""
+        raise NotImplementedError
+
+    def free_bytes(self, path: str) -> int | None:
+        """The room left for new files where `path` (existing) is, None where the storage
+        sets no such bound (POSIX: statvfs f_bavail x f_frsize / S3: None, a bucket's quota
+        is not said)."""
+        raise NotImplementedError
+
+    def allocation_unit(self, path: str) -> int:
+        """What every file's size is rounded up to on the storage of `path` (existing)
+        (POSIX: statvfs f_frsize, 4096 when it says 0 / S3: 1)."""
         raise NotImplementedError
 
     def list_kinds(self, folder: str) -> list[Entry]:

@@ -123,12 +123,15 @@ class CacheTier:
     def _capacity(self) -> int:
         """capacity_bytes, or the folder's free space (our earlier copies removed); more than
         that is refused: the fills would run out of room."""
-        st = os.statvfs(self.root)
-        free = st.f_bavail * st.f_frsize
+        free = storage_for(self.root).free_bytes(self.root)
         wanted = self.opts.capacity_bytes
+        if wanted is None and free is None:
+            raise UserError(f"reader.cache.capacity_bytes: unset, but the storage of "
+                            f"{self.root} says no bound on its room; expected a number of bytes")
         if wanted is None:
             return free
-        check_capacity(wanted, free, self.root)
+        if free is not None:
+            check_capacity(wanted, free, self.root)
         return int(wanted)
 
     def _remove_earlier(self) -> None:
@@ -383,9 +386,12 @@ def capacity_warning(opts) -> str:
     removes any copies of an earlier run of ours there)."""
     if opts.capacity_bytes is None:
         return ""
-    st = os.statvfs(nearest_existing(opts.folder))
+    where = nearest_existing(opts.folder)
+    free = storage_for(where).free_bytes(where)
+    if free is None:
+        return ""
     try:
-        check_capacity(opts.capacity_bytes, st.f_bavail * st.f_frsize, opts.folder)
+        check_capacity(opts.capacity_bytes, free, opts.folder)
     except UserError as exc:
         return f"run would refuse: {exc}"
     return ""
